@@ -1,0 +1,37 @@
+"""cronoq-store: the durable state of the cronoq task scheduler, on SQLAlchemy Core.
+
+The public API is what this module re-exports.
+"""
+
+from .errors import CorruptValue as CorruptValue
+from .errors import Fenced as Fenced
+from .errors import InvalidValue as InvalidValue
+from .errors import SchemaError as SchemaError
+from .errors import StoreError as StoreError
+from .errors import StoreUnavailable as StoreUnavailable
+from .model import ById as ById
+from .model import ByKey as ByKey
+from .model import Dep as Dep
+from .model import FixedStart as FixedStart
+from .model import Mutation as Mutation
+from .model import Priority as Priority
+from .model import Recovered as Recovered
+from .model import RecoveredRecurring as RecoveredRecurring
+from .model import RecoveredTask as RecoveredTask
+from .model import RecoveredTerminal as RecoveredTerminal
+from .model import RecurringNext as RecurringNext
+from .model import RecurringRemove as RecurringRemove
+from .model import RecurringSpec as RecurringSpec
+from .model import RecurringUpsert as RecurringUpsert
+from .model import RetryPolicy as RetryPolicy
+from .model import StatusChanged as StatusChanged
+from .model import Submitted as Submitted
+from .model import TaskId as TaskId
+from .model import TaskRecord as TaskRecord
+from .model import TaskRef as TaskRef
+from .model import TaskSpec as TaskSpec
+from .model import TaskStatus as TaskStatus
+from .model import Time as Time
+from .model import TimeBase as TimeBase
+
+__version__ = "0.1.0"

@@ -1,0 +1,396 @@
+"""Encoding of the domain model to column values and back.
+
+Structured parts of a spec (retry, deps, resources, tags, labels, a recurring schedule) are
+stored as compact JSON text, so the schema stays portable and no JSON function of any dialect is
+needed; times are Unix nanoseconds and durations nanoseconds, as BIGINT. Strings are cleaned
+(NUL and lone surrogates become U+FFFD) because no dialect stores both faithfully.
+
+Encoding refuses what cannot be stored (`InvalidValue`, naming the field); decoding a damaged
+value raises `CorruptValue`, which recovery catches to quarantine the row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .errors import CorruptValue, InvalidValue
+from .model import (
+    INT64_MAX,
+    INT64_MIN,
+    ById,
+    ByKey,
+    Dep,
+    FixedStart,
+    Priority,
+    RecurringSpec,
+    RetryPolicy,
+    TaskSpec,
+    Time,
+    TimeBase,
+)
+
+KEY_MAX: Final = 512
+"""Longest key, in characters (MySQL indexes at most 3072 bytes: 768 utf8mb4 characters)."""
+POOL_MAX: Final = 128
+KIND_MAX: Final = 255
+TENANT_MAX: Final = 255
+NAME_MAX: Final = 255
+"""Longest recurring schedule name."""
+HOLDER_MAX: Final = 128
+STATUS_MAX: Final = 16
+
+_UNCLEAN = re.compile("[\x00\ud800-\udfff]")
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+
+
+def clean(text: str) -> str:
+    """`text` with NUL and lone surrogates replaced by U+FFFD."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNCLEAN.sub("\ufffd", text)
+
+
+def clean_opt(text: str | None) -> str | None:
+    return None if text is None else clean(text)
+
+
+def bounded(field: str, text: str, limit: int) -> str:
+    """`text` cleaned, refused if longer than `limit` characters (never truncated)."""
+    text = clean(text)
+    if len(text) > limit:
+        raise InvalidValue(f"{field} is {len(text)} characters long; at most {limit} are stored")
+    return text
+
+
+def bounded_opt(field: str, text: str | None, limit: int) -> str | None:
+    return None if text is None else bounded(field, text, limit)
+
+
+def to_unix(base: TimeBase, t: Time, field: str = "time") -> int:
+    """Unix nanoseconds of engine time `t`, refused when outside BIGINT."""
+    unix = base.unix_ns + t
+    if not INT64_MIN <= unix <= INT64_MAX:
+        raise InvalidValue(f"{field} {t} is out of range with time base {base.unix_ns}")
+    return unix
+
+
+def to_unix_opt(base: TimeBase, t: Time | None, field: str = "time") -> int | None:
+    return None if t is None else to_unix(base, t, field)
+
+
+def from_unix(base: TimeBase, unix_ns: int) -> Time:
+    return unix_ns - base.unix_ns
+
+
+def from_unix_opt(base: TimeBase, unix_ns: int | None) -> Time | None:
+    return None if unix_ns is None else unix_ns - base.unix_ns
+
+
+# JSON parts. Each encoder has a decoder that checks the shape strictly: a damaged value must
+# never decode into a different valid one.
+
+
+def _loads(column: str, text: object) -> Any:
+    if not isinstance(text, str):
+        raise CorruptValue(f"{column}: expected JSON text, got {type(text).__name__}")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CorruptValue(f"{column}: invalid JSON ({exc})") from exc
+
+
+def _expect(column: str, value: object, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise CorruptValue(f"{column}: unexpected {type(value).__name__} in stored value")
+    return value
+
+
+def _retry_obj(retry: RetryPolicy) -> dict[str, Any]:
+    return {
+        "max_attempts": retry.max_attempts,
+        "initial_backoff_ns": retry.initial_backoff_ns,
+        "max_backoff_ns": retry.max_backoff_ns,
+        "multiplier": retry.multiplier,
+        "jitter": retry.jitter,
+    }
+
+
+def _retry_from(obj: object, column: str = "retry") -> RetryPolicy | None:
+    if obj is None:
+        return None
+    fields: dict[str, Any] = _expect(column, obj, dict)
+    try:
+        return RetryPolicy(**fields)
+    except (TypeError, InvalidValue) as exc:
+        raise CorruptValue(f"{column}: {exc}") from exc
+
+
+def encode_retry(retry: RetryPolicy | None) -> str | None:
+    return None if retry is None else _dumps(_retry_obj(retry))
+
+
+def decode_retry(text: str | None) -> RetryPolicy | None:
+    return None if text is None else _retry_from(_loads("retry", text))
+
+
+def _deps_list(deps: tuple[Dep, ...], field: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for dep in deps:
+        if isinstance(dep.target, ById):
+            out.append({"id": dep.target.id, "on": dep.on})
+        else:
+            out.append({"key": bounded(f"{field} key", dep.target.key, KEY_MAX), "on": dep.on})
+    return out
+
+
+def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
+    deps = []
+    for item in _expect(column, obj, list):
+        item = _expect(column, item, dict)
+        try:
+            if item.keys() == {"id", "on"}:
+                target: ById | ByKey = ById(id=_expect(column, item["id"], int))
+            elif item.keys() == {"key", "on"}:
+                target = ByKey(key=_expect(column, item["key"], str))
+            else:
+                raise CorruptValue(f"{column}: a dependency needs id or key, and on")
+            deps.append(Dep(target=target, on=item["on"]))
+        except InvalidValue as exc:
+            raise CorruptValue(f"{column}: {exc}") from exc
+    return tuple(deps)
+
+
+def encode_deps(deps: tuple[Dep, ...]) -> str:
+    return _dumps(_deps_list(deps, "TaskSpec.deps")) if deps else "[]"
+
+
+def decode_deps(text: str) -> tuple[Dep, ...]:
+    return () if text == "[]" else _deps_from(_loads("deps", text))
+
+
+def _str_map(column: str, obj: object, value_type: type) -> dict[str, Any]:
+    mapping: dict[str, Any] = _expect(column, obj, dict)
+    for value in mapping.values():
+        _expect(column, value, value_type)
+    return mapping
+
+
+def encode_resources(resources: Mapping[str, int]) -> str:
+    return _dumps({clean(k): v for k, v in resources.items()}) if resources else "{}"
+
+
+def decode_resources(text: str) -> dict[str, int]:
+    if text == "{}":
+        return {}
+    resources = _str_map("resources", _loads("resources", text), int)
+    if any(v < 0 for v in resources.values()):
+        raise CorruptValue("resources: negative units")
+    return resources
+
+
+def encode_tags(tags: frozenset[str]) -> str:
+    return _dumps(sorted({clean(t) for t in tags})) if tags else "[]"
+
+
+def decode_tags(text: str) -> frozenset[str]:
+    if text == "[]":
+        return frozenset()
+    items = _expect("tags", _loads("tags", text), list)
+    return frozenset(_expect("tags", t, str) for t in items)
+
+
+def encode_labels(labels: Mapping[str, str]) -> str:
+    return _dumps({clean(k): clean(v) for k, v in labels.items()}) if labels else "{}"
+
+
+def decode_labels(text: str) -> dict[str, str]:
+    return {} if text == "{}" else _str_map("labels", _loads("labels", text), str)
+
+
+def priority_from(index: object) -> Priority:
+    return Priority.from_index(index) if isinstance(index, int) else Priority.NORMAL
+
+
+# A task spec as the columns of cronoq_tasks.
+
+SPEC_COLUMNS: Final = (
+    "pool",
+    "kind",
+    "priority",
+    "key",
+    "payload",
+    "deadline_unix_ns",
+    "fixed_at_unix_ns",
+    "fixed_tolerance_ns",
+    "fixed_on_miss",
+    "duration_hint_ns",
+    "timeout_ns",
+    "retry",
+    "deps",
+    "resources",
+    "tags",
+    "labels",
+    "tenant",
+)
+"""The columns `spec_columns` fills and `spec_from_columns` reads."""
+
+
+def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
+    """The column values of `spec` (the keys of `SPEC_COLUMNS`)."""
+    fixed = spec.fixed_start
+    return {
+        "pool": bounded("TaskSpec.pool", spec.pool, POOL_MAX),
+        "kind": bounded("TaskSpec.kind", spec.kind, KIND_MAX),
+        "priority": int(spec.priority),
+        "key": bounded_opt("TaskSpec.key", spec.key, KEY_MAX),
+        "payload": spec.payload,
+        "deadline_unix_ns": to_unix_opt(base, spec.deadline, "TaskSpec.deadline"),
+        "fixed_at_unix_ns": None if fixed is None else to_unix(base, fixed.at, "FixedStart.at"),
+        "fixed_tolerance_ns": None if fixed is None else fixed.tolerance_ns,
+        "fixed_on_miss": None if fixed is None else fixed.on_miss,
+        "duration_hint_ns": spec.duration_hint_ns,
+        "timeout_ns": spec.timeout_ns,
+        "retry": encode_retry(spec.retry),
+        "deps": encode_deps(spec.deps),
+        "resources": encode_resources(spec.resources),
+        "tags": encode_tags(spec.tags),
+        "labels": encode_labels(spec.labels),
+        "tenant": bounded_opt("TaskSpec.tenant", spec.tenant, TENANT_MAX),
+    }
+
+
+def spec_from_columns(base: TimeBase, row: Mapping[str, Any]) -> TaskSpec:
+    """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged."""
+    fixed_at = row["fixed_at_unix_ns"]
+    try:
+        fixed = (
+            None
+            if fixed_at is None
+            else FixedStart(
+                at=from_unix(base, fixed_at),
+                tolerance_ns=row["fixed_tolerance_ns"],
+                on_miss=row["fixed_on_miss"],
+            )
+        )
+        payload = row["payload"]
+        return TaskSpec(
+            payload=bytes(payload) if payload is not None else b"",
+            kind=row["kind"],
+            pool=row["pool"],
+            priority=priority_from(row["priority"]),
+            key=row["key"],
+            deadline=from_unix_opt(base, row["deadline_unix_ns"]),
+            fixed_start=fixed,
+            duration_hint_ns=row["duration_hint_ns"],
+            timeout_ns=row["timeout_ns"],
+            retry=decode_retry(row["retry"]),
+            deps=decode_deps(row["deps"]),
+            resources=decode_resources(row["resources"]),
+            tags=decode_tags(row["tags"]),
+            labels=decode_labels(row["labels"]),
+            tenant=row["tenant"],
+        )
+    except InvalidValue as exc:
+        raise CorruptValue(str(exc)) from exc
+
+
+# A recurring schedule: its spec as one JSON text, the template's payload in its own column.
+
+
+def _template_obj(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
+    fixed = spec.fixed_start
+    return {
+        "kind": bounded("template kind", spec.kind, KIND_MAX),
+        "pool": bounded("template pool", spec.pool, POOL_MAX),
+        "priority": int(spec.priority),
+        "key": bounded_opt("template key", spec.key, KEY_MAX),
+        "deadline_unix_ns": to_unix_opt(base, spec.deadline, "template deadline"),
+        "fixed_start": None
+        if fixed is None
+        else {
+            "at_unix_ns": to_unix(base, fixed.at, "template fixed_start"),
+            "tolerance_ns": fixed.tolerance_ns,
+            "on_miss": fixed.on_miss,
+        },
+        "duration_hint_ns": spec.duration_hint_ns,
+        "timeout_ns": spec.timeout_ns,
+        "retry": None if spec.retry is None else _retry_obj(spec.retry),
+        "deps": _deps_list(spec.deps, "template deps"),
+        "resources": {clean(k): v for k, v in spec.resources.items()},
+        "tags": sorted({clean(t) for t in spec.tags}),
+        "labels": {clean(k): clean(v) for k, v in spec.labels.items()},
+        "tenant": bounded_opt("template tenant", spec.tenant, TENANT_MAX),
+    }
+
+
+def _template_from(base: TimeBase, obj: object, payload: bytes) -> TaskSpec:
+    t = _expect("recurring template", obj, dict)
+    fixed = t.get("fixed_start")
+    if fixed is not None:
+        fixed = _expect("recurring fixed_start", fixed, dict)
+        fixed = FixedStart(
+            at=from_unix(base, _expect("recurring fixed_start", fixed["at_unix_ns"], int)),
+            tolerance_ns=fixed["tolerance_ns"],
+            on_miss=fixed["on_miss"],
+        )
+    deadline = t.get("deadline_unix_ns")
+    if deadline is not None:
+        deadline = from_unix(base, _expect("recurring deadline", deadline, int))
+    return TaskSpec(
+        payload=payload,
+        kind=t["kind"],
+        pool=t["pool"],
+        priority=priority_from(t["priority"]),
+        key=t["key"],
+        deadline=deadline,
+        fixed_start=fixed,
+        duration_hint_ns=t["duration_hint_ns"],
+        timeout_ns=t["timeout_ns"],
+        retry=_retry_from(t["retry"], "recurring retry"),
+        deps=_deps_from(t["deps"], "recurring deps"),
+        resources=_str_map("recurring resources", t["resources"], int),
+        tags=frozenset(_expect("recurring tags", x, str) for x in _expect("tags", t["tags"], list)),
+        labels=_str_map("recurring labels", t["labels"], str),
+        tenant=t["tenant"],
+    )
+
+
+def encode_recurring(base: TimeBase, spec: RecurringSpec) -> str:
+    """The JSON text of `spec` without the template's payload (stored in its own column)."""
+    return _dumps(
+        {
+            "cron": clean_opt(spec.cron),
+            "interval_ns": spec.interval_ns,
+            "timezone": clean(spec.timezone),
+            "start_unix_ns": to_unix_opt(base, spec.start, "RecurringSpec.start"),
+            "end_unix_ns": to_unix_opt(base, spec.end, "RecurringSpec.end"),
+            "misfire": spec.misfire,
+            "overlap": spec.overlap,
+            "template": _template_obj(base, spec.template),
+        }
+    )
+
+
+def decode_recurring(base: TimeBase, name: str, text: str, payload: bytes | None) -> RecurringSpec:
+    """The schedule stored as `text` and `payload`; `CorruptValue` if damaged."""
+    obj = _expect("recurring spec", _loads("recurring spec", text), dict)
+    try:
+        start, end = obj["start_unix_ns"], obj["end_unix_ns"]
+        return RecurringSpec(
+            name=name,
+            template=_template_from(base, obj["template"], bytes(payload or b"")),
+            cron=obj["cron"],
+            interval_ns=obj["interval_ns"],
+            timezone=obj["timezone"],
+            start=None if start is None else from_unix(base, _expect("start", start, int)),
+            end=None if end is None else from_unix(base, _expect("end", end, int)),
+            misfire=obj["misfire"],
+            overlap=obj["overlap"],
+        )
+    except (KeyError, TypeError) as exc:
+        raise CorruptValue(f"recurring spec: missing or malformed {exc}") from exc
+    except InvalidValue as exc:
+        raise CorruptValue(f"recurring spec: {exc}") from exc

@@ -1,0 +1,159 @@
+"""Every difference between SQLite, PostgreSQL and MariaDB/MySQL that the store must know.
+
+Everything else is dialect-neutral Core. Keep this module small: when a difference can be
+expressed portably, it does not belong here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sqlite3
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any, Final
+
+from sqlalchemy import Connection, Engine, event, func, select
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine.interfaces import Dialect
+
+from .errors import StoreError, StoreUnavailable
+
+MIGRATION_LOCK_KEY: Final = 0x63726F6E6F71  # "cronoq"
+MIGRATION_LOCK_NAME: Final = "cronoq_store.migrate"
+MIGRATION_LOCK_TIMEOUT_S: Final = 300
+
+
+def name(dialect: Dialect) -> str:
+    """ "sqlite", "postgresql" or "mysql" (MariaDB included)."""
+    return "mysql" if dialect.name in ("mysql", "mariadb") else dialect.name
+
+
+def mysql_collation(dialect: Dialect) -> str:
+    """A binary collation without trailing-space padding, so "a" and "a " are distinct keys."""
+    return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+
+
+# SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
+
+
+def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta) -> None:
+    """Make `engine`'s connections durable and make every transaction take the write lock.
+
+    pysqlite's own transaction handling is switched off (as SQLAlchemy documents) so that the
+    transaction starts with BEGIN IMMEDIATE: the write lock is taken up front, a busy database
+    waits `busy_timeout` instead of failing mid-transaction, and the leader row read inside a
+    commit cannot change before the commit ends.
+    """
+    sync = "FULL" if full_sync else "NORMAL"
+    busy_ms = int(busy_timeout.total_seconds() * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA synchronous = {sync}")
+            cursor.execute("PRAGMA foreign_keys = OFF")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+# Migrations run under one cross-process lock per database.
+
+
+@contextlib.contextmanager
+def migration_lock(conn: Connection) -> Iterator[None]:
+    """Hold the migration lock on `conn` (which must be in a transaction) for the block."""
+    dialect = name(conn.dialect)
+    if dialect == "sqlite":
+        # The write transaction is the lock. An engine of ours began it with BEGIN IMMEDIATE;
+        # on an app's engine pysqlite has not started one yet, so take it here.
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None and not dbapi.in_transaction:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield
+    elif dialect == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+        yield
+    elif dialect == "mysql":
+        # MySQL commits DDL implicitly, so the lock must outlive transactions: a named lock.
+        got = conn.execute(
+            select(func.get_lock(MIGRATION_LOCK_NAME, MIGRATION_LOCK_TIMEOUT_S))
+        ).scalar()
+        if got != 1:
+            raise StoreUnavailable("timed out waiting for the migration lock")
+        try:
+            yield
+        finally:
+            conn.execute(select(func.release_lock(MIGRATION_LOCK_NAME)))
+    else:
+        raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
+
+
+# Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never
+# reach a message.
+
+_SQLITE_TRANSIENT: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
+_PG_TRANSIENT_SQLSTATE: Final = ("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08")
+_MYSQL_TRANSIENT: Final = frozenset(
+    {
+        1205,  # lock wait timeout
+        1213,  # deadlock
+        2002,  # cannot connect
+        2003,  # cannot connect
+        2006,  # server has gone away
+        2013,  # lost connection during query
+        2055,  # lost connection
+        1927,  # connection killed (MariaDB)
+        1053,  # server shutdown in progress
+        3024,  # query execution interrupted, maximum statement execution time exceeded
+    }
+)
+_PASSWORD = re.compile(r"(?i)(password|passwd|pwd)\s*=\s*('[^']*'|\"[^\"]*\"|\S+)")
+_URL_PASSWORD = re.compile(r"(\w+(?:\+\w+)?://[^:/@\s]*:)[^@\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with anything that looks like a password replaced by ***."""
+    return _PASSWORD.sub(r"\1=***", _URL_PASSWORD.sub(r"\1***@", text))
+
+
+def _is_transient(exc: sa_exc.DBAPIError) -> bool:
+    if exc.connection_invalidated:
+        return True
+    orig: Any = exc.orig
+    if isinstance(orig, sqlite3.Error):
+        code = getattr(orig, "sqlite_errorcode", None)
+        if code is not None:
+            return code & 0xFF in _SQLITE_TRANSIENT
+        return "locked" in str(orig) or "busy" in str(orig)
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_PG_TRANSIENT_SQLSTATE)
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] in _MYSQL_TRANSIENT
+    return isinstance(exc, sa_exc.OperationalError) and type(orig).__module__.startswith("psycopg")
+
+
+def translate(exc: BaseException) -> StoreError:
+    """The store error for a database or pool exception (raise it `from exc`)."""
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool ran dry
+        return StoreUnavailable(redact(f"no database connection available: {exc}"))
+    if isinstance(exc, sa_exc.DBAPIError):
+        message = redact(str(exc.orig) if exc.orig is not None else str(exc)).strip()
+        if _is_transient(exc):
+            return StoreUnavailable(message)
+        return StoreError(message)
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return StoreUnavailable(redact(str(exc)))
+    return StoreError(redact(f"{type(exc).__name__}: {exc}"))

@@ -1,0 +1,39 @@
+"""The error tree of cronoq-store.
+
+Callers catch `StoreError` for everything the store raises, `StoreUnavailable` for what is worth
+retrying, and `Fenced` to step down. Database errors are translated in one place
+(`cronoq_store.dialects.translate`), so no driver exception escapes the store.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error the store raises."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached or was busy; the operation may be retried as is.
+
+    Commits are idempotent, so retrying a commit that did land in fact is harmless.
+    """
+
+
+class Fenced(StoreError):
+    """Another instance took leadership: this one must not write again until it leads anew."""
+
+
+class SchemaError(StoreError):
+    """The database schema is not one this build can work with (newer, unknown, or missing)."""
+
+
+class InvalidValue(StoreError, ValueError):
+    """A value handed to the store cannot be stored as it is (out of range, too long, bad type).
+
+    Raised before anything is written, so a batch with one bad value leaves the database as it
+    was. The message names the field.
+    """
+
+
+class CorruptValue(StoreError, ValueError):
+    """A stored value cannot be decoded; recovery quarantines the row that holds it."""

@@ -1,0 +1,141 @@
+"""Programmatic Alembic: run the packaged migrations without a source tree or alembic.ini.
+
+`upgrade` holds a cross-process migration lock (see `dialects.migration_lock`), so any number of
+processes opening a fresh database at once all succeed and leave one schema, and refuses a
+database at a revision this build does not know, touching nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Final
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import Connection, Engine
+from sqlalchemy.schema import CreateSchema
+
+from . import dialects
+from .errors import SchemaError, StoreError
+
+VERSION_TABLE: Final = "cronoq_alembic_version"
+TABLE_PREFIX: Final = "cronoq_"
+
+
+def include_name(name: str | None, type_: str, _parents: object) -> bool:
+    """Autogenerate filter: only cronoq's own tables (an app's tables live beside them)."""
+    if type_ == "table":
+        return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
+    return True
+
+
+def script_location() -> Path:
+    """The migrations folder: inside the installed package, or the source tree's."""
+    packaged = Path(str(resources.files("cronoq_store"))) / "migrations"
+    if (packaged / "env.py").is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "migrations"
+
+
+def alembic_config(connection: Connection | None = None, *, schema: str | None = None) -> Config:
+    """An Alembic `Config` for the packaged migrations, optionally bound to `connection`."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(script_location()))
+    cfg.set_main_option("path_separator", "os")
+    cfg.attributes["connection"] = connection
+    cfg.attributes["schema"] = schema
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest revision this build knows."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "the packaged migrations have no head"
+    return head
+
+
+def _heads(conn: Connection, schema: str | None) -> tuple[str, ...]:
+    context = MigrationContext.configure(
+        conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
+    )
+    return tuple(context.get_current_heads())
+
+
+def _check_known(conn: Connection, schema: str | None) -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+    for rev in _heads(conn, schema):
+        try:
+            known = script.get_revision(rev)
+        except CommandError:
+            known = None
+        if known is None:
+            raise SchemaError(
+                f"the database is at schema revision {rev!r}, which this build of cronoq-store "
+                f"does not know (its newest is {head_revision()!r}); upgrade cronoq-store"
+            )
+
+
+@contextlib.contextmanager
+def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
+    """A connection in a transaction: the engine's, or the caller's (which it then commits)."""
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            yield conn
+    elif bind.in_transaction():
+        yield bind
+    else:
+        with bind.begin():
+            yield bind
+
+
+def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> None:
+    try:
+        with _transaction(bind) as conn:
+            if schema and dialects.name(conn.dialect) == "postgresql":
+                conn.execute(CreateSchema(schema, if_not_exists=True))
+            with dialects.migration_lock(conn):
+                _check_known(conn, schema)
+                cfg = alembic_config(conn, schema=schema)
+                if action == "upgrade":
+                    command.upgrade(cfg, revision)
+                else:
+                    command.downgrade(cfg, revision)
+    except StoreError:
+        raise
+    except CommandError as exc:
+        raise SchemaError(str(exc)) from exc
+    except Exception as exc:
+        raise dialects.translate(exc) from exc
+
+
+def upgrade(
+    bind: Engine | Connection, revision: str = "head", *, schema: str | None = None
+) -> None:
+    """Migrate the database to `revision` (default: this build's newest) under the lock."""
+    _run(bind, schema, "upgrade", revision)
+
+
+def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = None) -> None:
+    """Migrate the database down to `revision` ("base" drops every cronoq table)."""
+    _run(bind, schema, "downgrade", revision)
+
+
+def current_revision(bind: Engine | Connection, *, schema: str | None = None) -> str | None:
+    """The revision the database stands at; None for a database never migrated."""
+    try:
+        if isinstance(bind, Engine):
+            with bind.connect() as conn:
+                heads = _heads(conn, schema)
+        else:
+            heads = _heads(bind, schema)
+    except Exception as exc:
+        raise dialects.translate(exc) from exc
+    if len(heads) > 1:
+        raise SchemaError(f"the database has several schema heads: {', '.join(heads)}")
+    return heads[0] if heads else None

@@ -1,0 +1,133 @@
+"""The tables of cronoq-store as SQLAlchemy Core metadata.
+
+The Alembic migrations create exactly these tables (a drift test proves it on every dialect).
+Tables carry no schema: an app that keeps them in a PostgreSQL schema or another MySQL database
+sets `schema_translate_map={None: name}` on its connections, which `SqlStore` and the
+migrations do for `StoreConfig.schema`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.types import TypeEngine
+
+from . import codec
+
+NAMING_CONVENTION: Final = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+MYSQL_TABLE_ARGS: Final[dict[str, Any]] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+"""utf8mb4 stores every character. The migration adds a binary no-pad collation, chosen per
+server (`dialects.mysql_collation`), so keys compare exactly there as on the other dialects."""
+
+#: Blobs of at least 16 MiB everywhere (MySQL's BLOB stops at 64 KiB).
+Blob: Final[TypeEngine[bytes]] = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+#: Long text of at least 16 MiB everywhere.
+LongText: Final[TypeEngine[str]] = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+tasks = Table(
+    "cronoq_tasks",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("arrival_unix_ns", BigInteger, nullable=False),
+    Column("pool", String(codec.POOL_MAX), nullable=False),
+    Column("kind", String(codec.KIND_MAX), nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("key", String(codec.KEY_MAX)),
+    Column("live_key", String(codec.KEY_MAX)),
+    Column("payload", Blob, nullable=False),
+    Column("deadline_unix_ns", BigInteger),
+    Column("fixed_at_unix_ns", BigInteger),
+    Column("fixed_tolerance_ns", BigInteger),
+    Column("fixed_on_miss", String(8)),
+    Column("duration_hint_ns", BigInteger),
+    Column("timeout_ns", BigInteger),
+    Column("retry", LongText),
+    Column("deps", LongText, nullable=False),
+    Column("resources", LongText, nullable=False),
+    Column("tags", LongText, nullable=False),
+    Column("labels", LongText, nullable=False),
+    Column("tenant", String(codec.TENANT_MAX)),
+    Column("status", String(codec.STATUS_MAX), nullable=False),
+    Column("terminal", Boolean(create_constraint=False), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("updated_unix_ns", BigInteger, nullable=False),
+    Column("message", LongText),
+    Column("output", Blob),
+    # A key is unique among live tasks: live_key is the key while live, NULL once terminal.
+    Index(None, "live_key", unique=True),
+    # Live tasks by id (recovery) and finished tasks by id (listing).
+    Index(None, "terminal", "id"),
+    # Finished tasks by update time (retention on recovery, prune).
+    Index(None, "terminal", "updated_unix_ns"),
+    # Lookup by key, newest first.
+    Index(None, "key", "id"),
+    **MYSQL_TABLE_ARGS,
+)
+
+task_deps = Table(
+    "cronoq_task_deps",
+    metadata,
+    Column("task_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("ordinal", Integer, primary_key=True, autoincrement=False),
+    Column("target_id", BigInteger),
+    Column("target_key", String(codec.KEY_MAX)),
+    Index(None, "target_id"),
+    Index(None, "target_key"),
+    **MYSQL_TABLE_ARGS,
+)
+"""The dependencies of live tasks, so finished targets are found by indexed joins, not JSON."""
+
+recurring = Table(
+    "cronoq_recurring",
+    metadata,
+    Column("name", String(codec.NAME_MAX), primary_key=True),
+    Column("spec", LongText, nullable=False),
+    Column("template_payload", Blob, nullable=False),
+    Column("next_unix_ns", BigInteger),
+    Column("last_task_id", BigInteger),
+    **MYSQL_TABLE_ARGS,
+)
+
+leader = Table(
+    "cronoq_leader",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("epoch", Integer, nullable=False),
+    Column("holder", String(codec.HOLDER_MAX)),
+    Column("expires_unix_ns", BigInteger, nullable=False),
+    Column("max_id", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="single_row"),
+    **MYSQL_TABLE_ARGS,
+)
+"""The one lease row (id = 1): who leads, under which fencing epoch, until when."""
+
+LEADER_ROW: Final = {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "max_id": 0}
+"""The leader row as the first migration inserts it: the first leader gets epoch 1."""
+
+TABLES: Final = (tasks, task_deps, recurring, leader)

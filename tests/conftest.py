@@ -1,0 +1,121 @@
+"""Test databases: a real SQLite file, a real PostgreSQL and a real MariaDB/MySQL.
+
+Every test that takes `db_url` (or `engine`) runs once per dialect, on a database created for it
+with a unique name and dropped afterwards. A server that cannot be reached skips its tests with
+the reason, except when `CRONOQ_REQUIRE_DIALECTS` (or CI) is set: then it is a failure.
+
+Servers: `CRONOQ_TEST_POSTGRESQL_URL` (default postgres@127.0.0.1:5432) and
+`CRONOQ_TEST_MYSQL_URL` (default root@127.0.0.1:3306).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import URL, Engine, create_engine, make_url, text
+from sqlalchemy.exc import OperationalError
+
+SERVER_URLS = {
+    "postgresql": os.environ.get(
+        "CRONOQ_TEST_POSTGRESQL_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+    ),
+    "mysql": os.environ.get("CRONOQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/"),
+}
+DIALECTS = ("sqlite", "postgresql", "mysql")
+
+
+def _required() -> bool:
+    return bool(os.environ.get("CRONOQ_REQUIRE_DIALECTS") or os.environ.get("CI"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="run the long soak tests too")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for dialect in DIALECTS:
+        config.addinivalue_line("markers", f"{dialect}: runs on {dialect}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak test: run with --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)
+
+
+_unreachable: dict[str, str] = {}
+
+
+def _admin_engine(dialect: str) -> Engine:
+    """An engine on the server's maintenance database, or skip/fail when it is down."""
+    if dialect in _unreachable:
+        _unavailable(dialect, _unreachable[dialect])
+    engine = create_engine(SERVER_URLS[dialect], isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        engine.dispose()
+        _unreachable[dialect] = str(exc.orig).strip().splitlines()[0]
+        _unavailable(dialect, _unreachable[dialect])
+    return engine
+
+
+def _unavailable(dialect: str, why: str) -> None:
+    message = f"{dialect} server unreachable at {make_url(SERVER_URLS[dialect])!r}: {why}"
+    if _required():
+        pytest.fail(f"{message} (all dialects are required here)", pytrace=False)
+    pytest.skip(message)
+
+
+def new_database(dialect: str, tmp_path: Path) -> Iterator[URL]:
+    """A fresh database of `dialect`, dropped afterwards (a file under `tmp_path` for SQLite)."""
+    if dialect == "sqlite":
+        yield make_url(f"sqlite:///{tmp_path / 'cronoq.db'}")
+        return
+    admin = _admin_engine(dialect)
+    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            if dialect == "mysql":
+                conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
+            else:
+                conn.execute(text(f"CREATE DATABASE {name}"))
+        yield make_url(SERVER_URLS[dialect]).set(database=name)
+    finally:
+        with admin.connect() as conn:
+            if dialect == "postgresql":
+                conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            else:
+                conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+
+@pytest.fixture(params=[pytest.param(d, marks=getattr(pytest.mark, d)) for d in DIALECTS])
+def dialect(request: pytest.FixtureRequest) -> str:
+    """The dialect under test: sqlite, postgresql or mysql (MariaDB here)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(dialect: str, tmp_path: Path) -> Iterator[URL]:
+    """The URL of a new, empty database of the dialect under test."""
+    yield from new_database(dialect, tmp_path)
+
+
+@pytest.fixture
+def engine(db_url: URL) -> Iterator[Engine]:
+    """A plain engine on the new database; no connection may be left checked out."""
+    eng = create_engine(db_url)
+    try:
+        yield eng
+        assert eng.pool.checkedout() == 0, "a test left a connection checked out"
+    finally:
+        eng.dispose()

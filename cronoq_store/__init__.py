@@ -33,5 +33,7 @@ from .model import TaskSpec as TaskSpec
 from .model import TaskStatus as TaskStatus
 from .model import Time as Time
 from .model import TimeBase as TimeBase
+from .store import SqlStore as SqlStore
+from .store import StoreConfig as StoreConfig
 
 __version__ = "0.1.0"

@@ -262,7 +262,7 @@ def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
     }
 
 
-def spec_from_columns(base: TimeBase, row: Mapping[str, Any]) -> TaskSpec:
+def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
     """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged."""
     fixed_at = row["fixed_at_unix_ns"]
     try:

@@ -1,0 +1,100 @@
+"""The leader lease: who may write, under which fencing epoch, until when.
+
+Taking the lease bumps the epoch; the fence check of every commit (`repository.fence`) matches
+only the current epoch and holder, so a paused old leader can never write after a takeover.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any, Final
+
+from sqlalchemy import Connection, Select, Update, bindparam, select, update
+
+from . import codec
+from .schema import leader
+
+MAX_EPOCH: Final = 32767
+"""Epochs stay within 1..32767 so epoch-prefixed task ids fit a signed 64-bit integer."""
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after `epoch`, wrapping 32767 to 1."""
+    return 1 if epoch >= MAX_EPOCH or epoch < 0 else epoch + 1
+
+
+def new_holder() -> str:
+    """A name for this store instance, unique across hosts and processes."""
+    host = socket.gethostname()[:64]
+    return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:16]}"[: codec.HOLDER_MAX]
+
+
+def lease_stmt() -> Select[Any]:
+    """The lease row, locked until the end of the transaction."""
+    return (
+        select(leader.c.epoch, leader.c.holder, leader.c.expires_unix_ns)
+        .where(leader.c.id == 1)
+        .with_for_update()
+    )
+
+
+def take_stmt() -> Update:
+    """Take the lease under a new epoch."""
+    return (
+        update(leader)
+        .where(leader.c.id == 1)
+        .values(
+            epoch=bindparam("b_epoch"),
+            holder=bindparam("b_holder"),
+            expires_unix_ns=bindparam("b_expires"),
+        )
+    )
+
+
+def renew_stmt() -> Update:
+    """Extend our lease; matches nothing once another instance took it."""
+    return (
+        update(leader)
+        .where(
+            leader.c.id == 1,
+            leader.c.epoch == bindparam("b_epoch"),
+            leader.c.holder == bindparam("b_holder"),
+        )
+        .values(expires_unix_ns=bindparam("b_expires"))
+    )
+
+
+def release_stmt() -> Update:
+    """Give the lease up at once."""
+    return (
+        update(leader)
+        .where(leader.c.id == 1, leader.c.holder == bindparam("b_holder"))
+        .values(holder=None, expires_unix_ns=0)
+    )
+
+
+def try_take(conn: Connection, *, holder: str, now_unix_ns: int, ttl_ns: int) -> int | None:
+    """Take the lease if it is free, expired or already ours; the new epoch, or None."""
+    row = conn.execute(lease_stmt()).one()
+    if row.holder is not None and row.holder != holder and row.expires_unix_ns > now_unix_ns:
+        return None
+    epoch = next_epoch(row.epoch)
+    conn.execute(
+        take_stmt(),
+        {"b_epoch": epoch, "b_holder": holder, "b_expires": now_unix_ns + ttl_ns},
+    )
+    return epoch
+
+
+def renew(conn: Connection, *, epoch: int, holder: str, expires_unix_ns: int) -> bool:
+    """Extend our lease; False when it was taken over."""
+    result = conn.execute(
+        renew_stmt(), {"b_epoch": epoch, "b_holder": holder, "b_expires": expires_unix_ns}
+    )
+    return result.rowcount == 1
+
+
+def release(conn: Connection, *, holder: str) -> None:
+    conn.execute(release_stmt(), {"b_holder": holder})

@@ -1,0 +1,662 @@
+"""Every statement of the store, as small named Core builders, and the functions that run them.
+
+Functions take a `Connection` and never commit: the caller owns the transaction. Bulk work is
+executemany, so a commit costs the same number of round trips whatever its batch size.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import (
+    Connection,
+    Delete,
+    Insert,
+    Select,
+    Update,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    union_all,
+    update,
+)
+
+from . import codec
+from .errors import CorruptValue, StoreError
+from .model import Mutation as Mutation
+from .model import (
+    Recovered,
+    RecoveredRecurring,
+    RecoveredTask,
+    RecoveredTerminal,
+    RecurringNext,
+    RecurringRemove,
+    RecurringUpsert,
+    StatusChanged,
+    Submitted,
+    TaskId,
+    TaskRecord,
+    TaskStatus,
+    TimeBase,
+)
+from .schema import leader, recurring, task_deps, tasks
+
+log = logging.getLogger(__name__)
+
+PRUNE_BATCH: Final = 1000
+"""Rows deleted per statement by `prune`."""
+IN_CHUNK: Final = 1000
+"""Most values bound into one IN list."""
+STREAM_ROWS: Final = 1000
+"""Rows fetched at a time while recovering."""
+
+
+def _chunks(values: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+# Folding: a batch becomes one insert per new task and one update per existing task.
+
+
+@dataclass(slots=True)
+class _Status:
+    """The latest transition of a task within a batch."""
+
+    status: TaskStatus
+    attempt: int
+    at: int
+    message: str | None
+
+    def fold(self, later: _Status) -> None:
+        """Apply a later transition, keeping the message unless the later one has its own."""
+        self.status, self.attempt, self.at = later.status, later.attempt, later.at
+        if later.message is not None:
+            self.message = later.message
+
+
+@dataclass(slots=True)
+class Folded:
+    """A batch folded so that the rows it leaves do not depend on how it was split."""
+
+    inserts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """New task rows by id, each with the status it reached within the batch."""
+    deps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Dependency rows of the new tasks."""
+    updates: dict[int, _Status] = field(default_factory=dict)
+    """The latest transition of tasks submitted in earlier batches."""
+    insert_status: dict[int, _Status] = field(default_factory=dict)
+    """The latest transition of new tasks, applied as an update if the task is stored already."""
+    recurring: list[RecurringUpsert | RecurringRemove | RecurringNext] = field(default_factory=list)
+
+
+def _status(base: TimeBase, m: StatusChanged) -> _Status:
+    return _Status(
+        status=m.status,
+        attempt=m.attempt,
+        at=codec.to_unix(base, m.at, "StatusChanged.at"),
+        message=codec.clean_opt(m.message),
+    )
+
+
+def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
+    """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write."""
+    out = Folded()
+    statuses: dict[int, _Status] = {}
+    for m in batch:
+        if isinstance(m, Submitted):
+            if m.id in out.inserts:
+                continue
+            row = codec.spec_columns(base, m.spec)
+            row["id"] = m.id
+            row["seq"] = m.seq
+            row["arrival_unix_ns"] = codec.to_unix(base, m.arrival, "Submitted.arrival")
+            row["updated_unix_ns"] = now_unix_ns
+            out.inserts[m.id] = row
+            if m.spec.deps:
+                out.deps[m.id] = [
+                    {
+                        "task_id": m.id,
+                        "ordinal": i,
+                        "target_id": getattr(d.target, "id", None),
+                        "target_key": codec.clean_opt(getattr(d.target, "key", None)),
+                    }
+                    for i, d in enumerate(m.spec.deps)
+                ]
+        elif isinstance(m, StatusChanged):
+            st = _status(base, m)
+            if m.id in statuses:
+                statuses[m.id].fold(st)
+            else:
+                statuses[m.id] = st
+        else:
+            out.recurring.append(m)
+    for task_id, st in statuses.items():
+        if task_id in out.inserts:
+            _apply(out.inserts[task_id], st)
+            out.insert_status[task_id] = st
+        else:
+            out.updates[task_id] = st
+    for row in out.inserts.values():
+        row.setdefault("status", TaskStatus.QUEUED.value)
+        row.setdefault("terminal", False)
+        row.setdefault("attempt", 0)
+        row.setdefault("message", None)
+        row["live_key"] = None if row["terminal"] else row["key"]
+    return out
+
+
+def _apply(row: dict[str, Any], st: _Status) -> None:
+    row["status"] = st.status.value
+    row["terminal"] = st.status.is_terminal
+    row["attempt"] = st.attempt
+    row["updated_unix_ns"] = st.at
+    row["message"] = st.message if st.message is not None else row.get("message")
+
+
+# Fencing and the lease row.
+
+
+def fence_stmt() -> Update:
+    """Fence check, first write of every commit: extend our lease and raise the id high-water.
+
+    It matches only while we hold the lease under our epoch. Its row lock serializes the commit
+    against a takeover on PostgreSQL and MySQL; SQLite serializes all writers anyway.
+    """
+    return (
+        update(leader)
+        .where(
+            leader.c.id == 1,
+            leader.c.epoch == bindparam("b_epoch"),
+            leader.c.holder == bindparam("b_holder"),
+        )
+        .values(
+            max_id=case(
+                (leader.c.max_id < bindparam("b_max_id"), bindparam("b_max_id")),
+                else_=leader.c.max_id,
+            ),
+            expires_unix_ns=bindparam("b_expires"),
+        )
+    )
+
+
+def fence(conn: Connection, *, epoch: int, holder: str, max_id: int, expires: int) -> bool:
+    """Run the fence check; False when another instance holds the lease."""
+    result = conn.execute(
+        fence_stmt(),
+        {"b_epoch": epoch, "b_holder": holder, "b_max_id": max_id, "b_expires": expires},
+    )
+    return result.rowcount == 1
+
+
+# Commit.
+
+
+def existing_ids_stmt() -> Select[Any]:
+    """Which of the given task ids are already stored (makes inserts idempotent)."""
+    return select(tasks.c.id).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def status_update_stmt() -> Update:
+    """One task's transition; a terminal one releases its live key."""
+    return (
+        update(tasks)
+        .where(tasks.c.id == bindparam("b_id"))
+        .values(
+            status=bindparam("b_status"),
+            terminal=bindparam("b_terminal"),
+            attempt=bindparam("b_attempt"),
+            updated_unix_ns=bindparam("b_at"),
+            message=func.coalesce(
+                bindparam("b_message", type_=tasks.c.message.type), tasks.c.message
+            ),
+            live_key=case((bindparam("b_terminal") == literal(True), None), else_=tasks.c.live_key),
+        )
+    )
+
+
+def delete_deps_stmt() -> Delete:
+    """Drop the dependency rows of tasks that finished."""
+    return delete(task_deps).where(task_deps.c.task_id.in_(bindparam("ids", expanding=True)))
+
+
+def insert_tasks_stmt() -> Insert:
+    """New task rows."""
+    return insert(tasks)
+
+
+def insert_deps_stmt() -> Insert:
+    """Dependency rows of new live tasks."""
+    return insert(task_deps)
+
+
+def output_stmt() -> Update:
+    """Store the output of a task that succeeded."""
+    return (
+        update(tasks)
+        .where(tasks.c.id == bindparam("b_id"), tasks.c.status == TaskStatus.SUCCEEDED.value)
+        .values(output=bindparam("b_output"))
+    )
+
+
+def recurring_update_stmt() -> Update:
+    """Replace a schedule's spec (its next/last stay)."""
+    return (
+        update(recurring)
+        .where(recurring.c.name == bindparam("b_name"))
+        .values(spec=bindparam("b_spec"), template_payload=bindparam("b_payload"))
+    )
+
+
+def recurring_insert_stmt() -> Insert:
+    """A new schedule."""
+    return insert(recurring)
+
+
+def recurring_delete_stmt() -> Delete:
+    """Remove a schedule."""
+    return delete(recurring).where(recurring.c.name == bindparam("b_name"))
+
+
+def recurring_next_stmt() -> Update:
+    """A schedule's next fire time and last task."""
+    return (
+        update(recurring)
+        .where(recurring.c.name == bindparam("b_name"))
+        .values(next_unix_ns=bindparam("b_next"), last_task_id=bindparam("b_last"))
+    )
+
+
+def write(
+    conn: Connection,
+    base: TimeBase,
+    folded: Folded,
+    outputs: Sequence[tuple[TaskId, bytes]],
+) -> None:
+    """Write a folded batch (after the fence check), in the order of the design."""
+    inserts = folded.inserts
+    updates = dict(folded.updates)
+    if inserts:
+        ids = list(inserts)
+        existing: set[int] = set()
+        for chunk in _chunks(ids):
+            existing.update(conn.execute(existing_ids_stmt(), {"ids": list(chunk)}).scalars())
+        if existing:
+            # Submitted again (a retried batch): the stored row stands; apply its transition.
+            inserts = {i: r for i, r in inserts.items() if i not in existing}
+            for task_id in existing:
+                if task_id in folded.insert_status:
+                    updates[task_id] = folded.insert_status[task_id]
+    # 1. Transitions of stored tasks first, so the keys they release can be reused below.
+    if updates:
+        params = [
+            {
+                "b_id": task_id,
+                "b_status": st.status.value,
+                "b_terminal": st.status.is_terminal,
+                "b_attempt": st.attempt,
+                "b_at": st.at,
+                "b_message": st.message,
+            }
+            for task_id, st in updates.items()
+        ]
+        result = conn.execute(status_update_stmt(), params)
+        if result.rowcount >= 0 and result.rowcount < len(params):
+            log.warning(
+                "status updates for %d tasks missing from the store (pruned?)",
+                len(params) - result.rowcount,
+            )
+        finished = [i for i, st in updates.items() if st.status.is_terminal]
+        for chunk in _chunks(finished):
+            conn.execute(delete_deps_stmt(), {"ids": list(chunk)})
+    # 2. New tasks, and the dependency rows of those still live.
+    if inserts:
+        conn.execute(insert_tasks_stmt(), list(inserts.values()))
+        dep_rows = [
+            d
+            for i, rows in folded.deps.items()
+            if i in inserts and not inserts[i]["terminal"]
+            for d in rows
+        ]
+        if dep_rows:
+            conn.execute(insert_deps_stmt(), dep_rows)
+    # 3. Outputs of tasks that succeeded.
+    if outputs:
+        conn.execute(output_stmt(), [{"b_id": i, "b_output": bytes(o)} for i, o in outputs])
+    # 4. Recurring schedules, in batch order.
+    for m in folded.recurring:
+        if isinstance(m, RecurringUpsert):
+            name = codec.bounded("RecurringSpec.name", m.spec.name, codec.NAME_MAX)
+            spec_text = codec.encode_recurring(base, m.spec)
+            payload = m.spec.template.payload
+            result = conn.execute(
+                recurring_update_stmt(),
+                {"b_name": name, "b_spec": spec_text, "b_payload": payload},
+            )
+            if result.rowcount == 0:
+                conn.execute(
+                    recurring_insert_stmt(),
+                    {"name": name, "spec": spec_text, "template_payload": payload},
+                )
+        elif isinstance(m, RecurringRemove):
+            conn.execute(recurring_delete_stmt(), {"b_name": codec.clean(m.name)})
+        else:
+            conn.execute(
+                recurring_next_stmt(),
+                {
+                    "b_name": codec.clean(m.name),
+                    "b_next": codec.to_unix_opt(base, m.next, "RecurringNext.next"),
+                    "b_last": m.last,
+                },
+            )
+
+
+# Recovery.
+
+_LIVE_COLUMNS: Final = (
+    tasks.c.id,
+    tasks.c.seq,
+    tasks.c.arrival_unix_ns,
+    tasks.c.attempt,
+    *(tasks.c[name] for name in codec.SPEC_COLUMNS),
+)
+
+
+def high_water_stmt() -> Select[Any]:
+    """The id high-water mark and the largest stored task id."""
+    return select(
+        select(leader.c.max_id).where(leader.c.id == 1).scalar_subquery(),
+        select(func.max(tasks.c.id)).scalar_subquery(),
+    )
+
+
+def live_tasks_stmt() -> Select[Any]:
+    """Live tasks in id order."""
+    return select(*_LIVE_COLUMNS).where(tasks.c.terminal == False).order_by(tasks.c.id)  # noqa: E712
+
+
+def quarantine_stmt() -> Update:
+    """Mark an undecodable task failed, with why."""
+    return (
+        update(tasks)
+        .where(tasks.c.id == bindparam("b_id"))
+        .values(
+            status=TaskStatus.FAILED.value,
+            terminal=True,
+            live_key=None,
+            updated_unix_ns=bindparam("b_at"),
+            message=bindparam("b_message"),
+        )
+    )
+
+
+def finished_stmt() -> Select[Any]:
+    """Finished tasks within retention, and older ones that a live task depends on."""
+    columns = (tasks.c.id, tasks.c.key, tasks.c.status, tasks.c.updated_unix_ns)
+    recent = select(*columns).where(
+        tasks.c.terminal == True,  # noqa: E712
+        tasks.c.updated_unix_ns >= bindparam("cutoff"),
+    )
+    depended = select(*columns).where(
+        tasks.c.terminal == True,  # noqa: E712
+        tasks.c.updated_unix_ns < bindparam("cutoff"),
+        or_(
+            tasks.c.id.in_(select(task_deps.c.target_id).where(task_deps.c.target_id.is_not(None))),
+            tasks.c.key.in_(
+                select(task_deps.c.target_key).where(task_deps.c.target_key.is_not(None))
+            ),
+        ),
+    )
+    both = union_all(recent, depended).subquery()
+    return select(both).order_by(both.c.updated_unix_ns, both.c.id)
+
+
+def recurring_stmt() -> Select[Any]:
+    """Every schedule, by name."""
+    return select(
+        recurring.c.name,
+        recurring.c.spec,
+        recurring.c.template_payload,
+        recurring.c.next_unix_ns,
+        recurring.c.last_task_id,
+    ).order_by(recurring.c.name)
+
+
+def recover(
+    conn: Connection, base: TimeBase, *, now_unix_ns: int, retention: timedelta
+) -> Recovered:
+    """Everything a new leader needs; quarantines undecodable task rows on `conn`."""
+    max_id, max_task = conn.execute(high_water_stmt()).one()
+    top = max(max_id or 0, max_task if max_task is not None else 0)
+    next_id = TaskId(top + 1 if (top or max_task is not None) else 0)
+
+    live: list[RecoveredTask] = []
+    corrupt: list[tuple[int, str | None, str]] = []
+    result = conn.execution_options(yield_per=STREAM_ROWS).execute(live_tasks_stmt())
+    for row in result.mappings():
+        try:
+            spec = codec.spec_from_columns(base, row)
+        except CorruptValue as exc:
+            log.error("quarantining undecodable task row %s: %s", row["id"], exc)
+            corrupt.append((row["id"], row["key"], f"corrupt task row: {exc}"))
+            continue
+        live.append(
+            RecoveredTask(
+                id=TaskId(row["id"]),
+                seq=row["seq"],
+                arrival=codec.from_unix(base, row["arrival_unix_ns"]),
+                spec=spec,
+                attempt=max(0, row["attempt"]),
+            )
+        )
+    result.close()
+    if corrupt:
+        conn.execute(
+            quarantine_stmt(),
+            [{"b_id": i, "b_at": now_unix_ns, "b_message": codec.clean(m)} for i, _, m in corrupt],
+        )
+        for chunk in _chunks([i for i, _, _ in corrupt]):
+            conn.execute(delete_deps_stmt(), {"ids": list(chunk)})
+
+    cutoff = now_unix_ns - int(retention / timedelta(microseconds=1)) * 1000
+    terminal: list[RecoveredTerminal] = []
+    quarantined = {i for i, _, _ in corrupt}
+    for done in conn.execute(finished_stmt(), {"cutoff": cutoff}):
+        status = TaskStatus.from_name(done.status)
+        if status is None or done.id in quarantined:
+            continue
+        terminal.append(
+            RecoveredTerminal(
+                id=TaskId(done.id),
+                key=done.key,
+                status=status,
+                at=codec.from_unix(base, done.updated_unix_ns),
+            )
+        )
+    # Quarantined rows were just updated, so they come last in this order.
+    terminal.extend(
+        RecoveredTerminal(
+            id=TaskId(i),
+            key=key,
+            status=TaskStatus.FAILED,
+            at=codec.from_unix(base, now_unix_ns),
+        )
+        for i, key, _ in corrupt
+    )
+
+    schedules: list[RecoveredRecurring] = []
+    for sched in conn.execute(recurring_stmt()):
+        try:
+            rspec = codec.decode_recurring(base, sched.name, sched.spec, sched.template_payload)
+        except CorruptValue as exc:
+            # Left in place, so it can be repaired, but not scheduled.
+            log.error("skipping undecodable recurring schedule %r: %s", sched.name, exc)
+            continue
+        schedules.append(
+            RecoveredRecurring(
+                spec=rspec,
+                next=codec.from_unix_opt(base, sched.next_unix_ns),
+                last=None if sched.last_task_id is None else TaskId(sched.last_task_id),
+            )
+        )
+    return Recovered(next_id=next_id, tasks=live, terminal=terminal, recurring=schedules)
+
+
+# Prune.
+
+
+def prunable_stmt() -> Select[Any]:
+    """Up to `limit` finished tasks updated before `cutoff` that no live task depends on."""
+    return (
+        select(tasks.c.id)
+        .where(
+            tasks.c.terminal == True,  # noqa: E712
+            tasks.c.updated_unix_ns < bindparam("cutoff"),
+            tasks.c.id.not_in(
+                select(task_deps.c.target_id).where(task_deps.c.target_id.is_not(None))
+            ),
+            or_(
+                tasks.c.key.is_(None),
+                tasks.c.key.not_in(
+                    select(task_deps.c.target_key).where(task_deps.c.target_key.is_not(None))
+                ),
+            ),
+        )
+        .order_by(tasks.c.updated_unix_ns)
+        .limit(bindparam("limit"))
+    )
+
+
+def delete_tasks_stmt() -> Delete:
+    """Delete tasks by id."""
+    return delete(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
+    """Delete one batch of prunable tasks; returns how many were deleted."""
+    ids = list(conn.execute(prunable_stmt(), {"cutoff": cutoff, "limit": limit}).scalars())
+    if ids:
+        conn.execute(delete_tasks_stmt(), {"ids": ids})
+    return len(ids)
+
+
+# Queries.
+
+_RECORD_COLUMNS: Final = (
+    tasks.c.id,
+    tasks.c.key,
+    tasks.c.pool,
+    tasks.c.kind,
+    tasks.c.priority,
+    tasks.c.tenant,
+    tasks.c.status,
+    tasks.c.attempt,
+    tasks.c.message,
+    tasks.c.output,
+    tasks.c.updated_unix_ns,
+)
+
+
+def record_from(row: Mapping[Any, Any]) -> TaskRecord:
+    """A query row as a `TaskRecord`."""
+    updated = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
+        microseconds=max(0, row["updated_unix_ns"]) // 1000
+    )
+    return TaskRecord(
+        id=TaskId(row["id"]),
+        key=row["key"],
+        pool=row["pool"],
+        kind=row["kind"],
+        priority=codec.priority_from(row["priority"]),
+        tenant=row["tenant"],
+        status=TaskStatus.from_name(row["status"]),
+        attempt=row["attempt"],
+        message=row["message"],
+        output=None if row["output"] is None else bytes(row["output"]),
+        updated=updated,
+    )
+
+
+def task_by_id_stmt() -> Select[Any]:
+    """A task by id."""
+    return select(*_RECORD_COLUMNS).where(tasks.c.id == bindparam("id"))
+
+
+def task_by_key_stmt() -> Select[Any]:
+    """The newest task with a key."""
+    return (
+        select(*_RECORD_COLUMNS)
+        .where(tasks.c.key == bindparam("key"))
+        .order_by(tasks.c.id.desc())
+        .limit(1)
+    )
+
+
+def list_finished_stmt(*, pools: bool, statuses: bool, after: bool) -> Select[Any]:
+    """Finished tasks in id order, optionally filtered; keyset-paged by id."""
+    conditions = [tasks.c.terminal == True]  # noqa: E712
+    if pools:
+        conditions.append(tasks.c.pool.in_(bindparam("pools", expanding=True)))
+    if statuses:
+        conditions.append(tasks.c.status.in_(bindparam("statuses", expanding=True)))
+    if after:
+        conditions.append(tasks.c.id > bindparam("after"))
+    return (
+        select(*_RECORD_COLUMNS)
+        .where(and_(*conditions))
+        .order_by(tasks.c.id)
+        .limit(bindparam("limit"))
+    )
+
+
+def output_of_stmt() -> Select[Any]:
+    """The output of a task that succeeded."""
+    return select(tasks.c.output).where(
+        tasks.c.id == bindparam("id"), tasks.c.status == TaskStatus.SUCCEEDED.value
+    )
+
+
+def get_task(
+    conn: Connection, *, task_id: int | None = None, key: str | None = None
+) -> TaskRecord | None:
+    if task_id is not None:
+        row = conn.execute(task_by_id_stmt(), {"id": task_id}).mappings().first()
+    else:
+        row = conn.execute(task_by_key_stmt(), {"key": codec.clean(key or "")}).mappings().first()
+    return None if row is None else record_from(row)
+
+
+def list_finished(
+    conn: Connection,
+    *,
+    pools: Sequence[str],
+    statuses: Sequence[TaskStatus],
+    after: int | None,
+    limit: int,
+) -> list[TaskRecord]:
+    if limit < 0:
+        raise StoreError("limit must not be negative")
+    stmt = list_finished_stmt(pools=bool(pools), statuses=bool(statuses), after=after is not None)
+    params: dict[str, Any] = {"limit": limit}
+    if pools:
+        params["pools"] = [codec.clean(p) for p in pools]
+    if statuses:
+        params["statuses"] = [TaskStatus(s).value for s in statuses]
+    if after is not None:
+        params["after"] = after
+    return [record_from(r) for r in conn.execute(stmt, params).mappings()]
+
+
+def load_output(conn: Connection, task_id: int) -> bytes | None:
+    out = conn.execute(output_of_stmt(), {"id": task_id}).scalar()
+    return None if out is None else bytes(out)

@@ -1,0 +1,411 @@
+"""`SqlStore`: the facade a scheduler engine uses, and its configuration.
+
+It owns transactions (the repository and lease modules never commit), translates every database
+error in one place, and keeps the leader lease alive from a keeper thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+from sqlalchemy import URL, Connection, Engine, create_engine, make_url
+from sqlalchemy import exc as sa_exc
+
+from . import dialects, lease, migrate, repository
+from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
+from .model import (
+    ById,
+    ByKey,
+    Mutation,
+    Recovered,
+    TaskId,
+    TaskRecord,
+    TaskRef,
+    TaskStatus,
+    TimeBase,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_RETRY_DELAY: Final = 5.0
+"""Longest wait, in seconds, between attempts to reach the database while acquiring."""
+
+
+def _ns(d: timedelta) -> int:
+    return (d // timedelta(microseconds=1)) * 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """How a store behaves; durations are `timedelta`."""
+
+    retention: timedelta = timedelta(hours=1)
+    """How long finished tasks are returned by recovery (key deduplication)."""
+    lease_ttl: timedelta = timedelta(seconds=10)
+    """How long a lease lasts unrenewed; a standby takes over once it runs out."""
+    lease_renew: timedelta = timedelta(seconds=2)
+    """How often the leader renews its lease; well below `lease_ttl`."""
+    lock_poll: timedelta = timedelta(milliseconds=500)
+    """How often a standby checks whether the lease has run out."""
+    busy_timeout: timedelta = timedelta(seconds=5)
+    """How long a SQLite statement waits for another process's write."""
+    commit_timeout: timedelta = timedelta(seconds=30)
+    full_sync: bool = True
+    """SQLite: fsync every commit (synchronous=FULL); off, a power loss may drop the last ones."""
+    pool_size: int = 4
+    schema: str | None = None
+    """PostgreSQL schema (or MySQL database) holding the tables; None for the default."""
+    migrate: bool = True
+    """Whether `SqlStore.open` migrates the database to this build's schema."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "retention",
+            "lease_ttl",
+            "lease_renew",
+            "lock_poll",
+            "busy_timeout",
+            "commit_timeout",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta):
+                raise InvalidValue(f"StoreConfig.{name} must be a timedelta")
+            if value <= timedelta(0) and name != "retention":
+                raise InvalidValue(f"StoreConfig.{name} must be positive")
+        if self.retention < timedelta(0):
+            raise InvalidValue("StoreConfig.retention must not be negative")
+        if self.lease_renew * 2 > self.lease_ttl:
+            raise InvalidValue(
+                "StoreConfig.lease_renew must be at most half of lease_ttl, so that one failed "
+                "renewal does not lose the lease"
+            )
+        if self.pool_size < 1:
+            raise InvalidValue("StoreConfig.pool_size must be at least 1")
+
+
+def _sqlite_path(path: str) -> Path:
+    """Refuse what SQLite would not treat as a plain local file (memory, URIs)."""
+    if not path or path.startswith(":") or path[:5].lower() == "file:":
+        raise InvalidValue(
+            f"invalid SQLite path {path!r}: use a plain file path on a local filesystem"
+        )
+    return Path(path)
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file 0600 if it does not exist; SQLite's -wal and -shm follow it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot create {path}: {exc.strerror}") from exc
+    os.close(fd)
+
+
+def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> Engine:
+    if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
+        url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
+    else:
+        try:
+            url = make_url(target)
+        except sa_exc.ArgumentError as exc:
+            raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
+    if url.get_backend_name() == "sqlite":
+        path = _sqlite_path(url.database or "")
+        _create_private(path)
+        engine = create_engine(url, pool_size=config.pool_size, max_overflow=0)
+        dialects.configure_sqlite(
+            engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout
+        )
+        return engine
+    return create_engine(url, pool_size=config.pool_size, pool_pre_ping=True)
+
+
+class SqlStore:
+    """The durable state of one cronoq scheduler; cheap to share between threads."""
+
+    def __init__(self, engine: Engine, config: StoreConfig | None = None) -> None:
+        """Wrap an app's own engine (no side effects: call `migrate()` or use `open`)."""
+        self.config = config or StoreConfig()
+        self._owns_engine = False
+        self._raw_engine = engine
+        self.engine = (
+            engine.execution_options(schema_translate_map={None: self.config.schema})
+            if self.config.schema
+            else engine
+        )
+        self.holder = lease.new_holder()
+        self._lock = threading.Lock()
+        self._epoch: int | None = None
+        self._lost = threading.Event()
+        self._lost.set()
+        self._stop_keeper = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self._callbacks: list[Callable[[], None]] = []
+
+    @classmethod
+    def open(
+        cls, url_or_path: str | os.PathLike[str] | URL, config: StoreConfig | None = None
+    ) -> SqlStore:
+        """Open a database (a bare path means a SQLite file), migrating it unless told not to."""
+        config = config or StoreConfig()
+        engine = _engine_for(url_or_path, config)
+        store = cls(engine, config)
+        store._owns_engine = True
+        try:
+            if config.migrate:
+                store.migrate()
+        except BaseException:
+            engine.dispose()
+            raise
+        return store
+
+    def migrate(self) -> None:
+        """Migrate the database to this build's schema (idempotent; safe from many processes)."""
+        migrate.upgrade(self._raw_engine, schema=self.config.schema)
+
+    def close(self) -> None:
+        """Stop leading (releasing the lease) and dispose of an engine this store created."""
+        if self._epoch is not None:
+            self.release_leadership()
+        if self._owns_engine:
+            self._raw_engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Transactions: every database error leaves here translated.
+
+    def _run(self, fn: Callable[[Connection], Any]) -> Any:
+        try:
+            with self.engine.begin() as conn:
+                return fn(conn)
+        except StoreError:
+            raise
+        except sa_exc.IntegrityError as exc:
+            raise StoreError(
+                dialects.redact(
+                    f"the batch conflicts with stored tasks (a live key in use?): {exc.orig}"
+                )
+            ) from exc
+        except (sa_exc.SQLAlchemyError, OSError) as exc:
+            raise dialects.translate(exc) from exc
+
+    @staticmethod
+    def _now() -> int:
+        return time.time_ns()
+
+    # Leadership.
+
+    @property
+    def epoch(self) -> int | None:
+        """The fencing epoch while this instance leads."""
+        return None if self._lost.is_set() else self._epoch
+
+    @property
+    def is_leader(self) -> bool:
+        return self.epoch is not None
+
+    def on_leadership_lost(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the keeper thread) whenever leadership is lost."""
+        self._callbacks.append(callback)
+
+    def wait_leadership_lost(self, timeout: float | None = None) -> bool:
+        """Block until leadership is lost; False if `timeout` seconds passed first."""
+        return self._lost.wait(timeout)
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            if self._lost.is_set():
+                return
+            self._lost.set()
+        log.error("cronoq leadership lost (epoch %s): %s", self._epoch, why)
+        for callback in list(self._callbacks):
+            try:
+                callback()
+            except Exception:
+                log.exception("leadership-lost callback failed")
+
+    def acquire_leadership(self, timeout: float | None = None) -> int:
+        """Block until this instance leads; returns the new fencing epoch."""
+        self._stop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poll = self.config.lock_poll.total_seconds()
+        delay = poll
+        ttl = _ns(self.config.lease_ttl)
+        while True:
+            started = time.monotonic()
+            try:
+                epoch = self._run(
+                    lambda c: lease.try_take(
+                        c, holder=self.holder, now_unix_ns=self._now(), ttl_ns=ttl
+                    )
+                )
+                wait = poll
+                delay = poll
+            except StoreUnavailable as exc:
+                log.warning("cannot reach the database to acquire leadership: %s", exc)
+                epoch, wait = None, delay
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+            if epoch is not None:
+                break
+            if deadline is not None and time.monotonic() + wait > deadline:
+                raise StoreUnavailable(f"not leader after {timeout} s: the lease is held")
+            time.sleep(wait)
+        with self._lock:
+            self._epoch = epoch
+            self._lost.clear()
+            self._stop_keeper = threading.Event()
+            self._keeper = threading.Thread(
+                target=self._keep,
+                args=(epoch, started, self._stop_keeper),
+                name=f"cronoq-lease-keeper-{epoch}",
+                daemon=True,
+            )
+            self._keeper.start()
+        log.info("cronoq leadership acquired (epoch %s)", epoch)
+        return int(epoch)
+
+    def _keep(self, epoch: int, renewed: float, stop: threading.Event) -> None:
+        """Renew the lease until it is taken over or could not be renewed within the TTL."""
+        every = self.config.lease_renew.total_seconds()
+        ttl = self.config.lease_ttl.total_seconds()
+        while not stop.wait(every):
+            started = time.monotonic()
+            try:
+                ok = self._run(
+                    lambda c: lease.renew(
+                        c,
+                        epoch=epoch,
+                        holder=self.holder,
+                        expires_unix_ns=self._now() + _ns(self.config.lease_ttl),
+                    )
+                )
+            except StoreError as exc:
+                if time.monotonic() - renewed >= ttl:
+                    self._lose(f"could not renew the lease within its TTL: {exc}")
+                    return
+                log.warning("renewing the cronoq lease failed, retrying: %s", exc)
+                continue
+            if not ok:
+                self._lose("the lease was taken over")
+                return
+            renewed = started
+
+    def _stop(self) -> None:
+        keeper = self._keeper
+        self._stop_keeper.set()
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join()
+        self._keeper = None
+
+    def release_leadership(self) -> None:
+        """Give leadership up; a waiting standby can take over at once."""
+        self._stop()
+        if self._epoch is not None:
+            try:
+                self._run(lambda c: lease.release(c, holder=self.holder))
+            except StoreError as exc:
+                log.warning("could not clear the lease; it will expire: %s", exc)
+        self._lose("released")
+        self._epoch = None
+
+    # Commits and recovery.
+
+    def commit(
+        self,
+        epoch: int,
+        base: TimeBase,
+        batch: Sequence[Mutation],
+        outputs: Sequence[tuple[TaskId, bytes]] = (),
+    ) -> None:
+        """Make `batch` durable in one transaction, or raise and write nothing.
+
+        Idempotent: committing the same batch again (after a timeout, say) changes nothing.
+        """
+        if self._lost.is_set() or epoch != self._epoch:
+            raise Fenced(f"epoch {epoch} does not lead")
+        now = self._now()
+        folded = repository.fold(base, now, batch)
+        max_id = max(folded.inserts, default=0)
+        expires = now + _ns(self.config.lease_ttl)
+        deadline = time.monotonic() + self.config.commit_timeout.total_seconds()
+
+        def work(conn: Connection) -> None:
+            if not repository.fence(
+                conn, epoch=epoch, holder=self.holder, max_id=max_id, expires=expires
+            ):
+                raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
+            repository.write(conn, base, folded, outputs)
+
+        try:
+            self._run(work)
+        except Fenced as exc:
+            self._lose(str(exc))
+            raise
+        if time.monotonic() > deadline:
+            log.warning("commit took longer than commit_timeout")
+
+    def recover(self, base: TimeBase) -> Recovered:
+        """Everything a new leader needs to resume (quarantining undecodable rows)."""
+        now = self._now()
+        result: Recovered = self._run(
+            lambda c: repository.recover(c, base, now_unix_ns=now, retention=self.config.retention)
+        )
+        return result
+
+    def prune(self, older_than: timedelta) -> int:
+        """Delete finished tasks updated before `older_than` ago that no live task needs."""
+        cutoff = self._now() - _ns(older_than)
+        total = 0
+        while True:
+            n: int = self._run(lambda c: repository.prune_batch(c, cutoff))
+            total += n
+            if n < repository.PRUNE_BATCH:
+                return total
+
+    # Queries.
+
+    def get_task(self, ref: TaskRef) -> TaskRecord | None:
+        """A task by id, or the newest task with a key."""
+        if isinstance(ref, ById):
+            return self._run(lambda c: repository.get_task(c, task_id=ref.id))  # type: ignore[no-any-return]
+        if isinstance(ref, ByKey):
+            return self._run(lambda c: repository.get_task(c, key=ref.key))  # type: ignore[no-any-return]
+        raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
+
+    def list_finished(
+        self,
+        pools: Sequence[str] = (),
+        statuses: Sequence[TaskStatus] = (),
+        after: TaskId | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """Finished tasks by id above `after`: in `pools` (any if empty), with `statuses`."""
+        return self._run(  # type: ignore[no-any-return]
+            lambda c: repository.list_finished(
+                c, pools=pools, statuses=statuses, after=after, limit=limit
+            )
+        )
+
+    def load_output(self, id: TaskId) -> bytes | None:
+        """The output of a task that succeeded."""
+        return self._run(lambda c: repository.load_output(c, id))  # type: ignore[no-any-return]

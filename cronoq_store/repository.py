@@ -442,7 +442,7 @@ def recover(
 
     live: list[RecoveredTask] = []
     corrupt: list[tuple[int, str | None, str]] = []
-    result = conn.execution_options(yield_per=STREAM_ROWS).execute(live_tasks_stmt())
+    result = conn.execute(live_tasks_stmt().execution_options(yield_per=STREAM_ROWS))
     for row in result.mappings():
         try:
             spec = codec.spec_from_columns(base, row)

@@ -232,12 +232,12 @@ class SqlStore:
         """Block until leadership is lost; False if `timeout` seconds passed first."""
         return self._lost.wait(timeout)
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, why: str, level: int = logging.ERROR) -> None:
         with self._lock:
             if self._lost.is_set():
                 return
             self._lost.set()
-        log.error("cronoq leadership lost (epoch %s): %s", self._epoch, why)
+        log.log(level, "cronoq leadership lost (epoch %s): %s", self._epoch, why)
         for callback in list(self._callbacks):
             try:
                 callback()
@@ -325,7 +325,7 @@ class SqlStore:
                 self._run(lambda c: lease.release(c, holder=self.holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
-        self._lose("released")
+        self._lose("released", logging.INFO)
         self._epoch = None
 
     # Commits and recovery.

@@ -26,6 +26,7 @@ SERVER_URLS = {
     "mysql": os.environ.get("CRONOQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/"),
 }
 DIALECTS = ("sqlite", "postgresql", "mysql")
+MYSQL_PACKET = 64 * 1024 * 1024
 
 
 def _required() -> bool:
@@ -61,6 +62,9 @@ def _admin_engine(dialect: str) -> Engine:
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+            if dialect == "mysql":
+                # 16 MiB payloads plus their statement exceed MariaDB's default 16 MiB packet.
+                conn.execute(text(f"SET GLOBAL max_allowed_packet = {MYSQL_PACKET}"))
     except OperationalError as exc:
         engine.dispose()
         _unreachable[dialect] = str(exc.orig).strip().splitlines()[0]

@@ -122,3 +122,101 @@ def test_prune(store: SqlStore) -> None:
     assert store.prune(timedelta(seconds=1)) == 1
     assert store.get_task(ById(id=TaskId(1))) is None
     assert store.get_task(ById(id=TaskId(2))) is not None
+
+
+def test_quarantine_damaged_rows(store: SqlStore) -> None:
+    from sqlalchemy import update
+
+    from cronoq_store.schema import recurring, tasks
+
+    epoch = store.acquire_leadership()
+    sched = RecurringSpec(name="every", template=TaskSpec(payload=b"t"), interval_ns=10**9)
+    store.commit(
+        epoch, BASE, [submit(1), submit(2, key="bad"), submit(3), RecurringUpsert(spec=sched)]
+    )
+    with store.engine.begin() as conn:
+        conn.execute(update(tasks).where(tasks.c.id == 2).values(deps='[{"id": "x"'))
+        conn.execute(update(recurring).values(spec="{not json"))
+    rec = store.recover(BASE)
+    assert [t.id for t in rec.tasks] == [1, 3]
+    assert [t.spec.payload for t in rec.tasks] == [b"p1", b"p3"]
+    assert [(t.id, t.key, t.status) for t in rec.terminal] == [(2, "bad", TaskStatus.FAILED)]
+    assert rec.recurring == []
+    damaged = store.get_task(ById(id=TaskId(2)))
+    assert damaged is not None and damaged.status is TaskStatus.FAILED
+    assert damaged.message is not None and damaged.message.startswith("corrupt task row")
+    with store.engine.connect() as conn:
+        assert conn.execute(recurring.select()).one().spec == "{not json"
+    # The key of the quarantined task is free again.
+    store.commit(epoch, BASE, [submit(4, key="bad")])
+
+
+def test_list_finished_pages_each_once(store: SqlStore) -> None:
+    epoch = store.acquire_leadership()
+    ids = range(1, 26)
+    store.commit(
+        epoch,
+        BASE,
+        [
+            Submitted(
+                id=TaskId(i),
+                seq=i,
+                arrival=i,
+                spec=TaskSpec(payload=b"", pool="a" if i % 2 else "b"),
+            )
+            for i in ids
+        ],
+    )
+    store.commit(
+        epoch,
+        BASE,
+        [status(i, TaskStatus.SUCCEEDED if i % 3 else TaskStatus.FAILED) for i in ids if i != 25],
+    )
+    seen: list[int] = []
+    after = None
+    while page := store.list_finished(after=after, limit=7):
+        seen += [r.id for r in page]
+        after = page[-1].id
+    assert seen == list(range(1, 25))
+    only = store.list_finished(pools=["a"], statuses=[TaskStatus.FAILED], limit=100)
+    assert [r.id for r in only] == [i for i in ids if i % 2 and not i % 3 and i != 25]
+    assert store.load_output(TaskId(3)) is None  # failed: no output
+    assert store.load_output(TaskId(25)) is None  # live
+
+
+def test_strings_are_cleaned(store: SqlStore) -> None:
+    epoch = store.acquire_leadership()
+    store.commit(
+        epoch,
+        BASE,
+        [
+            Submitted(
+                id=TaskId(1),
+                seq=1,
+                arrival=1,
+                spec=TaskSpec(payload=b"\x00", kind="a\x00b", key="k\ud800", labels={"x": "\x00"}),
+            ),
+            status(1, TaskStatus.RUNNING, "m\x00"),
+        ],
+    )
+    got = store.get_task(ByKey(key="k\ud800"))
+    assert got is not None
+    assert (got.kind, got.key, got.message) == ("a\ufffdb", "k\ufffd", "m\ufffd")
+    [task] = store.recover(BASE).tasks
+    assert task.spec.labels == {"x": "\ufffd"} and task.spec.payload == b"\x00"
+
+
+def test_16_mib_payload_round_trips(store: SqlStore) -> None:
+    epoch = store.acquire_leadership()
+    payload = bytes(range(256)) * (16 * 1024 * 1024 // 256)
+    store.commit(
+        epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=1, spec=TaskSpec(payload=payload))]
+    )
+    [task] = store.recover(BASE).tasks
+    assert task.spec.payload == payload
+
+
+def test_invalid_sqlite_paths_refused() -> None:
+    for path in ("", ":memory:", ":x", "file:x.db", "FILE:x.db"):
+        with pytest.raises(InvalidValue):
+            SqlStore.open(path)

@@ -90,7 +90,7 @@ def test_duplicate_live_key_writes_nothing(store: SqlStore) -> None:
 
 def test_over_long_key_refused(store: SqlStore) -> None:
     epoch = store.acquire_leadership()
-    with pytest.raises(InvalidValue, match="TaskSpec.key"):
+    with pytest.raises(InvalidValue, match=r"TaskSpec\.key"):
         store.commit(epoch, BASE, [submit(1), submit(2, key="x" * 513)])
     assert store.get_task(ById(id=TaskId(1))) is None
 

@@ -128,7 +128,10 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
             engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout
         )
         return engine
-    return create_engine(url, pool_size=config.pool_size, pool_pre_ping=True)
+    try:
+        return create_engine(url, pool_size=config.pool_size, pool_pre_ping=True)
+    except (sa_exc.ArgumentError, ImportError) as exc:
+        raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
 
 class SqlStore:

@@ -220,3 +220,23 @@ def test_invalid_sqlite_paths_refused() -> None:
     for path in ("", ":memory:", ":x", "file:x.db", "FILE:x.db"):
         with pytest.raises(InvalidValue):
             SqlStore.open(path)
+
+
+def test_dependency_rows_live_only_while_their_task_does(store: SqlStore) -> None:
+    from sqlalchemy import func, select
+
+    from cronoq_store.schema import task_deps
+
+    def dep_rows() -> int:
+        with store.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(task_deps)).scalar_one())
+
+    epoch = store.acquire_leadership()
+    on_1 = (Dep(target=ById(id=TaskId(1))), Dep(target=ByKey(key="k"), on="finish"))
+    store.commit(epoch, BASE, [submit(1, key="k"), submit(2, deps=on_1), submit(3, deps=on_1)])
+    assert dep_rows() == 4
+    store.commit(epoch, BASE, [status(2, TaskStatus.CANCELLED)])
+    assert dep_rows() == 2
+    # Inserted and finished within one batch: no rows at all.
+    store.commit(epoch, BASE, [submit(4, deps=on_1), status(4, TaskStatus.SKIPPED)])
+    assert dep_rows() == 2

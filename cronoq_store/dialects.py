@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, event, func, select
+from sqlalchemy import BigInteger, Connection, Engine, bindparam, cast, event, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.sql.elements import ColumnElement
 
 from .errors import StoreError, StoreUnavailable
 
@@ -32,6 +34,19 @@ def name(dialect: Dialect) -> str:
 def mysql_collation(dialect: Dialect) -> str:
     """A binary collation without trailing-space padding, so "a" and "a " are distinct keys."""
     return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+
+
+def db_now_ns(dialect: Dialect) -> ColumnElement[int]:
+    """Unix nanoseconds on the database's clock: one clock for every host sharing a server.
+
+    SQLite has no server: the processes sharing its file share the host's clock instead.
+    """
+    which = name(dialect)
+    if which == "postgresql":
+        return cast(func.extract("epoch", func.clock_timestamp()) * 1_000_000_000, BigInteger)
+    if which == "mysql":
+        return cast(func.unix_timestamp(func.now(6)) * 1_000_000_000, BigInteger)
+    return bindparam("b_host_now", type_=BigInteger, callable_=time.time_ns)
 
 
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.

@@ -12,8 +12,10 @@ import uuid
 from typing import Any, Final
 
 from sqlalchemy import Connection, Select, Update, bindparam, select, update
+from sqlalchemy.engine.interfaces import Dialect
 
 from . import codec
+from .dialects import db_now_ns
 from .schema import leader
 
 MAX_EPOCH: Final = 32767
@@ -31,30 +33,35 @@ def new_holder() -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:16]}"[: codec.HOLDER_MAX]
 
 
-def lease_stmt() -> Select[Any]:
-    """The lease row, locked until the end of the transaction."""
+def lease_stmt(dialect: Dialect) -> Select[Any]:
+    """The lease row and the database's clock, the row locked until the end of the transaction."""
     return (
-        select(leader.c.epoch, leader.c.holder, leader.c.expires_unix_ns)
+        select(
+            leader.c.epoch,
+            leader.c.holder,
+            leader.c.expires_unix_ns,
+            db_now_ns(dialect).label("now"),
+        )
         .where(leader.c.id == 1)
         .with_for_update()
     )
 
 
-def take_stmt() -> Update:
-    """Take the lease under a new epoch."""
+def take_stmt(dialect: Dialect) -> Update:
+    """Take the lease under a new epoch, until `b_ttl` from now on the database's clock."""
     return (
         update(leader)
         .where(leader.c.id == 1)
         .values(
             epoch=bindparam("b_epoch"),
             holder=bindparam("b_holder"),
-            expires_unix_ns=bindparam("b_expires"),
+            expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"),
         )
     )
 
 
-def renew_stmt() -> Update:
-    """Extend our lease; matches nothing once another instance took it."""
+def renew_stmt(dialect: Dialect) -> Update:
+    """Extend our lease by `b_ttl`; matches nothing once another instance took it."""
     return (
         update(leader)
         .where(
@@ -62,7 +69,7 @@ def renew_stmt() -> Update:
             leader.c.epoch == bindparam("b_epoch"),
             leader.c.holder == bindparam("b_holder"),
         )
-        .values(expires_unix_ns=bindparam("b_expires"))
+        .values(expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"))
     )
 
 
@@ -75,23 +82,24 @@ def release_stmt() -> Update:
     )
 
 
-def try_take(conn: Connection, *, holder: str, now_unix_ns: int, ttl_ns: int) -> int | None:
-    """Take the lease if it is free, expired or already ours; the new epoch, or None."""
-    row = conn.execute(lease_stmt()).one()
-    if row.holder is not None and row.holder != holder and row.expires_unix_ns > now_unix_ns:
+def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
+    """Take the lease if it is free, expired or already ours; the new epoch, or None.
+
+    Expiry is judged on the database's clock, so a host whose clock runs ahead cannot steal a
+    live lease.
+    """
+    row = conn.execute(lease_stmt(conn.dialect)).one()
+    if row.holder is not None and row.holder != holder and row.expires_unix_ns > row.now:
         return None
     epoch = next_epoch(row.epoch)
-    conn.execute(
-        take_stmt(),
-        {"b_epoch": epoch, "b_holder": holder, "b_expires": now_unix_ns + ttl_ns},
-    )
+    conn.execute(take_stmt(conn.dialect), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns})
     return epoch
 
 
-def renew(conn: Connection, *, epoch: int, holder: str, expires_unix_ns: int) -> bool:
-    """Extend our lease; False when it was taken over."""
+def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
+    """Extend our lease by `ttl_ns`; False when it was taken over."""
     result = conn.execute(
-        renew_stmt(), {"b_epoch": epoch, "b_holder": holder, "b_expires": expires_unix_ns}
+        renew_stmt(conn.dialect), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns}
     )
     return result.rowcount == 1
 

@@ -257,11 +257,7 @@ class SqlStore:
         while True:
             started = time.monotonic()
             try:
-                epoch = self._run(
-                    lambda c: lease.try_take(
-                        c, holder=self.holder, now_unix_ns=self._now(), ttl_ns=ttl
-                    )
-                )
+                epoch = self._run(lambda c: lease.try_take(c, holder=self.holder, ttl_ns=ttl))
                 wait = poll
                 delay = poll
             except StoreUnavailable as exc:
@@ -299,7 +295,7 @@ class SqlStore:
                         c,
                         epoch=epoch,
                         holder=self.holder,
-                        expires_unix_ns=self._now() + _ns(self.config.lease_ttl),
+                        ttl_ns=_ns(self.config.lease_ttl),
                     )
                 )
             except StoreError as exc:
@@ -349,12 +345,12 @@ class SqlStore:
         now = self._now()
         folded = repository.fold(base, now, batch)
         max_id = max(folded.inserts, default=0)
-        expires = now + _ns(self.config.lease_ttl)
+        ttl = _ns(self.config.lease_ttl)
         deadline = time.monotonic() + self.config.commit_timeout.total_seconds()
 
         def work(conn: Connection) -> None:
             if not repository.fence(
-                conn, epoch=epoch, holder=self.holder, max_id=max_id, expires=expires
+                conn, epoch=epoch, holder=self.holder, max_id=max_id, ttl_ns=ttl
             ):
                 raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
             repository.write(conn, base, folded, outputs)

@@ -1,0 +1,69 @@
+"""A commit costs the same number of statements whatever its batch size (no statement per row)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import URL, event
+
+from cronoq_store import (
+    ById,
+    Dep,
+    SqlStore,
+    StatusChanged,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+    TimeBase,
+)
+
+BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
+
+
+def _statements(store: SqlStore, *commit_args: Any) -> int:
+    """How many statements `store.commit(*commit_args)` sends."""
+    count = 0
+
+    def before(*_args: Any) -> None:
+        nonlocal count
+        count += 1
+
+    event.listen(store.engine, "before_cursor_execute", before)
+    try:
+        store.commit(*commit_args)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", before)
+    return count
+
+
+def test_statements_do_not_grow_with_batch_size(db_url: URL) -> None:
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        counts = {}
+        start = 0
+        for size in (10, 200):
+            ids = range(start, start + size)
+            submits = [
+                Submitted(
+                    id=TaskId(i),
+                    seq=i,
+                    arrival=i,
+                    spec=TaskSpec(
+                        payload=b"x", key=f"k{i}", deps=(Dep(target=ById(id=TaskId(start))),)
+                    ),
+                )
+                for i in ids
+            ]
+            done = [
+                StatusChanged(id=TaskId(i), status=TaskStatus.SUCCEEDED, attempt=1, at=i)
+                for i in ids
+            ]
+            outputs = [(TaskId(i), b"out") for i in ids]
+            counts[size] = (
+                _statements(store, epoch, BASE, submits),
+                _statements(store, epoch, BASE, done, outputs),
+            )
+            start += size
+        assert counts[10] == counts[200]
+        store.release_leadership()

@@ -11,8 +11,9 @@ import socket
 import uuid
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, Update, bindparam, select, update
+from sqlalchemy import Connection, Select, Update, and_, bindparam, case, select, update
 from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.sql.elements import ColumnElement
 
 from . import codec
 from .dialects import db_now_ns
@@ -60,16 +61,41 @@ def take_stmt(dialect: Dialect) -> Update:
     )
 
 
+def _held() -> ColumnElement[bool]:
+    """The lease row while `b_holder` holds it under `b_epoch`."""
+    return and_(
+        leader.c.id == 1,
+        leader.c.epoch == bindparam("b_epoch"),
+        leader.c.holder == bindparam("b_holder"),
+    )
+
+
 def renew_stmt(dialect: Dialect) -> Update:
     """Extend our lease by `b_ttl`; matches nothing once another instance took it."""
     return (
         update(leader)
-        .where(
-            leader.c.id == 1,
-            leader.c.epoch == bindparam("b_epoch"),
-            leader.c.holder == bindparam("b_holder"),
-        )
+        .where(_held())
         .values(expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"))
+    )
+
+
+def fence_stmt(dialect: Dialect) -> Update:
+    """Fence check, the first write of every commit: extend our lease, raise the id high-water.
+
+    It matches only while we hold the lease under our epoch. Its row lock serializes the commit
+    against a takeover on PostgreSQL and MySQL (a plain read of the epoch would not, under READ
+    COMMITTED); SQLite serializes all writers anyway.
+    """
+    return (
+        update(leader)
+        .where(_held())
+        .values(
+            max_id=case(
+                (leader.c.max_id < bindparam("b_max_id"), bindparam("b_max_id")),
+                else_=leader.c.max_id,
+            ),
+            expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"),
+        )
     )
 
 
@@ -100,6 +126,15 @@ def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
     """Extend our lease by `ttl_ns`; False when it was taken over."""
     result = conn.execute(
         renew_stmt(conn.dialect), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns}
+    )
+    return result.rowcount == 1
+
+
+def fence(conn: Connection, *, epoch: int, holder: str, max_id: int, ttl_ns: int) -> bool:
+    """Run the fence check; False when another instance holds the lease."""
+    result = conn.execute(
+        fence_stmt(conn.dialect),
+        {"b_epoch": epoch, "b_holder": holder, "b_max_id": max_id, "b_ttl": ttl_ns},
     )
     return result.rowcount == 1
 

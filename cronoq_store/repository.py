@@ -30,10 +30,8 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.engine.interfaces import Dialect
 
 from . import codec
-from .dialects import db_now_ns
 from .errors import CorruptValue, StoreError
 from .model import Mutation as Mutation
 from .model import (
@@ -164,41 +162,6 @@ def _apply(row: dict[str, Any], st: _Status) -> None:
     row["attempt"] = st.attempt
     row["updated_unix_ns"] = st.at
     row["message"] = st.message if st.message is not None else row.get("message")
-
-
-# Fencing and the lease row.
-
-
-def fence_stmt(dialect: Dialect) -> Update:
-    """Fence check, first write of every commit: extend our lease and raise the id high-water.
-
-    It matches only while we hold the lease under our epoch. Its row lock serializes the commit
-    against a takeover on PostgreSQL and MySQL; SQLite serializes all writers anyway.
-    """
-    return (
-        update(leader)
-        .where(
-            leader.c.id == 1,
-            leader.c.epoch == bindparam("b_epoch"),
-            leader.c.holder == bindparam("b_holder"),
-        )
-        .values(
-            max_id=case(
-                (leader.c.max_id < bindparam("b_max_id"), bindparam("b_max_id")),
-                else_=leader.c.max_id,
-            ),
-            expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"),
-        )
-    )
-
-
-def fence(conn: Connection, *, epoch: int, holder: str, max_id: int, ttl_ns: int) -> bool:
-    """Run the fence check; False when another instance holds the lease."""
-    result = conn.execute(
-        fence_stmt(conn.dialect),
-        {"b_epoch": epoch, "b_holder": holder, "b_max_id": max_id, "b_ttl": ttl_ns},
-    )
-    return result.rowcount == 1
 
 
 # Commit.

@@ -349,9 +349,7 @@ class SqlStore:
         deadline = time.monotonic() + self.config.commit_timeout.total_seconds()
 
         def work(conn: Connection) -> None:
-            if not repository.fence(
-                conn, epoch=epoch, holder=self.holder, max_id=max_id, ttl_ns=ttl
-            ):
+            if not lease.fence(conn, epoch=epoch, holder=self.holder, max_id=max_id, ttl_ns=ttl):
                 raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
             repository.write(conn, base, folded, outputs)
 

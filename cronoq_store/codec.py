@@ -264,8 +264,8 @@ def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
 
 def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
     """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged."""
-    fixed_at = row["fixed_at_unix_ns"]
     try:
+        fixed_at = _stored_time("fixed_at_unix_ns", row["fixed_at_unix_ns"])
         fixed = (
             None
             if fixed_at is None
@@ -282,7 +282,7 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
             pool=row["pool"],
             priority=priority_from(row["priority"]),
             key=row["key"],
-            deadline=from_unix_opt(base, row["deadline_unix_ns"]),
+            deadline=from_unix_opt(base, _stored_time("deadline_unix_ns", row["deadline_unix_ns"])),
             fixed_start=fixed,
             duration_hint_ns=row["duration_hint_ns"],
             timeout_ns=row["timeout_ns"],
@@ -295,6 +295,13 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
         )
     except InvalidValue as exc:
         raise CorruptValue(str(exc)) from exc
+    except TypeError as exc:
+        raise CorruptValue(f"task spec: malformed column ({exc})") from exc
+
+
+def _stored_time(column: str, value: object) -> int | None:
+    """A stored Unix time column: None or an int (anything else is damage)."""
+    return None if value is None else _expect(column, value, int)
 
 
 # A recurring schedule: its spec as one JSON text, the template's payload in its own column.

@@ -112,11 +112,38 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
 
 
+def bound_transaction(conn: Connection, timeout: timedelta) -> None:
+    """Bound how long each statement of this transaction may wait, so a commit cannot hang.
+
+    PostgreSQL: `statement_timeout` for this transaction only. MySQL: the session's lock wait
+    timeout (whole seconds), set once per connection. SQLite waits only for other writers, and
+    `busy_timeout` already bounds that.
+    """
+    dialect = name(conn.dialect)
+    if dialect == "postgresql":
+        ms = max(1, timeout // timedelta(milliseconds=1))
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
+    elif dialect == "mysql":
+        seconds = max(1, -(-timeout // timedelta(seconds=1)))
+        if conn.info.get("cronoq_lock_wait_s") != seconds:
+            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+            conn.info["cronoq_lock_wait_s"] = seconds
+
+
 # Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never
 # reach a message.
 
 _SQLITE_TRANSIENT: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
-_PG_TRANSIENT_SQLSTATE: Final = ("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08")
+_PG_TRANSIENT_SQLSTATE: Final = (
+    "40001",  # serialization failure
+    "40P01",  # deadlock
+    "55P03",  # lock not available
+    "57014",  # query canceled: the commit timeout's statement_timeout
+    "57P01",  # admin shutdown (pg_terminate_backend)
+    "57P02",
+    "57P03",
+    "08",  # connection exceptions
+)
 _MYSQL_TRANSIENT: Final = frozenset(
     {
         1205,  # lock wait timeout
@@ -149,12 +176,12 @@ def _is_transient(exc: sa_exc.DBAPIError) -> bool:
         if code is not None:
             return code & 0xFF in _SQLITE_TRANSIENT
         return "locked" in str(orig) or "busy" in str(orig)
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):  # MySQL drivers: (errno, message)
+        return args[0] in _MYSQL_TRANSIENT
     sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
     if isinstance(sqlstate, str):
         return sqlstate.startswith(_PG_TRANSIENT_SQLSTATE)
-    args = getattr(orig, "args", ())
-    if args and isinstance(args[0], int):
-        return args[0] in _MYSQL_TRANSIENT
     return isinstance(exc, sa_exc.OperationalError) and type(orig).__module__.startswith("psycopg")
 
 

@@ -59,6 +59,7 @@ class StoreConfig:
     busy_timeout: timedelta = timedelta(seconds=5)
     """How long a SQLite statement waits for another process's write."""
     commit_timeout: timedelta = timedelta(seconds=30)
+    """Longest a commit may take; past it the commit rolls back with `StoreUnavailable`."""
     full_sync: bool = True
     """SQLite: fsync every commit (synchronous=FULL); off, a power loss may drop the last ones."""
     pool_size: int = 4
@@ -125,7 +126,9 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         _create_private(path)
         engine = create_engine(url, pool_size=config.pool_size, max_overflow=0)
         dialects.configure_sqlite(
-            engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout
+            engine,
+            full_sync=config.full_sync,
+            busy_timeout=min(config.busy_timeout, config.commit_timeout),
         )
         return engine
     try:
@@ -346,20 +349,23 @@ class SqlStore:
         folded = repository.fold(base, now, batch)
         max_id = max(folded.inserts, default=0)
         ttl = _ns(self.config.lease_ttl)
-        deadline = time.monotonic() + self.config.commit_timeout.total_seconds()
+        timeout = self.config.commit_timeout
+        deadline = time.monotonic() + timeout.total_seconds()
 
         def work(conn: Connection) -> None:
+            dialects.bound_transaction(conn, timeout)
             if not lease.fence(conn, epoch=epoch, holder=self.holder, max_id=max_id, ttl_ns=ttl):
                 raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
             repository.write(conn, base, folded, outputs)
+            if time.monotonic() > deadline:
+                # Rolled back: a caller that gave up waiting must not find it committed later.
+                raise StoreUnavailable(f"commit did not finish within {timeout}; rolled back")
 
         try:
             self._run(work)
         except Fenced as exc:
             self._lose(str(exc))
             raise
-        if time.monotonic() > deadline:
-            log.warning("commit took longer than commit_timeout")
 
     def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""

@@ -378,11 +378,13 @@ class SqlStore:
     def prune(self, older_than: timedelta) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs."""
         cutoff = self._now() - _ns(older_than)
+        limit = repository.PRUNE_BATCH
         total = 0
         while True:
-            n: int = self._run(lambda c: repository.prune_batch(c, cutoff))
+            # One transaction per batch: locks stay short while the leader keeps committing.
+            n: int = self._run(lambda c: repository.prune_batch(c, cutoff, limit))
             total += n
-            if n < repository.PRUNE_BATCH:
+            if n < limit:
                 return total
 
     # Queries.

@@ -240,3 +240,65 @@ def test_dependency_rows_live_only_while_their_task_does(store: SqlStore) -> Non
     # Inserted and finished within one batch: no rows at all.
     store.commit(epoch, BASE, [submit(4, deps=on_1), status(4, TaskStatus.SKIPPED)])
     assert dep_rows() == 2
+
+
+def test_key_released_earlier_in_the_batch_is_reusable(store: SqlStore) -> None:
+    epoch = store.acquire_leadership()
+    store.commit(epoch, BASE, [submit(1, key="k")])
+    store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED), submit(2, key="k")])
+    # Within one batch too: inserted, finished and its key reused.
+    store.commit(epoch, BASE, [status(2, TaskStatus.FAILED), submit(3, key="k")])
+    newest = store.get_task(ByKey(key="k"))
+    assert newest is not None and newest.id == 3
+    # Still exactly one live holder of the key.
+    with pytest.raises(StoreError):
+        store.commit(epoch, BASE, [submit(4, key="k")])
+    assert [t.id for t in store.recover(BASE).tasks] == [3]
+
+
+def test_over_long_pool_refused(store: SqlStore) -> None:
+    epoch = store.acquire_leadership()
+    long_pool = Submitted(
+        id=TaskId(2), seq=2, arrival=2, spec=TaskSpec(payload=b"", pool="p" * 129)
+    )
+    with pytest.raises(InvalidValue, match=r"pool"):
+        store.commit(epoch, BASE, [submit(1), long_pool])
+    assert store.get_task(ById(id=TaskId(1))) is None
+
+
+def test_prune_goes_in_bounded_batches_and_keeps_dependencies(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import event
+
+    from cronoq_store import repository
+
+    epoch = store.acquire_leadership()
+    n = 250
+    store.commit(epoch, BASE, [submit(i, key=f"k{i}") for i in range(1, n + 1)])
+    store.commit(
+        epoch,
+        BASE,
+        [status(i, TaskStatus.SUCCEEDED) for i in range(1, n + 1)]
+        + [
+            submit(n + 1, deps=(Dep(target=ById(id=TaskId(7))),)),
+            submit(n + 2, deps=(Dep(target=ByKey(key="k9"), on="finish"),)),
+        ],
+    )
+    monkeypatch.setattr(repository, "PRUNE_BATCH", 100)
+    deletes: list[int] = []
+
+    def count(conn: object, cursor: object, statement: str, params: object, *a: object) -> None:
+        if statement.lstrip().upper().startswith("DELETE FROM CRONOQ_TASKS"):
+            deletes.append(1)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        assert store.prune(timedelta(seconds=1)) == n - 2
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert len(deletes) == 3  # 100 + 100 + 48: bounded batches, not one huge statement
+    rec = store.recover(BASE)
+    assert sorted(t.id for t in rec.terminal) == [7, 9]
+    assert [t.id for t in rec.tasks] == [n + 1, n + 2]
+    assert store.prune(timedelta(seconds=1)) == 0

@@ -14,10 +14,24 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, Connection, Engine, bindparam, cast, event, func, select
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    bindparam,
+    cast,
+    event,
+    func,
+    literal,
+    literal_column,
+    select,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.interfaces import Dialect
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.exc import CompileError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from .errors import StoreError, StoreUnavailable
 
@@ -36,17 +50,52 @@ def mysql_collation(dialect: Dialect) -> str:
     return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
 
 
-def db_now_ns(dialect: Dialect) -> ColumnElement[int]:
+class db_now_ns(FunctionElement[int]):
     """Unix nanoseconds on the database's clock: one clock for every host sharing a server.
 
-    SQLite has no server: the processes sharing its file share the host's clock instead.
+    One expression, compiled per dialect: `clock_timestamp()` on PostgreSQL (the time of
+    evaluation, not of the transaction's start), `UTC_TIMESTAMP(6)` on MariaDB/MySQL (UTC, so
+    the session's time zone and its daylight-saving jumps cannot shift it; `NOW(6)` through
+    `UNIX_TIMESTAMP` is ambiguous for an hour each autumn). SQLite has no server: the processes
+    sharing its file share the host's clock instead, bound as `b_host_now` (pass that parameter
+    to judge a lease at another instant).
     """
-    which = name(dialect)
-    if which == "postgresql":
-        return cast(func.extract("epoch", func.clock_timestamp()) * 1_000_000_000, BigInteger)
-    if which == "mysql":
-        return cast(func.unix_timestamp(func.now(6)) * 1_000_000_000, BigInteger)
-    return bindparam("b_host_now", type_=BigInteger, callable_=time.time_ns)
+
+    type = BigInteger()
+    name = "db_now_ns"
+    inherit_cache = True
+
+
+def host_now_ns() -> int:
+    """The host's wall clock in Unix nanoseconds, read when a SQLite statement runs."""
+    return time.time_ns()
+
+
+@compiles(db_now_ns)
+def _db_now_unknown(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    raise CompileError(f"no database clock known for dialect {compiler.dialect.name!r}")
+
+
+@compiles(db_now_ns, "postgresql")
+def _db_now_postgresql(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = func.extract("epoch", func.clock_timestamp())  # numeric, microseconds exact
+    return compiler.process(
+        cast(seconds * 1_000_000_000, BigInteger), **{**kw, "literal_binds": True}
+    )
+
+
+@compiles(db_now_ns, "mysql", "mariadb")
+def _db_now_mysql(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    micros = func.timestampdiff(
+        literal_column("MICROSECOND"), literal("1970-01-01 00:00:00"), func.utc_timestamp(6)
+    )
+    return compiler.process(micros * 1000, **{**kw, "literal_binds": True})
+
+
+@compiles(db_now_ns, "sqlite")
+def _db_now_sqlite(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    host_now = bindparam("b_host_now", type_=BigInteger, callable_=host_now_ns)
+    return compiler.process(host_now, **kw)
 
 
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
@@ -90,8 +139,8 @@ def migration_lock(conn: Connection) -> Iterator[None]:
     if dialect == "sqlite":
         # The write transaction is the lock. An engine of ours began it with BEGIN IMMEDIATE;
         # on an app's engine pysqlite has not started one yet, so take it here.
-        dbapi = conn.connection.dbapi_connection
-        if dbapi is not None and not dbapi.in_transaction:
+        driver = conn.connection.driver_connection  # sqlite3's, or aiosqlite's
+        if driver is not None and not driver.in_transaction:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         yield
     elif dialect == "postgresql":
@@ -106,6 +155,9 @@ def migration_lock(conn: Connection) -> Iterator[None]:
             raise StoreUnavailable("timed out waiting for the migration lock")
         try:
             yield
+            # The lock outlives the transaction too: commit the last version-table write
+            # before the next process may read it, or it would run the same step again.
+            conn.exec_driver_sql("COMMIT")
         finally:
             conn.execute(select(func.release_lock(MIGRATION_LOCK_NAME)))
     else:

@@ -1,30 +1,38 @@
 """The leader lease: who may write, under which fencing epoch, until when.
 
-Taking the lease bumps the epoch; the fence check of every commit (`repository.fence`) matches
-only the current epoch and holder, so a paused old leader can never write after a takeover.
+Taking the lease bumps the epoch; the fence check of every commit (`fence`) matches only the
+current epoch and holder, so a paused old leader can never write after a takeover. Expiry is
+written and compared on the database's clock (`dialects.db_now_ns`). `Keeper` renews the lease
+from threads and steps down on the holder's own monotonic clock.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, Update, and_, bindparam, case, select, update
-from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy import Connection, Select, Update, and_, bindparam, case, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from . import codec
 from .dialects import db_now_ns
+from .errors import StoreError
 from .schema import leader
+
+log = logging.getLogger(__name__)
 
 MAX_EPOCH: Final = 32767
 """Epochs stay within 1..32767 so epoch-prefixed task ids fit a signed 64-bit integer."""
 
 
 def next_epoch(epoch: int) -> int:
-    """The epoch after `epoch`, wrapping 32767 to 1."""
+    """The epoch after `epoch`, wrapping 32767 to 1 (what `take_stmt` computes in SQL)."""
     return 1 if epoch >= MAX_EPOCH or epoch < 0 else epoch + 1
 
 
@@ -34,31 +42,46 @@ def new_holder() -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:16]}"[: codec.HOLDER_MAX]
 
 
-def lease_stmt(dialect: Dialect) -> Select[Any]:
-    """The lease row and the database's clock, the row locked until the end of the transaction."""
-    return (
-        select(
-            leader.c.epoch,
-            leader.c.holder,
-            leader.c.expires_unix_ns,
-            db_now_ns(dialect).label("now"),
-        )
-        .where(leader.c.id == 1)
-        .with_for_update()
-    )
+def lease_view_stmt() -> Select[Any]:
+    """The lease row and the database's clock, unlocked: for operators' reads, which must never
+    block a commit."""
+    return select(
+        leader.c.epoch,
+        leader.c.holder,
+        leader.c.expires_unix_ns,
+        db_now_ns().label("now"),
+    ).where(leader.c.id == 1)
 
 
-def take_stmt(dialect: Dialect) -> Update:
-    """Take the lease under a new epoch, until `b_ttl` from now on the database's clock."""
+def take_stmt() -> Update:
+    """Take the lease for `b_holder` under the next epoch, until `b_ttl` from now, if it is free,
+    ours, or expired: expiry is compared here, in SQL, on the database's clock.
+
+    One conditional update, so the check and the take are one atomic step under the row lock; a
+    host whose clock runs ahead has no say in it.
+    """
+    wraps = or_(leader.c.epoch >= MAX_EPOCH, leader.c.epoch < 0)
     return (
         update(leader)
-        .where(leader.c.id == 1)
+        .where(
+            leader.c.id == 1,
+            or_(
+                leader.c.holder.is_(None),
+                leader.c.holder == bindparam("b_holder"),
+                leader.c.expires_unix_ns <= db_now_ns(),
+            ),
+        )
         .values(
-            epoch=bindparam("b_epoch"),
+            epoch=case((wraps, 1), else_=leader.c.epoch + 1),
             holder=bindparam("b_holder"),
-            expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"),
+            expires_unix_ns=db_now_ns() + bindparam("b_ttl"),
         )
     )
+
+
+def epoch_stmt() -> Select[Any]:
+    """The current epoch (read back by the transaction that just took the lease)."""
+    return select(leader.c.epoch).where(leader.c.id == 1)
 
 
 def _held() -> ColumnElement[bool]:
@@ -70,16 +93,12 @@ def _held() -> ColumnElement[bool]:
     )
 
 
-def renew_stmt(dialect: Dialect) -> Update:
+def renew_stmt() -> Update:
     """Extend our lease by `b_ttl`; matches nothing once another instance took it."""
-    return (
-        update(leader)
-        .where(_held())
-        .values(expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"))
-    )
+    return update(leader).where(_held()).values(expires_unix_ns=db_now_ns() + bindparam("b_ttl"))
 
 
-def fence_stmt(dialect: Dialect) -> Update:
+def fence_stmt() -> Update:
     """Fence check, the first write of every commit: extend our lease, raise the id high-water.
 
     It matches only while we hold the lease under our epoch. Its row lock serializes the commit
@@ -90,11 +109,11 @@ def fence_stmt(dialect: Dialect) -> Update:
         update(leader)
         .where(_held())
         .values(
-            max_id=case(
-                (leader.c.max_id < bindparam("b_max_id"), bindparam("b_max_id")),
-                else_=leader.c.max_id,
+            next_id=case(
+                (leader.c.next_id < bindparam("b_next_id"), bindparam("b_next_id")),
+                else_=leader.c.next_id,
             ),
-            expires_unix_ns=db_now_ns(dialect) + bindparam("b_ttl"),
+            expires_unix_ns=db_now_ns() + bindparam("b_ttl"),
         )
     )
 
@@ -112,32 +131,129 @@ def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
     """Take the lease if it is free, expired or already ours; the new epoch, or None.
 
     Expiry is judged on the database's clock, so a host whose clock runs ahead cannot steal a
-    live lease.
+    live lease. The epoch rises by one per take (`next_epoch`), never on renewal.
     """
-    row = conn.execute(lease_stmt(conn.dialect)).one()
-    if row.holder is not None and row.holder != holder and row.expires_unix_ns > row.now:
+    taken = conn.execute(take_stmt(), {"b_holder": holder, "b_ttl": ttl_ns}).rowcount == 1
+    if not taken:
         return None
-    epoch = next_epoch(row.epoch)
-    conn.execute(take_stmt(conn.dialect), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns})
+    epoch: int = conn.execute(epoch_stmt()).scalar_one()
     return epoch
 
 
 def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
     """Extend our lease by `ttl_ns`; False when it was taken over."""
-    result = conn.execute(
-        renew_stmt(conn.dialect), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns}
-    )
+    result = conn.execute(renew_stmt(), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns})
     return result.rowcount == 1
 
 
-def fence(conn: Connection, *, epoch: int, holder: str, max_id: int, ttl_ns: int) -> bool:
-    """Run the fence check; False when another instance holds the lease."""
+def fence(conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int) -> bool:
+    """Run the fence check, raising the high-water to `next_id`; False when we do not lead."""
     result = conn.execute(
-        fence_stmt(conn.dialect),
-        {"b_epoch": epoch, "b_holder": holder, "b_max_id": max_id, "b_ttl": ttl_ns},
+        fence_stmt(),
+        {"b_epoch": epoch, "b_holder": holder, "b_next_id": next_id, "b_ttl": ttl_ns},
     )
     return result.rowcount == 1
 
 
 def release(conn: Connection, *, holder: str) -> None:
+    """Give our lease up at once (a no-op once another instance holds it)."""
     conn.execute(release_stmt(), {"b_holder": holder})
+
+
+class Keeper:
+    """Keeps one lease alive from two daemon threads: a renewer and a watchdog.
+
+    The renewer calls `renew` every `every` seconds: True means renewed, False that the lease was
+    taken over, a `StoreError` a failed attempt (retried). The watchdog calls `lost` once the lease
+    has not been renewed within `ttl` seconds of the START of the last successful renewal, on the
+    monotonic clock, even while a renewal hangs (on a row lock, on a dead connection): a blocked
+    call cannot postpone stepping down. The database clock sets each new expiry no earlier than
+    that start plus the TTL, so the holder steps down before any standby may take over.
+
+    `lost(reason)` is called at most once, from one of the threads; `stop` ends both threads
+    without calling it.
+    """
+
+    def __init__(
+        self,
+        *,
+        renew: Callable[[], bool],
+        lost: Callable[[str], None],
+        every: float,
+        ttl: float,
+        renewed_at: float,
+        name: str = "cronoq-lease-keeper",
+    ) -> None:
+        """`renewed_at`: the monotonic time at which the lease was taken (or last renewed)."""
+        self._renew = renew
+        self._lost = lost
+        self._every = every
+        self._ttl = ttl
+        self._deadline = renewed_at + ttl
+        self._cond = threading.Condition()
+        self._done = False
+        self._threads = (
+            threading.Thread(target=self._renew_loop, name=f"{name}-renew", daemon=True),
+            threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True),
+        )
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing and watching, without reporting a loss; returns at once."""
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to `timeout` seconds for each thread to end (a hung renewal may outlive it)."""
+        for thread in self._threads:
+            if thread.ident is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+
+    def _finish(self, why: str) -> None:
+        with self._cond:
+            if self._done:
+                return
+            self._done = True
+            self._cond.notify_all()
+        self._lost(why)
+
+    def _stopped_within(self, seconds: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._done, seconds)
+
+    def _renew_loop(self) -> None:
+        while not self._stopped_within(self._every):
+            started = time.monotonic()
+            try:
+                renewed = self._renew()
+            except StoreError as exc:
+                log.warning("renewing the cronoq lease failed, retrying: %s", exc)
+                continue
+            except Exception:
+                log.exception("renewing the cronoq lease failed unexpectedly, retrying")
+                continue
+            if not renewed:
+                self._finish("the lease was taken over")
+                return
+            self.renewed(started)
+
+    def renewed(self, started: float) -> None:
+        """Count a successful renewal that started at monotonic time `started` (a committed
+        fence check extends the lease too): the deadline moves to `started` plus the TTL."""
+        with self._cond:
+            self._deadline = max(self._deadline, started + self._ttl)
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._done:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            else:
+                return
+        self._finish(f"the lease was not renewed within its TTL ({self._ttl:g} s)")

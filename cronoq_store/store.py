@@ -6,11 +6,12 @@ error in one place, and keeps the leader lease alive from a keeper thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -89,6 +90,11 @@ class StoreConfig:
                 "StoreConfig.lease_renew must be at most half of lease_ttl, so that one failed "
                 "renewal does not lose the lease"
             )
+        if self.lock_poll >= self.lease_ttl:
+            raise InvalidValue(
+                "StoreConfig.lock_poll must be below lease_ttl: a standby that checks less often "
+                "than a lease lasts leaves the scheduler leaderless for longer than the TTL"
+            )
         if self.pool_size < 1:
             raise InvalidValue("StoreConfig.pool_size must be at least 1")
 
@@ -137,6 +143,52 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
 
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Every database error leaves the store as a `StoreError` (sync and asyncio alike)."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except sa_exc.IntegrityError as exc:
+        raise StoreError(
+            dialects.redact(
+                f"the batch conflicts with stored tasks (a live key in use?): {exc.orig}"
+            )
+        ) from exc
+    except (sa_exc.SQLAlchemyError, OSError) as exc:
+        raise dialects.translate(exc) from exc
+
+
+def commit_work(
+    *,
+    epoch: int,
+    holder: str,
+    base: TimeBase,
+    batch: Sequence[Mutation],
+    outputs: Sequence[tuple[TaskId, bytes]],
+    config: StoreConfig,
+    now_unix_ns: int,
+) -> Callable[[Connection], None]:
+    """The body of one commit transaction; folds (and refuses bad values) before any I/O."""
+    folded = repository.fold(base, now_unix_ns, batch)
+    next_id = max(folded.inserts, default=-1) + 1
+    ttl = _ns(config.lease_ttl)
+    timeout = config.commit_timeout
+    deadline = time.monotonic() + timeout.total_seconds()
+
+    def work(conn: Connection) -> None:
+        dialects.bound_transaction(conn, timeout)
+        if not lease.fence(conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl):
+            raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
+        repository.write(conn, base, folded, outputs)
+        if time.monotonic() > deadline:
+            # Rolled back: a caller that gave up waiting must not find it committed later.
+            raise StoreUnavailable(f"commit did not finish within {timeout}; rolled back")
+
+    return work
+
+
 class SqlStore:
     """The durable state of one cronoq scheduler; cheap to share between threads."""
 
@@ -155,8 +207,7 @@ class SqlStore:
         self._epoch: int | None = None
         self._lost = threading.Event()
         self._lost.set()
-        self._stop_keeper = threading.Event()
-        self._keeper: threading.Thread | None = None
+        self._keeper: lease.Keeper | None = None
         self._callbacks: list[Callable[[], None]] = []
 
     @classmethod
@@ -201,19 +252,8 @@ class SqlStore:
     # Transactions: every database error leaves here translated.
 
     def _run(self, fn: Callable[[Connection], Any]) -> Any:
-        try:
-            with self.engine.begin() as conn:
-                return fn(conn)
-        except StoreError:
-            raise
-        except sa_exc.IntegrityError as exc:
-            raise StoreError(
-                dialects.redact(
-                    f"the batch conflicts with stored tasks (a live key in use?): {exc.orig}"
-                )
-            ) from exc
-        except (sa_exc.SQLAlchemyError, OSError) as exc:
-            raise dialects.translate(exc) from exc
+        with translated(), self.engine.begin() as conn:
+            return fn(conn)
 
     @staticmethod
     def _now() -> int:
@@ -231,18 +271,39 @@ class SqlStore:
         return self.epoch is not None
 
     def on_leadership_lost(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (from the keeper thread) whenever leadership is lost."""
+        """Call `callback` once each time leadership ends (taken over, not renewable in time,
+        fenced, released), from whichever thread noticed; it must not block for long."""
         self._callbacks.append(callback)
 
     def wait_leadership_lost(self, timeout: float | None = None) -> bool:
         """Block until leadership is lost; False if `timeout` seconds passed first."""
         return self._lost.wait(timeout)
 
-    def _lose(self, why: str, level: int = logging.ERROR) -> None:
+    def _lose(
+        self,
+        why: str,
+        level: int = logging.ERROR,
+        *,
+        keeper: lease.Keeper | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """Step down (once): commits raise `Fenced` from here on.
+
+        A `keeper` that no longer keeps the current lease (a stale one, still finishing a hung
+        renewal), or an `epoch` that is no longer ours (a commit fenced under the previous one),
+        changes nothing.
+        """
         with self._lock:
-            if self._lost.is_set():
+            if (
+                self._lost.is_set()
+                or (keeper is not None and keeper is not self._keeper)
+                or (epoch is not None and epoch != self._epoch)
+            ):
                 return
             self._lost.set()
+            current = self._keeper
+        if current is not None:
+            current.stop()
         log.log(level, "cronoq leadership lost (epoch %s): %s", self._epoch, why)
         for callback in list(self._callbacks):
             try:
@@ -251,83 +312,95 @@ class SqlStore:
                 log.exception("leadership-lost callback failed")
 
     def acquire_leadership(self, timeout: float | None = None) -> int:
-        """Block until this instance leads; returns the new fencing epoch."""
+        """Block until this instance leads; returns the new fencing epoch.
+
+        Checks every `lock_poll` whether the lease is free, expired (on the database's clock) or
+        ours, and backs off up to `MAX_RETRY_DELAY` while the database cannot be reached. With
+        `timeout` (seconds), raises `StoreUnavailable` if this instance does not lead by then.
+        An instance that leads already steps down first and leads anew under the next epoch.
+        """
+        self._lose("taking the lease anew", logging.INFO)
         self._stop()
         deadline = None if timeout is None else time.monotonic() + timeout
         poll = self.config.lock_poll.total_seconds()
         delay = poll
         ttl = _ns(self.config.lease_ttl)
+        unreachable: StoreUnavailable | None = None
         while True:
             started = time.monotonic()
             try:
                 epoch = self._run(lambda c: lease.try_take(c, holder=self.holder, ttl_ns=ttl))
-                wait = poll
-                delay = poll
             except StoreUnavailable as exc:
-                log.warning("cannot reach the database to acquire leadership: %s", exc)
-                epoch, wait = None, delay
-                delay = min(delay * 2, MAX_RETRY_DELAY)
+                if unreachable is None:
+                    log.warning("cannot reach the database to acquire leadership: %s", exc)
+                unreachable, epoch, wait = exc, None, delay
+                delay = min(delay * 2, max(MAX_RETRY_DELAY, poll))
+            else:
+                if unreachable is not None:
+                    log.info("the database is reachable again")
+                unreachable, wait, delay = None, poll, poll
             if epoch is not None:
                 break
-            if deadline is not None and time.monotonic() + wait > deadline:
-                raise StoreUnavailable(f"not leader after {timeout} s: the lease is held")
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    why = "another instance holds the lease"
+                    if unreachable is not None:
+                        why = f"the database is unreachable: {unreachable}"
+                    raise StoreUnavailable(f"not leader after {timeout} s: {why}")
+                wait = min(wait, left)
             time.sleep(wait)
+        epoch = int(epoch)
         with self._lock:
+            keeper = lease.Keeper(
+                renew=lambda: self._renew(epoch),
+                lost=lambda why: self._lose(why, keeper=keeper),
+                every=self.config.lease_renew.total_seconds(),
+                ttl=self.config.lease_ttl.total_seconds(),
+                renewed_at=started,
+                name=f"cronoq-lease-keeper-{epoch}",
+            )
+            self._keeper = keeper
             self._epoch = epoch
             self._lost.clear()
-            self._stop_keeper = threading.Event()
-            self._keeper = threading.Thread(
-                target=self._keep,
-                args=(epoch, started, self._stop_keeper),
-                name=f"cronoq-lease-keeper-{epoch}",
-                daemon=True,
-            )
-            self._keeper.start()
+        keeper.start()
         log.info("cronoq leadership acquired (epoch %s)", epoch)
-        return int(epoch)
+        return epoch
 
-    def _keep(self, epoch: int, renewed: float, stop: threading.Event) -> None:
-        """Renew the lease until it is taken over or could not be renewed within the TTL."""
-        every = self.config.lease_renew.total_seconds()
-        ttl = self.config.lease_ttl.total_seconds()
-        while not stop.wait(every):
-            started = time.monotonic()
-            try:
-                ok = self._run(
-                    lambda c: lease.renew(
-                        c,
-                        epoch=epoch,
-                        holder=self.holder,
-                        ttl_ns=_ns(self.config.lease_ttl),
-                    )
-                )
-            except StoreError as exc:
-                if time.monotonic() - renewed >= ttl:
-                    self._lose(f"could not renew the lease within its TTL: {exc}")
-                    return
-                log.warning("renewing the cronoq lease failed, retrying: %s", exc)
-                continue
-            if not ok:
-                self._lose("the lease was taken over")
-                return
-            renewed = started
+    def _renew(self, epoch: int) -> bool:
+        """One renewal of our lease (the keeper's); False once another instance took it."""
+        ttl = _ns(self.config.lease_ttl)
+        renewed: bool = self._run(
+            lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
+        )
+        return renewed
+
+    def _fence_renewed(self, epoch: int, started: float) -> None:
+        """A commit under `epoch`, begun at monotonic time `started`, landed: its fence check
+        extended the lease, so it counts as a renewal. (A commit holds the leader row to its
+        end, so the keeper's own renewal waits behind a long one.)"""
+        with self._lock:
+            keeper = self._keeper if epoch == self._epoch and not self._lost.is_set() else None
+        if keeper is not None:
+            keeper.renewed(started)
 
     def _stop(self) -> None:
-        keeper = self._keeper
-        self._stop_keeper.set()
-        if keeper is not None and keeper is not threading.current_thread():
-            keeper.join()
-        self._keeper = None
+        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
+        with self._lock:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
+            keeper.join(self.config.lease_renew.total_seconds())
 
     def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once."""
+        self._lose("released", logging.INFO)
         self._stop()
         if self._epoch is not None:
             try:
                 self._run(lambda c: lease.release(c, holder=self.holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
-        self._lose("released", logging.INFO)
         self._epoch = None
 
     # Commits and recovery.
@@ -345,27 +418,22 @@ class SqlStore:
         """
         if self._lost.is_set() or epoch != self._epoch:
             raise Fenced(f"epoch {epoch} does not lead")
-        now = self._now()
-        folded = repository.fold(base, now, batch)
-        max_id = max(folded.inserts, default=0)
-        ttl = _ns(self.config.lease_ttl)
-        timeout = self.config.commit_timeout
-        deadline = time.monotonic() + timeout.total_seconds()
-
-        def work(conn: Connection) -> None:
-            dialects.bound_transaction(conn, timeout)
-            if not lease.fence(conn, epoch=epoch, holder=self.holder, max_id=max_id, ttl_ns=ttl):
-                raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
-            repository.write(conn, base, folded, outputs)
-            if time.monotonic() > deadline:
-                # Rolled back: a caller that gave up waiting must not find it committed later.
-                raise StoreUnavailable(f"commit did not finish within {timeout}; rolled back")
-
+        work = commit_work(
+            epoch=epoch,
+            holder=self.holder,
+            base=base,
+            batch=batch,
+            outputs=outputs,
+            config=self.config,
+            now_unix_ns=self._now(),
+        )
+        started = time.monotonic()
         try:
             self._run(work)
         except Fenced as exc:
-            self._lose(str(exc))
+            self._lose(str(exc), epoch=epoch)
             raise
+        self._fence_renewed(epoch, started)
 
     def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""

@@ -1,0 +1,756 @@
+"""Leadership: lease transitions, fencing against a racing takeover, clock skew, a connection cut
+inside a commit, and a keeper that steps down on time.
+
+Every wait is for a condition, bounded by `WAIT` (or by the deadline under test), never a sleep
+tuned to pass. Leases are short (about a second) so the whole file stays quick.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import URL, Connection, Engine, create_engine, event, select, text, update
+
+from cronoq_store import (
+    Fenced,
+    InvalidValue,
+    SqlStore,
+    StoreConfig,
+    StoreUnavailable,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TimeBase,
+    lease,
+    migrate,
+)
+from cronoq_store.dialects import db_now_ns
+from cronoq_store.schema import leader, tasks
+
+SECOND = 1_000_000_000
+WAIT = 10.0
+"""Upper bound, in seconds, on waiting for something that must happen (a loaded CI machine)."""
+SLACK = 1.5
+"""What a deadline may be overshot by on a loaded machine (thread wake-up, a slow round trip)."""
+BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
+SERVERS = [
+    pytest.param("postgresql", marks=pytest.mark.postgresql),
+    pytest.param("mysql", marks=pytest.mark.mysql),
+]
+"""Dialects whose row locks serialize a commit against a takeover (SQLite has one writer)."""
+
+SHORT = StoreConfig(
+    lease_ttl=timedelta(seconds=1),
+    lease_renew=timedelta(milliseconds=200),
+    lock_poll=timedelta(milliseconds=50),
+)
+"""A lease that runs out within a second, renewed five times per TTL."""
+
+
+def submit(i: int) -> Submitted:
+    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i))
+
+
+def lease_row(engine: Engine) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(select(leader, db_now_ns().label("now")).where(leader.c.id == 1)).one()
+
+
+def set_lease(engine: Engine, **values: object) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(leader).where(leader.c.id == 1).values(**values))
+
+
+def stored_ids(engine: Engine) -> set[int]:
+    with engine.connect() as conn:
+        return set(conn.execute(select(tasks.c.id)).scalars())
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def migrated(engine: Engine) -> Engine:
+    migrate.upgrade(engine)
+    return engine
+
+
+@pytest.fixture
+def open_store(db_url: URL) -> Iterator[Callable[[StoreConfig], SqlStore]]:
+    """Open stores on the test database (each its own engine and holder); closed afterwards."""
+    opened: list[SqlStore] = []
+
+    def open_(config: StoreConfig) -> SqlStore:
+        store = SqlStore.open(db_url, config)
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in reversed(opened):
+        store.close()
+
+
+# 1. Lease transitions, on an injectable clock.
+
+
+class LeaseClock:
+    """Moves time for the lease, whatever clock the dialect judges it by.
+
+    SQLite judges on the host's clock, which is shifted here; a server judges on its own clock,
+    which cannot be moved, so the lease's expiry is moved back by the same amount instead: the
+    same transition, relative to the database's now.
+    """
+
+    def __init__(self, engine: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self.offset = 0
+        if dialect == "sqlite":
+            real = time.time_ns
+            monkeypatch.setattr(time, "time_ns", lambda: real() + self.offset)
+
+    def advance(self, ns: int) -> None:
+        if self.dialect == "sqlite":
+            self.offset += ns
+        else:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    update(leader)
+                    .where(leader.c.id == 1)
+                    .values(expires_unix_ns=leader.c.expires_unix_ns - ns)
+                )
+
+
+def test_lease_transitions(migrated: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = LeaseClock(migrated, dialect, monkeypatch)
+    ttl = 10 * SECOND
+
+    def take(holder: str) -> int | None:
+        with migrated.begin() as conn:
+            return lease.try_take(conn, holder=holder, ttl_ns=ttl)
+
+    def renew(holder: str, epoch: int) -> bool:
+        with migrated.begin() as conn:
+            return lease.renew(conn, epoch=epoch, holder=holder, ttl_ns=ttl)
+
+    def fence(holder: str, epoch: int) -> bool:
+        with migrated.begin() as conn:
+            return lease.fence(conn, epoch=epoch, holder=holder, next_id=0, ttl_ns=ttl)
+
+    # Free (as migrated): the first leader gets epoch 1, its lease runs `ttl` on the db clock.
+    assert take("a") == 1
+    row = lease_row(migrated)
+    assert (row.epoch, row.holder) == (1, "a")
+    assert 0 < row.expires_unix_ns - row.now <= ttl
+
+    # Held and live, even a second before it runs out: refused, the row untouched.
+    clock.advance(ttl - SECOND)
+    before = lease_row(migrated)
+    assert take("b") is None
+    after = lease_row(migrated)
+    assert (after.epoch, after.holder, after.expires_unix_ns) == (
+        before.epoch,
+        before.holder,
+        before.expires_unix_ns,
+    )
+
+    # Renewed by its holder: a full TTL again, the epoch unchanged; nobody else can renew.
+    assert renew("a", 1)
+    assert not renew("b", 1)
+    assert not renew("a", 2)
+    row = lease_row(migrated)
+    assert (row.epoch, row.holder) == (1, "a")
+    assert ttl - SECOND < row.expires_unix_ns - row.now <= ttl
+    clock.advance(ttl - SECOND)
+    assert take("b") is None  # would have run out without the renewal
+
+    # Expired: taken over under the next epoch, exactly one higher.
+    clock.advance(2 * SECOND)
+    assert take("b") == 2
+    assert (lease_row(migrated).epoch, lease_row(migrated).holder) == (2, "b")
+
+    # Stolen from "a": its renewals and fence checks match nothing from now on.
+    assert not renew("a", 1)
+    assert not fence("a", 1)
+    assert fence("b", 2)
+    assert lease_row(migrated).epoch == 2
+
+    # The holder taking its own live lease again starts a new epoch (it leads anew).
+    assert take("b") == 3
+    # Released: free at once for anyone, under the next epoch.
+    with migrated.begin() as conn:
+        lease.release(conn, holder="b")
+    assert lease_row(migrated).holder is None
+    assert take("c") == 4
+
+    # 32767 wraps to 1, then counts on.
+    set_lease(migrated, epoch=32767, holder=None, expires_unix_ns=0)
+    assert take("d") == 1
+    clock.advance(ttl + SECOND)
+    assert take("e") == 2
+
+
+def test_database_clock_is_one_compiled_expression(migrated: Engine, dialect: str) -> None:
+    """The clock compiles to the server's own function; only SQLite binds the host's time."""
+    sql = str(select(db_now_ns()).compile(dialect=migrated.dialect))
+    expected = {"sqlite": "?", "postgresql": "clock_timestamp()", "mysql": "utc_timestamp(6)"}
+    assert expected[dialect] in sql
+    with migrated.connect() as conn:
+        now = conn.execute(select(db_now_ns())).scalar_one()
+    assert abs(now - time.time_ns()) < 60 * SECOND  # Unix nanoseconds, not seconds or micros
+
+
+# 2. The check-then-write race, forced with barriers.
+
+
+@dataclass
+class Outcome:
+    """What happened when a paused commit raced a takeover."""
+
+    commit_error: BaseException | None
+    landed: bool
+    """The commit's task is in the database afterwards."""
+    took: int | None
+    """The epoch the takeover got, if it got the lease."""
+    seen_by_taker: bool
+    """The takeover's transaction, after taking the lease, saw the commit's task."""
+
+    @property
+    def violation(self) -> str | None:
+        if self.landed != (self.commit_error is None):
+            return f"the commit's result ({self.commit_error!r}) disagrees with the database"
+        if self.took is not None and self.landed and not self.seen_by_taker:
+            return "an old-epoch commit landed after the takeover"
+        return None
+
+
+class Pause:
+    """Holds the thread named `thread` right after its first statement on the leader row that
+    starts with `statement` (any, if empty), until `go` is set."""
+
+    def __init__(self, engine: Engine, thread: str, statement: str = "") -> None:
+        self.engine = engine
+        self.thread = thread
+        self.statement = statement
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def __enter__(self) -> Pause:
+        event.listen(self.engine, "after_cursor_execute", self._after)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.go.set()  # (the caller has joined the paused thread by now)
+        event.remove(self.engine, "after_cursor_execute", self._after)
+
+    def _after(self, conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        if (
+            threading.current_thread().name == self.thread
+            and statement.lstrip().upper().startswith(self.statement)
+            and "cronoq_leader" in statement
+            and not self.reached.is_set()
+        ):
+            self.reached.set()
+            self.go.wait(WAIT)
+
+
+class Worker(threading.Thread):
+    """Runs `fn` in a named thread, keeping its result or exception."""
+
+    def __init__(self, name: str, fn: Callable[[], Any]) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def outcome(self) -> Any:
+        self.join(WAIT)
+        assert not self.is_alive(), f"{self.name} did not finish"
+        return self.result
+
+
+def lock_waiters(admin: Engine, dialect: str) -> int:
+    """Sessions of the test database waiting for a row lock."""
+    with admin.connect() as conn:
+        if dialect == "postgresql":
+            sql = (
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        else:
+            sql = (
+                "SELECT count(*) FROM information_schema.innodb_trx t"
+                " JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id"
+                " WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
+            )
+        return int(conn.execute(text(sql)).scalar_one())
+
+
+def take_over(engine: Engine, task_id: int) -> tuple[int | None, bool]:
+    """Another instance's takeover; whether its transaction then sees the task `task_id`."""
+    with engine.begin() as conn:
+        epoch = lease.try_take(conn, holder="taker", ttl_ns=60 * SECOND)
+        seen = conn.execute(select(tasks.c.id).where(tasks.c.id == task_id)).first() is not None
+    return epoch, seen
+
+
+def race_commit_paused(
+    old: SqlStore, epoch: int, admin: Engine, dialect: str, task_id: int
+) -> Outcome:
+    """Pause `old`'s commit right after its first statement on the leader row (the fence),
+    while another instance tries to take over a lease that has run out; then let both finish."""
+    set_lease(admin, expires_unix_ns=0)  # `old` was paused past its lease
+    commit = Worker("old-commit", lambda: old.commit(epoch, BASE, [submit(task_id)]))
+    taker = Worker("taker", lambda: take_over(admin, task_id))
+    with Pause(old.engine, "old-commit") as pause:
+        commit.start()
+        assert pause.reached.wait(WAIT), "the commit never reached its fence check"
+        taker.start()
+        wait_for(
+            lambda: taker.done.is_set() or lock_waiters(admin, dialect) > 0,
+            "the takeover to finish or to wait for the commit's row lock",
+        )
+        pause.go.set()
+        commit.outcome()
+        taker.outcome()
+    assert taker.error is None, taker.error
+    took, seen = taker.result
+    return Outcome(commit.error, task_id in stored_ids(admin), took, seen)
+
+
+def race_takeover_paused(
+    old: SqlStore, epoch: int, admin: Engine, dialect: str, task_id: int
+) -> Outcome:
+    """Pause a takeover right after it wrote the new epoch (not yet committed), while `old`
+    commits; then let both finish."""
+    set_lease(admin, expires_unix_ns=0)
+    result: dict[str, Any] = {}
+
+    def take() -> None:
+        result["took"], result["seen"] = take_over(admin, task_id)
+
+    taker = Worker("taker", take)
+    commit = Worker("old-commit", lambda: old.commit(epoch, BASE, [submit(task_id)]))
+    with Pause(admin, "taker", "UPDATE") as pause:
+        taker.start()
+        assert pause.reached.wait(WAIT), "the takeover never wrote the lease"
+        commit.start()
+        wait_for(
+            lambda: commit.done.is_set() or lock_waiters(admin, dialect) > 0,
+            "the commit to finish or to wait for the takeover's row lock",
+        )
+        pause.go.set()
+        taker.outcome()
+        commit.outcome()
+    assert taker.error is None, taker.error
+    return Outcome(commit.error, task_id in stored_ids(admin), result["took"], result["seen"])
+
+
+RACE = StoreConfig(
+    lease_ttl=timedelta(seconds=60),
+    lease_renew=timedelta(seconds=20),
+    lock_poll=timedelta(milliseconds=50),
+)
+"""The keeper stays out of the race: no renewal while the test runs."""
+
+
+@pytest.mark.parametrize("dialect", SERVERS)
+def test_fence_serializes_commit_against_takeover(
+    open_store: Callable[[StoreConfig], SqlStore], engine: Engine, dialect: str
+) -> None:
+    old = open_store(RACE)
+    epoch = old.acquire_leadership(timeout=WAIT)
+
+    # The commit's fence holds the leader row: the takeover waits for it, then finds the lease
+    # renewed by it. The commit lands first.
+    first = race_commit_paused(old, epoch, engine, dialect, task_id=1)
+    assert first.violation is None, first
+    assert first.landed and first.commit_error is None
+    assert first.took is None or first.seen_by_taker
+
+    # The takeover holds the row: the commit's fence waits for it, then matches nothing.
+    second = race_takeover_paused(old, epoch, engine, dialect, task_id=2)
+    assert second.violation is None, second
+    assert second.took == epoch + 1
+    assert isinstance(second.commit_error, Fenced) and not second.landed
+    assert not old.is_leader
+    with pytest.raises(Fenced):
+        old.commit(epoch, BASE, [submit(3)])
+
+
+@pytest.mark.parametrize("dialect", SERVERS)
+def test_race_harness_catches_a_plain_select_check(
+    open_store: Callable[[StoreConfig], SqlStore],
+    engine: Engine,
+    dialect: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Proof that the race test can fail: a fence that only reads the epoch is caught."""
+
+    def plain_select_fence(
+        conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int
+    ) -> bool:
+        row = conn.execute(select(leader.c.epoch, leader.c.holder).where(leader.c.id == 1)).one()
+        return bool(row.epoch == epoch and row.holder == holder)
+
+    monkeypatch.setattr(lease, "fence", plain_select_fence)
+    old = open_store(RACE)
+    epoch = old.acquire_leadership(timeout=WAIT)
+    outcome = race_commit_paused(old, epoch, engine, dialect, task_id=1)
+    assert outcome.violation == "an old-epoch commit landed after the takeover", outcome
+    assert outcome.took == epoch + 1
+
+
+# 3. Clock skew.
+
+
+@pytest.mark.parametrize("dialect", SERVERS)
+def test_standby_clock_ahead_cannot_take_a_live_lease(
+    open_store: Callable[[StoreConfig], SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader_store = open_store(SHORT)
+    epoch = leader_store.acquire_leadership(timeout=WAIT)
+    standby = open_store(SHORT)
+    # The standby's wall clock runs 30 s (30 TTLs) ahead; so does everything in this process,
+    # which is the point: no host clock has a say in expiry on a server.
+    real_ns, real_s = time.time_ns, time.time
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 30 * SECOND)
+    monkeypatch.setattr(time, "time", lambda: real_s() + 30.0)
+    with pytest.raises(StoreUnavailable, match="another instance holds the lease"):
+        standby.acquire_leadership(timeout=1.5 * SHORT.lease_ttl.total_seconds())
+    assert leader_store.epoch == epoch
+    # Not a standby that can never lead: once the leader lets go, it takes over at once.
+    leader_store.release_leadership()
+    assert standby.acquire_leadership(timeout=WAIT) == epoch + 1
+
+
+# 4. A connection cut inside a commit.
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_connection_cut_inside_a_commit(
+    open_store: Callable[[StoreConfig], SqlStore], engine: Engine
+) -> None:
+    store = open_store(
+        StoreConfig(lease_ttl=timedelta(seconds=60), lease_renew=timedelta(seconds=20))
+    )
+    epoch = store.acquire_leadership(timeout=WAIT)
+    cut = threading.Event()
+
+    @event.listens_for(store.engine, "after_cursor_execute")
+    def kill_after_fence(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        fence = statement.startswith("UPDATE cronoq_leader") and "next_id" in statement
+        if fence and not cut.is_set():
+            cut.set()
+            pid = conn.connection.dbapi_connection.info.backend_pid
+            with engine.connect() as admin:
+                # Waits (up to 5 s) until the backend is gone.
+                admin.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+
+    batch = [submit(1), submit(2)]
+    with pytest.raises(StoreUnavailable):
+        store.commit(epoch, BASE, batch)
+    assert cut.is_set()
+    assert stored_ids(engine) == set()
+    assert lease_row(engine).next_id == 0  # the fence update rolled back with the batch
+    assert store.is_leader  # a lost connection is not a lost lease
+
+    store.commit(epoch, BASE, batch)  # the pool recovered
+    assert stored_ids(engine) == {1, 2}
+    assert lease_row(engine).next_id == 3
+
+
+# 5. The keeper.
+
+
+class LossWatcher:
+    """Counts leadership-lost callbacks."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.calls = 0
+        self.called = threading.Event()
+        store.on_leadership_lost(self)
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.called.set()
+
+
+def transitions(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "cronoq_store.store" and r.getMessage().startswith("cronoq leadership")
+    ]
+
+
+def test_keeper_steps_down_when_the_lease_is_stolen(
+    open_store: Callable[[StoreConfig], SqlStore],
+    engine: Engine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="cronoq_store")
+    store = open_store(SHORT)
+    watcher = LossWatcher(store)
+    epoch = store.acquire_leadership(timeout=WAIT)
+    store.commit(epoch, BASE, [submit(1)])
+    assert not store.wait_leadership_lost(0)
+
+    set_lease(engine, epoch=epoch + 1, holder="thief")
+    stolen = time.monotonic()
+    renew = SHORT.lease_renew.total_seconds()
+    assert store.wait_leadership_lost(renew + SLACK), "the keeper did not notice the takeover"
+    assert time.monotonic() - stolen <= renew + SLACK
+    assert watcher.called.wait(WAIT)
+    assert (store.epoch, store.is_leader) == (None, False)
+    with pytest.raises(Fenced):
+        store.commit(epoch, BASE, [submit(2)])
+    store.release_leadership()  # already lost: no second callback, the thief keeps its lease
+    assert lease_row(engine).holder == "thief"
+    assert watcher.calls == 1
+    assert stored_ids(engine) == {1}
+
+    # Leading anew, once the thief's lease is gone: the epoch after the thief's.
+    set_lease(engine, expires_unix_ns=0)
+    assert store.acquire_leadership(timeout=WAIT) == epoch + 2
+    store.commit(epoch + 2, BASE, [submit(2)])
+    assert stored_ids(engine) == {1, 2}
+    assert watcher.calls == 1
+    assert transitions(caplog) == [
+        f"cronoq leadership acquired (epoch {epoch})",
+        f"cronoq leadership lost (epoch {epoch}): the lease was taken over",
+        f"cronoq leadership acquired (epoch {epoch + 2})",
+    ]
+
+
+class RowLock:
+    """Holds the leader row (SQLite: the whole database) from another connection, so that
+    renewals block on it."""
+
+    def __init__(self, engine: Engine, dialect: str) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self._holder: sqlite3.Connection | Connection | None = None
+
+    def lock(self) -> None:
+        if self.dialect == "sqlite":
+            self._holder = sqlite3.connect(self.engine.url.database or "", isolation_level=None)
+            self._holder.execute("BEGIN IMMEDIATE")
+        else:
+            self._holder = self.engine.connect()
+            self._holder.execute(select(leader.c.epoch).where(leader.c.id == 1).with_for_update())
+
+    def unlock(self) -> None:
+        if self._holder is not None:
+            self._holder.rollback()
+            self._holder.close()
+            self._holder = None
+
+
+@pytest.fixture
+def row_lock(engine: Engine, dialect: str) -> Iterator[RowLock]:
+    held = RowLock(engine, dialect)
+    try:
+        yield held
+    finally:
+        held.unlock()
+
+
+def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
+    open_store: Callable[[StoreConfig], SqlStore],
+    engine: Engine,
+    row_lock: RowLock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="cronoq_store")
+    # SQLite waits busy_timeout for the lock: far longer than the TTL, so a renewal hangs.
+    store = open_store(
+        StoreConfig(
+            lease_ttl=SHORT.lease_ttl,
+            lease_renew=SHORT.lease_renew,
+            lock_poll=SHORT.lock_poll,
+            busy_timeout=timedelta(seconds=20),
+        )
+    )
+    watcher = LossWatcher(store)
+    epoch = store.acquire_leadership(timeout=WAIT)
+    ttl = SHORT.lease_ttl.total_seconds()
+    # Healthy, it keeps leading across several TTLs.
+    assert not store.wait_leadership_lost(2.5 * ttl)
+
+    row_lock.lock()
+    blocked = time.monotonic()
+    # The last successful renewal started before the lock: stepping down is due within the TTL
+    # from here, while the renewal still hangs on the lock.
+    assert store.wait_leadership_lost(ttl + SLACK), "the keeper did not step down in time"
+    assert time.monotonic() - blocked <= ttl + SLACK
+    assert watcher.called.wait(WAIT)
+    with pytest.raises(Fenced):
+        store.commit(epoch, BASE, [submit(1)])
+    assert watcher.calls == 1
+    assert transitions(caplog)[-1] == (
+        f"cronoq leadership lost (epoch {epoch}): the lease was not renewed within its TTL (1 s)"
+    )
+
+    row_lock.unlock()
+    assert store.acquire_leadership(timeout=WAIT) == epoch + 1
+    store.commit(epoch + 1, BASE, [submit(1)])
+    assert stored_ids(engine) == {1}
+    assert watcher.calls == 1
+
+
+def test_keeper_deadline_runs_from_the_start_of_the_last_renewal() -> None:
+    """`lease.Keeper` alone, on fake renewals: its own renewal hangs, renewals reported from
+    elsewhere (a landed commit's fence) keep it alive, and it steps down one TTL after the last."""
+    hang = threading.Event()
+    reasons: list[str] = []
+    gone = threading.Event()
+
+    def hanging_renew() -> bool:
+        hang.wait(WAIT)
+        return True
+
+    def lost(why: str) -> None:
+        reasons.append(why)
+        gone.set()
+
+    ttl = 0.8
+    keeper = lease.Keeper(
+        renew=hanging_renew, lost=lost, every=0.05, ttl=ttl, renewed_at=time.monotonic()
+    )
+    keeper.start()
+    try:
+        until = time.monotonic() + 2 * ttl
+        while time.monotonic() < until:
+            last = time.monotonic()
+            keeper.renewed(last)
+            assert not gone.wait(0.05), reasons
+        assert gone.wait(ttl + SLACK), "the keeper did not step down with its renewal hung"
+        assert time.monotonic() - last >= ttl  # and not before the TTL ran out
+        assert reasons == [f"the lease was not renewed within its TTL ({ttl:g} s)"]
+    finally:
+        hang.set()
+        keeper.stop()
+        keeper.join(WAIT)
+
+
+def test_keeper_reports_a_takeover_once() -> None:
+    reasons: list[str] = []
+    gone = threading.Event()
+    renewals = iter([True, True])
+
+    def renew() -> bool:
+        return next(renewals, False)  # renewed twice, then taken over
+
+    def lost(why: str) -> None:
+        reasons.append(why)
+        gone.set()
+
+    keeper = lease.Keeper(renew=renew, lost=lost, every=0.02, ttl=5.0, renewed_at=time.monotonic())
+    keeper.start()
+    assert gone.wait(WAIT)
+    keeper.join(WAIT)
+    assert reasons == ["the lease was taken over"]
+
+
+def test_release_hands_over_at_once(open_store: Callable[[StoreConfig], SqlStore]) -> None:
+    config = StoreConfig(
+        lease_ttl=timedelta(seconds=30),
+        lease_renew=timedelta(seconds=5),
+        lock_poll=timedelta(milliseconds=50),
+    )
+    first, second = open_store(config), open_store(config)
+    epoch = first.acquire_leadership(timeout=WAIT)
+    with pytest.raises(StoreUnavailable, match="another instance holds the lease"):
+        second.acquire_leadership(timeout=0.2)
+    standby = Worker("standby", lambda: second.acquire_leadership(timeout=WAIT))
+    standby.start()
+    first.release_leadership()
+    released = time.monotonic()
+    assert standby.outcome() == epoch + 1
+    assert standby.error is None
+    # Far sooner than the 30 s lease would have run out.
+    assert time.monotonic() - released < WAIT
+    assert not first.is_leader
+    with pytest.raises(Fenced):
+        first.commit(epoch, BASE, [submit(1)])
+
+
+def test_acquire_backs_off_while_the_database_is_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/nowhere")  # refused
+    store = SqlStore(engine, StoreConfig(lock_poll=timedelta(milliseconds=50)))
+    attempts: list[float] = []
+    run = store._run
+
+    def counting(fn: Callable[[Connection], Any]) -> Any:
+        attempts.append(time.monotonic())
+        return run(fn)
+
+    store._run = counting  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StoreUnavailable, match="unreachable"):
+            store.acquire_leadership(timeout=1.0)
+    finally:
+        store.close()
+        engine.dispose()
+    # 50, 100, 200, 400 ms between tries, then a last one at the timeout: 6 tries in the
+    # second, not the 20 that polling every 50 ms would make.
+    assert 3 <= len(attempts) <= 7, attempts
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert max(gaps) >= 0.3, gaps
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1  # one line for the transition, not one per try
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        (
+            {"lease_ttl": timedelta(seconds=3), "lease_renew": timedelta(seconds=2)},
+            "lease_renew must be at most half of lease_ttl",
+        ),
+        (
+            {
+                "lease_ttl": timedelta(seconds=1),
+                "lease_renew": timedelta(milliseconds=200),
+                "lock_poll": timedelta(seconds=1),
+            },
+            "lock_poll must be below lease_ttl",
+        ),
+        ({"lease_renew": timedelta(0)}, "lease_renew must be positive"),
+        ({"lease_ttl": 10}, "lease_ttl must be a timedelta"),
+        ({"pool_size": 0}, "pool_size must be at least 1"),
+    ],
+)
+def test_config_refuses_settings_that_cannot_work(settings: dict[str, Any], why: str) -> None:
+    with pytest.raises(InvalidValue, match=why):
+        StoreConfig(**settings)
+
+
+def test_config_accepts_the_defaults() -> None:
+    assert StoreConfig().lease_renew * 5 == StoreConfig().lease_ttl

@@ -7,13 +7,16 @@ executemany, so a commit costs the same number of round trips whatever its batch
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cache
+from operator import itemgetter
 from typing import Any, Final
 
 from sqlalchemy import (
     Connection,
+    CursorResult,
     Delete,
     Insert,
     Select,
@@ -24,12 +27,14 @@ from sqlalchemy import (
     delete,
     func,
     insert,
-    literal,
+    null,
     or_,
     select,
+    true,
     union_all,
     update,
 )
+from sqlalchemy import exc as sa_exc
 
 from . import codec
 from .errors import CorruptValue, StoreError
@@ -66,7 +71,100 @@ def _chunks(values: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[An
         yield values[start : start + size]
 
 
+# Bulk statements: compiled once per dialect, run as the driver's executemany.
+
+_DRIVER_SQL: dict[tuple[Any, ...], tuple[str, Callable[[Mapping[str, Any]], Any] | None]] = {}
+
+
+def _driver_sql(
+    conn: Connection, stmt: Insert | Update | Delete, keys: tuple[str, ...]
+) -> tuple[str, Callable[[Mapping[str, Any]], Any] | None]:
+    """The driver SQL of `stmt` for `keys`, and how to turn a row dict into its parameters.
+
+    Compiled once per statement, dialect, schema and key set. Running it through
+    `exec_driver_sql` skips SQLAlchemy's per-row parameter processing, which costs more than
+    the driver's own executemany for wide rows; the bound types here (int, str, bytes, bool,
+    None) need no bind processing on any supported driver.
+    """
+    translate = conn.get_execution_options().get("schema_translate_map")
+    cache_key = (
+        id(stmt),
+        keys,
+        conn.dialect,
+        None if translate is None else tuple(sorted(translate.items(), key=repr)),
+    )
+    hit = _DRIVER_SQL.get(cache_key)
+    if hit is None:
+        compiled = stmt.compile(
+            dialect=conn.dialect,
+            column_keys=list(keys),
+            schema_translate_map=translate,
+            render_schema_translate=translate is not None,
+        )
+        missing = sorted(set(compiled.binds) - set(keys))
+        if missing:
+            raise StoreError(f"bulk statement needs values for {missing}")
+        order = compiled.positiontup
+        getter: Callable[[Mapping[str, Any]], Any] | None = None
+        if compiled.positional and order is not None:
+            getter = itemgetter(*order) if len(order) > 1 else lambda r, k=order[0]: (r[k],)
+        hit = _DRIVER_SQL[cache_key] = (str(compiled), getter)
+    return hit
+
+
+def _executemany(
+    conn: Connection, stmt: Insert | Update | Delete, rows: Sequence[Mapping[str, Any]]
+) -> CursorResult[Any]:
+    """Run `stmt` once per row (all rows share one key set) as one driver executemany."""
+    sql, getter = _driver_sql(conn, stmt, tuple(rows[0]))
+    params: Any = rows if getter is None else [getter(r) for r in rows]
+    return conn.exec_driver_sql(sql, params)
+
+
+def _can_copy(conn: Connection) -> bool:
+    """Whether `conn` is sync psycopg, whose COPY FROM STDIN loads rows fastest."""
+    return (
+        conn.dialect.name == "postgresql"
+        and conn.dialect.driver == "psycopg"
+        and not conn.dialect.is_async
+    )
+
+
+def _insert_many(conn: Connection, stmt: Insert, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert `rows`: COPY on psycopg, the driver's executemany elsewhere.
+
+    psycopg's executemany still sends one INSERT per row (pipelined); COPY streams them in one
+    statement, two to three times faster for a batch of 1000. The COPY statement is the Core
+    INSERT's own target (table, schema, quoted columns), so nothing is spelled twice.
+    """
+    if len(rows) < 2 or not _can_copy(conn):
+        _executemany(conn, stmt, rows)
+        return
+    keys = tuple(rows[0])
+    sql, _ = _driver_sql(conn, stmt, keys)
+    target = sql.partition(" VALUES ")[0].removeprefix("INSERT INTO ")
+    copy_sql = f"COPY {target} FROM STDIN"
+    cursor: Any = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    # The INSERT lists its columns in table order.
+    getter = itemgetter(*(c.name for c in stmt.table.c if c.name in keys))
+    try:
+        with cursor.copy(copy_sql) as copy:
+            write = copy.write_row
+            for row in rows:
+                write(getter(row))
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise sa_exc.DBAPIError.instance(
+            copy_sql, None, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect
+        ) from exc
+    finally:
+        cursor.close()
+
+
 # Folding: a batch becomes one insert per new task and one update per existing task.
+
+_NAME: Final = {s: s.value for s in TaskStatus}
+"""Stored name of each status (a dict lookup is cheaper than the enum's `value` per row)."""
+_TERMINAL: Final = {s: s.is_terminal for s in TaskStatus}
 
 
 @dataclass(slots=True)
@@ -157,8 +255,8 @@ def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
 
 
 def _apply(row: dict[str, Any], st: _Status) -> None:
-    row["status"] = st.status.value
-    row["terminal"] = st.status.is_terminal
+    row["status"] = _NAME[st.status]
+    row["terminal"] = _TERMINAL[st.status]
     row["attempt"] = st.attempt
     row["updated_unix_ns"] = st.at
     row["message"] = st.message if st.message is not None else row.get("message")
@@ -167,11 +265,13 @@ def _apply(row: dict[str, Any], st: _Status) -> None:
 # Commit.
 
 
+@cache
 def existing_ids_stmt() -> Select[Any]:
     """Which of the given task ids are already stored (makes inserts idempotent)."""
     return select(tasks.c.id).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
 
 
+@cache
 def status_update_stmt() -> Update:
     """One task's transition; a terminal one releases its live key."""
     return (
@@ -185,35 +285,46 @@ def status_update_stmt() -> Update:
             message=func.coalesce(
                 bindparam("b_message", type_=tasks.c.message.type), tasks.c.message
             ),
-            live_key=case((bindparam("b_terminal") == literal(True), None), else_=tasks.c.live_key),
+            live_key=case((bindparam("b_terminal") == true(), null()), else_=tasks.c.live_key),
         )
     )
 
 
+@cache
+def status_output_stmt() -> Update:
+    """A transition to succeeded that stores the task's output in the same statement."""
+    return status_update_stmt().values(output=bindparam("b_output"))
+
+
+@cache
 def delete_deps_stmt() -> Delete:
     """Drop the dependency rows of tasks that finished."""
     return delete(task_deps).where(task_deps.c.task_id.in_(bindparam("ids", expanding=True)))
 
 
+@cache
 def insert_tasks_stmt() -> Insert:
     """New task rows."""
     return insert(tasks)
 
 
+@cache
 def insert_deps_stmt() -> Insert:
     """Dependency rows of new live tasks."""
     return insert(task_deps)
 
 
+@cache
 def output_stmt() -> Update:
-    """Store the output of a task that succeeded."""
+    """Store the output of a task that succeeded (`b_succeeded` is that status's name)."""
     return (
         update(tasks)
-        .where(tasks.c.id == bindparam("b_id"), tasks.c.status == TaskStatus.SUCCEEDED.value)
+        .where(tasks.c.id == bindparam("b_id"), tasks.c.status == bindparam("b_succeeded"))
         .values(output=bindparam("b_output"))
     )
 
 
+@cache
 def recurring_update_stmt() -> Update:
     """Replace a schedule's spec (its next/last stay)."""
     return (
@@ -223,16 +334,19 @@ def recurring_update_stmt() -> Update:
     )
 
 
+@cache
 def recurring_insert_stmt() -> Insert:
     """A new schedule."""
     return insert(recurring)
 
 
+@cache
 def recurring_delete_stmt() -> Delete:
     """Remove a schedule."""
     return delete(recurring).where(recurring.c.name == bindparam("b_name"))
 
 
+@cache
 def recurring_next_stmt() -> Update:
     """A schedule's next fire time and last task."""
     return (
@@ -262,31 +376,42 @@ def write(
             for task_id in existing:
                 if task_id in folded.insert_status:
                     updates[task_id] = folded.insert_status[task_id]
-    # 1. Transitions of stored tasks first, so the keys they release can be reused below.
+    # 1. Transitions of stored tasks first, so the keys they release can be reused below. A
+    # task that succeeded in this batch gets its output in the same statement.
+    pending: dict[int, bytes] = dict(outputs)
     if updates:
-        params = [
-            {
+        plain: list[dict[str, Any]] = []
+        with_output: list[dict[str, Any]] = []
+        for task_id, st in updates.items():
+            params: dict[str, Any] = {
                 "b_id": task_id,
-                "b_status": st.status.value,
-                "b_terminal": st.status.is_terminal,
+                "b_status": _NAME[st.status],
+                "b_terminal": _TERMINAL[st.status],
                 "b_attempt": st.attempt,
                 "b_at": st.at,
                 "b_message": st.message,
             }
-            for task_id, st in updates.items()
-        ]
-        result = conn.execute(status_update_stmt(), params)
-        if result.rowcount >= 0 and result.rowcount < len(params):
+            if st.status is TaskStatus.SUCCEEDED and task_id in pending:
+                params["b_output"] = bytes(pending.pop(task_id))
+                with_output.append(params)
+            else:
+                plain.append(params)
+        updated = 0
+        for stmt, rows in ((status_update_stmt(), plain), (status_output_stmt(), with_output)):
+            if rows:
+                count = _executemany(conn, stmt, rows).rowcount
+                updated = -1 if count < 0 or updated < 0 else updated + count
+        if 0 <= updated < len(updates):
             log.warning(
                 "status updates for %d tasks missing from the store (pruned?)",
-                len(params) - result.rowcount,
+                len(updates) - updated,
             )
-        finished = [i for i, st in updates.items() if st.status.is_terminal]
+        finished = [i for i, st in updates.items() if _TERMINAL[st.status]]
         for chunk in _chunks(finished):
             conn.execute(delete_deps_stmt(), {"ids": list(chunk)})
     # 2. New tasks, and the dependency rows of those still live.
     if inserts:
-        conn.execute(insert_tasks_stmt(), list(inserts.values()))
+        _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
         dep_rows = [
             d
             for i, rows in folded.deps.items()
@@ -294,10 +419,16 @@ def write(
             for d in rows
         ]
         if dep_rows:
-            conn.execute(insert_deps_stmt(), dep_rows)
-    # 3. Outputs of tasks that succeeded.
-    if outputs:
-        conn.execute(output_stmt(), [{"b_id": i, "b_output": bytes(o)} for i, o in outputs])
+            _insert_many(conn, insert_deps_stmt(), dep_rows)
+    # 3. The other outputs of tasks that succeeded (in this batch or an earlier one).
+    rest = [(i, o) for i, o in outputs if i in pending]
+    if rest:
+        succeeded = TaskStatus.SUCCEEDED.value
+        _executemany(
+            conn,
+            output_stmt(),
+            [{"b_id": i, "b_succeeded": succeeded, "b_output": bytes(o)} for i, o in rest],
+        )
     # 4. Recurring schedules, in batch order.
     for m in folded.recurring:
         if isinstance(m, RecurringUpsert):
@@ -337,19 +468,22 @@ _LIVE_COLUMNS: Final = (
 )
 
 
+@cache
 def high_water_stmt() -> Select[Any]:
-    """The id high-water mark and the largest stored task id."""
+    """The id high-water mark (the first id never committed) and the largest stored task id."""
     return select(
-        select(leader.c.max_id).where(leader.c.id == 1).scalar_subquery(),
+        select(leader.c.next_id).where(leader.c.id == 1).scalar_subquery(),
         select(func.max(tasks.c.id)).scalar_subquery(),
     )
 
 
+@cache
 def live_tasks_stmt() -> Select[Any]:
     """Live tasks in id order."""
     return select(*_LIVE_COLUMNS).where(tasks.c.terminal == False).order_by(tasks.c.id)  # noqa: E712
 
 
+@cache
 def quarantine_stmt() -> Update:
     """Mark an undecodable task failed, with why."""
     return (
@@ -365,6 +499,7 @@ def quarantine_stmt() -> Update:
     )
 
 
+@cache
 def finished_stmt() -> Select[Any]:
     """Finished tasks within retention, and older ones that a live task depends on."""
     columns = (tasks.c.id, tasks.c.key, tasks.c.status, tasks.c.updated_unix_ns)
@@ -386,6 +521,7 @@ def finished_stmt() -> Select[Any]:
     return select(both).order_by(both.c.updated_unix_ns, both.c.id)
 
 
+@cache
 def recurring_stmt() -> Select[Any]:
     """Every schedule, by name."""
     return select(
@@ -401,9 +537,8 @@ def recover(
     conn: Connection, base: TimeBase, *, now_unix_ns: int, retention: timedelta
 ) -> Recovered:
     """Everything a new leader needs; quarantines undecodable task rows on `conn`."""
-    max_id, max_task = conn.execute(high_water_stmt()).one()
-    top = max(max_id or 0, max_task if max_task is not None else 0)
-    next_id = TaskId(top + 1 if (top or max_task is not None) else 0)
+    high_water, max_task = conn.execute(high_water_stmt()).one()
+    next_id = TaskId(max(high_water or 0, -1 if max_task is None else max_task + 1))
 
     live: list[RecoveredTask] = []
     corrupt: list[tuple[int, str | None, str]] = []
@@ -480,28 +615,29 @@ def recover(
 # Prune.
 
 
+@cache
 def prunable_stmt() -> Select[Any]:
-    """Up to `limit` finished tasks updated before `cutoff` that no live task depends on."""
+    """Up to `limit` finished tasks updated before `cutoff` that no live task depends on.
+
+    Correlated NOT EXISTS probes the dependency indexes once per candidate; NOT IN over the
+    whole dependency table made SQLite rebuild it as a temporary index for every batch.
+    """
+    by_id = select(task_deps.c.task_id).where(task_deps.c.target_id == tasks.c.id)
+    by_key = select(task_deps.c.task_id).where(task_deps.c.target_key == tasks.c.key)
     return (
         select(tasks.c.id)
         .where(
             tasks.c.terminal == True,  # noqa: E712
             tasks.c.updated_unix_ns < bindparam("cutoff"),
-            tasks.c.id.not_in(
-                select(task_deps.c.target_id).where(task_deps.c.target_id.is_not(None))
-            ),
-            or_(
-                tasks.c.key.is_(None),
-                tasks.c.key.not_in(
-                    select(task_deps.c.target_key).where(task_deps.c.target_key.is_not(None))
-                ),
-            ),
+            ~by_id.exists(),
+            or_(tasks.c.key.is_(None), ~by_key.exists()),
         )
         .order_by(tasks.c.updated_unix_ns)
         .limit(bindparam("limit"))
     )
 
 
+@cache
 def delete_tasks_stmt() -> Delete:
     """Delete tasks by id."""
     return delete(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
@@ -509,7 +645,7 @@ def delete_tasks_stmt() -> Delete:
 
 def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
     """Delete one batch of prunable tasks; returns how many were deleted."""
-    ids = list(conn.execute(prunable_stmt(), {"cutoff": cutoff, "limit": limit}).scalars())
+    ids = conn.execute(prunable_stmt(), {"cutoff": cutoff, "limit": limit}).scalars().all()
     if ids:
         conn.execute(delete_tasks_stmt(), {"ids": ids})
     return len(ids)
@@ -552,11 +688,13 @@ def record_from(row: Mapping[Any, Any]) -> TaskRecord:
     )
 
 
+@cache
 def task_by_id_stmt() -> Select[Any]:
     """A task by id."""
     return select(*_RECORD_COLUMNS).where(tasks.c.id == bindparam("id"))
 
 
+@cache
 def task_by_key_stmt() -> Select[Any]:
     """The newest task with a key."""
     return (
@@ -567,6 +705,7 @@ def task_by_key_stmt() -> Select[Any]:
     )
 
 
+@cache
 def list_finished_stmt(*, pools: bool, statuses: bool, after: bool) -> Select[Any]:
     """Finished tasks in id order, optionally filtered; keyset-paged by id."""
     conditions = [tasks.c.terminal == True]  # noqa: E712
@@ -584,6 +723,7 @@ def list_finished_stmt(*, pools: bool, statuses: bool, after: bool) -> Select[An
     )
 
 
+@cache
 def output_of_stmt() -> Select[Any]:
     """The output of a task that succeeded."""
     return select(tasks.c.output).where(

@@ -121,13 +121,14 @@ leader = Table(
     Column("epoch", Integer, nullable=False),
     Column("holder", String(codec.HOLDER_MAX)),
     Column("expires_unix_ns", BigInteger, nullable=False),
-    Column("max_id", BigInteger, nullable=False),
+    Column("next_id", BigInteger, nullable=False),
+    # The first task id never committed: recovery never hands out a used id, pruned or not.
     CheckConstraint("id = 1", name="single_row"),
     **MYSQL_TABLE_ARGS,
 )
 """The one lease row (id = 1): who leads, under which fencing epoch, until when."""
 
-LEADER_ROW: Final = {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "max_id": 0}
+LEADER_ROW: Final = {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "next_id": 0}
 """The leader row as the first migration inserts it: the first leader gets epoch 1."""
 
 TABLES: Final = (tasks, task_deps, recurring, leader)

@@ -302,3 +302,19 @@ def test_prune_goes_in_bounded_batches_and_keeps_dependencies(
     assert sorted(t.id for t in rec.terminal) == [7, 9]
     assert [t.id for t in rec.tasks] == [n + 1, n + 2]
     assert store.prune(timedelta(seconds=1)) == 0
+
+
+def test_a_pruned_task_zero_is_never_handed_out_again(store: SqlStore) -> None:
+    epoch = store.acquire_leadership()
+    assert store.recover(BASE).next_id == 0  # a fresh store starts at 0
+    store.commit(
+        epoch,
+        BASE,
+        [
+            Submitted(id=TaskId(0), seq=0, arrival=0, spec=TaskSpec(payload=b"")),
+            status(0, TaskStatus.SUCCEEDED),
+        ],
+    )
+    assert store.recover(BASE).next_id == 1
+    assert store.prune(timedelta(seconds=1)) == 1
+    assert store.recover(BASE).next_id == 1

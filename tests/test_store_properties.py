@@ -106,7 +106,7 @@ def reset(lead: Leading) -> None:
         conn.execute(delete(task_deps))
         conn.execute(delete(tasks))
         conn.execute(delete(recurring))
-        conn.execute(update(leader).values(max_id=0))
+        conn.execute(update(leader).values(next_id=0))
 
 
 Dump = dict[str, list[dict[str, Any]]]
@@ -137,7 +137,7 @@ def pinned(rows: Dump) -> dict[str, list[tuple[Any, ...]]]:
         ),
         "deps": pick(task_deps, "task_id", "ordinal", "target_id", "target_key"),
         "recurring": pick(recurring, "name", "next_unix_ns", "last_task_id"),
-        "max_id": pick(leader, "max_id"),
+        "next_id": pick(leader, "next_id"),
     }
 
 
@@ -192,9 +192,8 @@ KEYS = ("a", "b", "c")
 """Few keys, so keys are often taken and released and reused."""
 SCHEDULES = ("hourly", "nightly")
 MESSAGES = st.none() | st.sampled_from(["started", "exit 1: boom", "ünï ✓", "nul\x00byte"])
-FIRST_IDS = (1, 1000, 7 << 48)
-"""Plain ids, and epoch-prefixed ones (epoch 7). Not 0: once a lone task 0 is pruned, the
-high-water mark (0) cannot tell it from an empty store and recovery hands out id 0 again."""
+FIRST_IDS = (0, 1, 1000, 7 << 48)
+"""Plain ids from a fresh store's next_id (0) on, and epoch-prefixed ones (epoch 7)."""
 
 times = st.builds(
     lambda quarter, ns: quarter * QUARTER + ns,
@@ -444,7 +443,7 @@ class Model:
                 (name, None if r.next is None else BASE.to_unix(r.next), r.last)
                 for name, r in sorted(self.schedules.items())
             ],
-            "max_id": [(max([0, *self.tasks]),)],
+            "next_id": [(max([-1, *self.tasks]) + 1,)],
         }
 
     def recovered(self, now_unix_ns: int) -> Recovered:

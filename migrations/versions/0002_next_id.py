@@ -1,0 +1,61 @@
+"""The id high-water mark becomes `next_id`, the first id never used.
+
+`max_id` (the highest id committed) could not tell "task 0 was committed" from "nothing was",
+so once task 0 was pruned a new leader would hand out id 0 again.
+
+Revision ID: 0002_next_id
+Revises: 0001_initial
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0002_next_id"
+down_revision: str | Sequence[str] | None = "0001_initial"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def _schema() -> str | None:
+    """The schema env.py maps the tables into (DDL by name does not see that map)."""
+    options = op.get_bind().get_execution_options()
+    schema: str | None = (options.get("schema_translate_map") or {}).get(None)
+    return schema
+
+
+def _leader(column: str) -> sa.TableClause:
+    return sa.table("cronoq_leader", sa.column(column), schema=_schema())
+
+
+def upgrade() -> None:
+    op.alter_column(
+        "cronoq_leader",
+        "max_id",
+        new_column_name="next_id",
+        existing_type=sa.BigInteger(),
+        existing_nullable=False,
+        schema=_schema(),
+    )
+    # max_id = 0 meant either "nothing committed" or "task 0 committed": tasks tell which.
+    leader = _leader("next_id")
+    tasks = sa.table("cronoq_tasks", sa.column("id"), schema=_schema())
+    used = sa.or_(leader.c.next_id > 0, sa.exists().where(tasks.c.id.is_not(None)))
+    op.execute(leader.update().where(used).values(next_id=leader.c.next_id + 1))
+
+
+def downgrade() -> None:
+    leader = _leader("next_id")
+    op.execute(leader.update().where(leader.c.next_id > 0).values(next_id=leader.c.next_id - 1))
+    op.alter_column(
+        "cronoq_leader",
+        "next_id",
+        new_column_name="max_id",
+        existing_type=sa.BigInteger(),
+        existing_nullable=False,
+        schema=_schema(),
+    )

@@ -16,7 +16,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 demo: venv
-	$(BIN)/cronoq-store --url cronoq.db demo
+	$(BIN)/cronoq-store --url cronoq.db demo --overwrite
 
 test: venv
 	scripts/test-servers

@@ -1,87 +1,892 @@
-"""The `cronoq-store` command: migrations and a first look at a database."""
+"""The `cronoq-store` command: migrations, a look inside a database, and its upkeep.
+
+Every command that needs the database opens it through `_database`: one engine per run, every
+error made one line on stderr with exit status 1 (never a traceback), the engine disposed
+afterwards, and no password in anything printed. Scripts use `--json`; people get rich tables.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
+import json
 import os
+import re
+import sqlite3
 import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
 
 import click
-from sqlalchemy import Engine, create_engine, inspect
-from sqlalchemy.engine import make_url
+from alembic.script import ScriptDirectory
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import URL, Engine, Select, create_engine, event, func, make_url, select, table
+from sqlalchemy import column as sql_column
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.pool import NullPool
 
-from . import migrate
-from .dialects import redact
-from .errors import StoreError
+from . import codec, dialects, lease, migrate, repository
+from .errors import CorruptValue, SchemaError, StoreError, StoreUnavailable
+from .model import TaskStatus, TimeBase
+from .schema import tasks
+from .store import SqlStore, StoreConfig
 
-DEFAULT_URL = "sqlite:///cronoq.db"
-
-
-def _url(url: str | None) -> str:
-    url = url or os.environ.get("CRONOQ_DATABASE_URL") or DEFAULT_URL
-    if "://" not in url:  # a bare path means a SQLite file
-        url = f"sqlite:///{url}"
-    return url
-
-
-@click.group()
-@click.option("--url", envvar="CRONOQ_DATABASE_URL", help="database URL or SQLite file path")
-@click.pass_context
-def main(ctx: click.Context, url: str | None) -> None:
-    """cronoq-store: durable state of the cronoq scheduler."""
-    ctx.obj = _url(url)
+DEFAULT_URL: Final = "cronoq.db"
+"""Without --url or CRONOQ_DATABASE_URL: the embedded SQLite file in the current directory."""
+UNIX: Final = TimeBase(unix_ns=0)
+"""Decodes stored times as Unix nanoseconds (the CLI has no engine time base)."""
+COUNT_ALL: Final = 2**62
+"""A LIMIT that never binds, to count what `repository.prunable_stmt` would delete."""
+LAZY_COMMANDS: Final = {"bench": "cronoq_store.bench:bench"}
+"""Subcommands from optional modules, imported only when run (so `--help` stays fast)."""
 
 
-def _engine(url: str) -> Engine:
+# Where the database is, and the one way every command opens it.
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The database the command line names (parsed only when a command needs it)."""
+
+    url: str
+    schema: str | None
+
+    def parsed(self) -> URL:
+        """The URL; a bare path means a SQLite file."""
+        if "://" not in self.url:
+            return URL.create("sqlite", database=self.url)
+        try:
+            return make_url(self.url)
+        except (sa_exc.ArgumentError, ValueError) as exc:
+            raise click.ClickException(dialects.redact(f"bad database URL: {exc}")) from exc
+
+
+def shown(url: URL) -> str:
+    """`url` as it may be printed: never with its password."""
+    return dialects.redact(url.render_as_string(hide_password=True))
+
+
+def _one_line(text: str) -> str:
+    """Driver messages span lines ("... failed\\n\\tIs the server running?"): join them."""
+    return dialects.redact("; ".join(part.strip() for part in text.splitlines() if part.strip()))
+
+
+@contextlib.contextmanager
+def _errors(where: str) -> Iterator[None]:
+    """Turn every store and database error in the block into a one-line `click` error."""
     try:
-        return create_engine(make_url(url))
-    except Exception as exc:
-        raise click.ClickException(redact(f"bad database URL: {exc}")) from exc
+        yield
+    except (sa_exc.SQLAlchemyError, OSError) as exc:
+        raise _failure(where, dialects.translate(exc)) from exc
+    except StoreError as exc:
+        raise _failure(where, exc) from exc
+
+
+def _failure(where: str, exc: StoreError) -> click.ClickException:
+    what = "database unavailable" if isinstance(exc, StoreUnavailable) else "failed"
+    return click.ClickException(_one_line(f"{what} ({where}): {exc}"))
+
+
+@contextlib.contextmanager
+def _database(
+    target: Target, *, write: bool = False, create: bool = False, need_schema: bool = True
+) -> Iterator[SqlStore]:
+    """The store at `target` for one command, disposed afterwards; errors become one line.
+
+    A missing SQLite file is refused unless `create` (only `upgrade` creates one), so a typo in
+    a path never leaves an empty database behind. With `need_schema` the database must stand
+    at this build's head revision. Without `write`, a SQLite file is opened read-only and
+    without the store's BEGIN IMMEDIATE, so looking at a busy database never holds up its
+    leader's commits (WAL readers do not block the writer).
+    """
+    url = target.parsed()
+    where = shown(url)
+    config = StoreConfig(migrate=False, schema=target.schema, pool_size=2)
+    reader: Engine | None = None
+    if url.get_backend_name() == "sqlite":
+        if target.schema:
+            raise click.UsageError("--schema is for PostgreSQL and MySQL; SQLite has no schemas")
+        path = url.database or ""
+        plain = path and not path.startswith(":") and path[:5].lower() != "file:"
+        if plain and not create and not Path(path).exists():  # SqlStore refuses the others
+            raise click.ClickException(
+                f"no SQLite database at {path}: `cronoq-store upgrade` creates one"
+            )
+        if plain and not write:
+            reader = _sqlite_reader(url, config)
+    with _errors(where):
+        store = SqlStore(reader, config) if reader else SqlStore.open(url, config)
+        try:
+            if need_schema:
+                _require_head(store, target.schema)
+            yield store
+        finally:
+            store.close()
+            if reader is not None:
+                reader.dispose()
+
+
+def _sqlite_reader(url: URL, config: StoreConfig) -> Engine:
+    """A SQLite engine that only reads: pysqlite's own transactions, `query_only` on."""
+    engine = create_engine(
+        url, connect_args={"timeout": config.busy_timeout.total_seconds()}, poolclass=NullPool
+    )
+
+    @event.listens_for(engine, "connect")
+    def _read_only(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        dbapi_connection.execute("PRAGMA query_only = ON")
+
+    return engine
+
+
+def known_revisions() -> set[str]:
+    """Every revision the packaged migrations know."""
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+def _unknown(rev: str) -> SchemaError:
+    return SchemaError(
+        f"the database is at schema revision {rev!r}, which this build of cronoq-store does not "
+        f"know (its newest is {migrate.head_revision()!r}): the schema is newer than this "
+        f"cronoq-store; upgrade cronoq-store"
+    )
+
+
+def _require_head(store: SqlStore, schema: str | None) -> None:
+    """Refuse a database this build cannot read: not migrated, behind, or newer than it."""
+    rev = migrate.current_revision(store.engine, schema=schema)
+    head = migrate.head_revision()
+    if rev == head:
+        return
+    if rev is None:
+        raise SchemaError("no cronoq schema in this database: run `cronoq-store upgrade`")
+    if rev not in known_revisions():
+        raise _unknown(rev)
+    raise SchemaError(
+        f"the database is at schema revision {rev!r}, behind this build's {head!r}: "
+        f"run `cronoq-store upgrade`"
+    )
+
+
+# Read-only queries of the CLI (the store's own statements live in repository.py and lease.py).
+
+
+def task_counts_stmt() -> Select[Any]:
+    """How many tasks each pool holds in each status."""
+    return (
+        select(tasks.c.pool, tasks.c.status, func.count().label("n"))
+        .group_by(tasks.c.pool, tasks.c.status)
+        .order_by(tasks.c.pool, tasks.c.status)
+    )
+
+
+_LIST_COLUMNS: Final = (
+    tasks.c.id,
+    tasks.c.key,
+    tasks.c.pool,
+    tasks.c.kind,
+    tasks.c.priority,
+    tasks.c.tenant,
+    tasks.c.status,
+    tasks.c.attempt,
+    tasks.c.updated_unix_ns,
+    tasks.c.message,
+    func.length(tasks.c.output).label("output_size"),
+)
+
+
+def list_tasks_stmt(
+    *,
+    pools: Sequence[str],
+    statuses: Sequence[str],
+    key: str | None,
+    tenant: str | None,
+    after: int | None,
+    limit: int,
+) -> Select[Any]:
+    """Tasks (live and finished) in id order, filtered, keyset-paged by id."""
+    stmt = select(*_LIST_COLUMNS)
+    if pools:
+        stmt = stmt.where(tasks.c.pool.in_([codec.clean(p) for p in pools]))
+    if statuses:
+        stmt = stmt.where(tasks.c.status.in_(list(statuses)))
+    if key is not None:
+        stmt = stmt.where(tasks.c.key == codec.clean(key))
+    if tenant is not None:
+        stmt = stmt.where(tasks.c.tenant == codec.clean(tenant))
+    if after is not None:
+        stmt = stmt.where(tasks.c.id > after)
+    return stmt.order_by(tasks.c.id).limit(limit)
+
+
+def task_row_stmt(*, task_id: int | None = None, key: str | None = None) -> Select[Any]:
+    """Every column of one task, by id, or the newest task with `key`; the output as its size."""
+    columns = [c for c in tasks.c if c.name != "output"]
+    stmt = select(*columns, func.length(tasks.c.output).label("output_size"))
+    if task_id is not None:
+        return stmt.where(tasks.c.id == task_id)
+    return stmt.where(tasks.c.key == codec.clean(key or "")).order_by(tasks.c.id.desc()).limit(1)
+
+
+def prunable_count_stmt() -> Select[Any]:
+    """How many tasks `prune` would delete now: `repository.prunable_stmt`, counted."""
+    return select(func.count()).select_from(repository.prunable_stmt().subquery())
+
+
+def database_size_stmt(dialect: Dialect, schema: str | None) -> Select[Any]:
+    """The size of the whole database in bytes, as each dialect reports it."""
+    which = dialects.name(dialect)
+    if which == "postgresql":
+        return select(func.pg_database_size(func.current_database()))
+    if which == "mysql":
+        info = table(
+            "tables",
+            sql_column("table_schema"),
+            sql_column("data_length"),
+            sql_column("index_length"),
+            schema="information_schema",
+        )
+        return select(func.coalesce(func.sum(info.c.data_length + info.c.index_length), 0)).where(
+            info.c.table_schema == (schema if schema else func.database())
+        )
+    pages = func.pragma_page_count().table_valued("page_count")
+    size = func.pragma_page_size().table_valued("page_size")
+    return select(
+        select(pages.c.page_count).scalar_subquery() * select(size.c.page_size).scalar_subquery()
+    )
+
+
+# Formatting.
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A console on the current stdout (or stderr), without guessed highlighting.
+
+    Piped into a file or another program, tables get 160 columns rather than rich's 80, so
+    they are not squeezed (COLUMNS still wins).
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    wide = stream.isatty() or "COLUMNS" in os.environ
+    return Console(stderr=stderr, highlight=False, width=None if wide else 160)
+
+
+def _when(unix_ns: int | None) -> str | None:
+    """Unix nanoseconds as ISO 8601 UTC (to the microsecond)."""
+    if unix_ns is None:
+        return None
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=unix_ns // 1000)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _ns_text(ns: int | None) -> str | None:
+    """A duration in nanoseconds as "1.5 s"."""
+    return None if ns is None else f"{ns / 1e9:g} s"
+
+
+def _size_text(size: int | None) -> str:
+    if size is None:
+        return "-"
+    if size < 1024:
+        return f"{size} B"
+    value = size / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _echo_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _cells(*values: object) -> list[Text]:
+    """Table cells as plain text: a pool named "[red]x" is shown, not taken for markup."""
+    return [Text("" if v is None else str(v)) for v in values]
+
+
+# Durations on the command line: 30s, 15m, 2h, 7d, 1w, or sums like 1h30m.
+
+_DURATION: Final = re.compile(r"(\d+)([smhdw])")
+_UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """A duration such as 30s, 15m, 2h, 7d, 1w or 1h30m; ValueError otherwise."""
+    compact = text.strip().lower().replace(" ", "")
+    if not compact or _DURATION.sub("", compact):
+        raise ValueError(f"{text!r} is not a duration like 30s, 15m, 2h or 7d")
+    return timedelta(seconds=sum(int(n) * _UNIT_S[u] for n, u in _DURATION.findall(compact)))
+
+
+def _duration_option(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
+    """Click callback: a duration option's text as a `timedelta`."""
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from exc
+
+
+# The command group, with optional subcommands loaded on demand.
+
+
+def _load_lazy(target: str) -> click.Command | None:
+    """The click command at "module:attribute", or None when the module is not installed.
+
+    A module that is there but cannot be imported (an optional dependency missing) is a
+    one-line error when its command is run, never a traceback.
+    """
+    module_name, attribute = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name:
+            return None
+        raise click.ClickException(f"{module_name} cannot be loaded: {exc}") from exc
+    command = getattr(module, attribute, None)
+    return command if isinstance(command, click.Command) else None
+
+
+class CronoqGroup(click.Group):
+    """A group that also offers `LAZY_COMMANDS` whose modules are present."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = set(super().list_commands(ctx))
+        for name, target in LAZY_COMMANDS.items():
+            if importlib.util.find_spec(target.split(":")[0]) is not None:
+                names.add(name)
+        return sorted(names)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in LAZY_COMMANDS:
+            command = _load_lazy(LAZY_COMMANDS[cmd_name])
+        return command
+
+
+@click.group(cls=CronoqGroup)
+@click.option(
+    "--url",
+    envvar="CRONOQ_DATABASE_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Database URL, or a SQLite file path (env CRONOQ_DATABASE_URL).",
+)
+@click.option(
+    "--schema",
+    envvar="CRONOQ_SCHEMA",
+    default=None,
+    help="PostgreSQL schema (or MySQL database) holding the tables (env CRONOQ_SCHEMA).",
+)
+@click.pass_context
+def main(ctx: click.Context, url: str, schema: str | None) -> None:
+    """cronoq-store: the durable state of the cronoq scheduler."""
+    ctx.obj = Target(url=url, schema=schema or None)
+
+
+# Migrations.
 
 
 @main.command()
 @click.argument("revision", default="head")
 @click.pass_obj
-def upgrade(url: str, revision: str) -> None:
-    """Migrate the database to REVISION (default: head)."""
-    engine = _engine(url)
-    try:
-        migrate.upgrade(engine, revision)
-        click.echo(migrate.current_revision(engine))
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        engine.dispose()
+def upgrade(target: Target, revision: str) -> None:
+    """Migrate the database to REVISION (default: head); safe to run from many hosts at once."""
+    with _database(target, write=True, create=True, need_schema=False) as store:
+        before = migrate.current_revision(store.engine, schema=target.schema)
+        migrate.upgrade(store.engine, revision, schema=target.schema)
+        after = migrate.current_revision(store.engine, schema=target.schema)
+    if before == after:
+        click.echo(f"at {after or 'none'}: nothing to do")
+    else:
+        click.echo(f"upgraded {before or 'none'} -> {after}")
 
 
 @main.command()
+@click.argument("revision")
+@click.option(
+    "--yes-destroy-data",
+    is_flag=True,
+    help="Required: a downgrade drops tables and the tasks in them.",
+)
 @click.pass_obj
-def current(url: str) -> None:
-    """Print the database's schema revision."""
-    engine = _engine(url)
-    try:
-        click.echo(migrate.current_revision(engine) or "none")
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        engine.dispose()
+def downgrade(target: Target, revision: str, yes_destroy_data: bool) -> None:
+    """Migrate the database down to REVISION ("base" drops every cronoq table)."""
+    if not yes_destroy_data:
+        raise click.UsageError(
+            "a downgrade drops tables and the data in them: pass --yes-destroy-data to go ahead"
+        )
+    with _database(target, write=True, need_schema=False) as store:
+        before = migrate.current_revision(store.engine, schema=target.schema)
+        migrate.downgrade(store.engine, revision, schema=target.schema)
+        after = migrate.current_revision(store.engine, schema=target.schema)
+    click.echo(f"downgraded {before or 'none'} -> {after or 'none'}")
 
 
 @main.command()
+@click.option("--check", is_flag=True, help="Exit with status 1 unless at this build's head.")
 @click.pass_obj
-def demo(url: str) -> None:
-    """Create (or migrate) the embedded SQLite database and show its schema."""
-    engine = _engine(url)
+def current(target: Target, check: bool) -> None:
+    """Print the database's schema revision ("none" before the first upgrade)."""
+    with _database(target, need_schema=False) as store:
+        rev = migrate.current_revision(store.engine, schema=target.schema)
+        if rev is not None and rev not in known_revisions():
+            raise _unknown(rev)
+    click.echo(rev or "none")
+    head = migrate.head_revision()
+    if check and rev != head:
+        raise click.ClickException(f"not at head {head!r}: run `cronoq-store upgrade`")
+
+
+@main.command()
+def history() -> None:
+    """List the migrations this build ships, newest first (no database needed)."""
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    for rev in script.walk_revisions():
+        down = rev.down_revision
+        parent = "<base>" if down is None else ", ".join([down] if isinstance(down, str) else down)
+        mark = " (head)" if rev.is_head else ""
+        click.echo(f"{parent} -> {rev.revision}{mark}: {rev.doc}")
+
+
+# Status.
+
+
+def _lease_view(row: Any) -> dict[str, Any]:
+    """The lease row as a dict: state free/held/expired, seconds left on the database clock."""
+    left = (row.expires_unix_ns - row.now) / 1e9
+    state = "free" if row.holder is None else ("held" if left > 0 else "expired")
+    return {
+        "state": state,
+        "holder": row.holder,
+        "epoch": row.epoch,
+        "expires_in_s": None if row.holder is None else round(left, 3),
+        "next_epoch": lease.next_epoch(row.epoch),
+    }
+
+
+def _lease_text(view: Mapping[str, Any]) -> str:
+    if view["state"] == "free":
+        return f"free (last epoch {view['epoch']}; the next leader takes {view['next_epoch']})"
+    if view["state"] == "held":
+        return (
+            f"held by {view['holder']}, epoch {view['epoch']}, "
+            f"expires in {view['expires_in_s']:.1f} s (database clock)"
+        )
+    return (
+        f"expired {-view['expires_in_s']:.1f} s ago (holder {view['holder']}, epoch "
+        f"{view['epoch']}): a standby may take over"
+    )
+
+
+def _schedule(name: str, spec_text: str, payload: bytes | None, nxt: int | None, last: Any) -> Any:
+    """A stored schedule as a dict; an undecodable one says why instead of failing status."""
+    out: dict[str, Any] = {"name": name, "next": _when(nxt), "last_task": last}
     try:
-        migrate.upgrade(engine)
-        click.echo(f"database:  {redact(engine.url.render_as_string(hide_password=True))}")
-        click.echo(f"revision:  {migrate.current_revision(engine)}")
-        for table in sorted(inspect(engine).get_table_names()):
-            if table.startswith(migrate.TABLE_PREFIX):
-                click.echo(f"table:     {table}")
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        engine.dispose()
+        spec = codec.decode_recurring(UNIX, name, spec_text, payload)
+    except CorruptValue as exc:
+        out["schedule"] = f"undecodable: {exc}"
+        return out
+    if spec.cron is not None:
+        out["schedule"] = f"cron {spec.cron} ({spec.timezone})"
+    else:
+        out["schedule"] = f"every {_ns_text(spec.interval_ns)}"
+    out["pool"] = spec.template.pool
+    return out
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.pass_obj
+def status(target: Target, as_json: bool) -> None:
+    """Schema revision, leader lease, task counts, schedules and database size."""
+    with _database(target) as store, store.engine.connect() as conn:
+        revision = migrate.current_revision(conn, schema=target.schema)
+        lease_view = _lease_view(conn.execute(lease.lease_view_stmt()).one())
+        counts = [
+            {"pool": r.pool, "status": r.status, "count": r.n}
+            for r in conn.execute(task_counts_stmt())
+        ]
+        schedules = [
+            _schedule(r.name, r.spec, r.template_payload, r.next_unix_ns, r.last_task_id)
+            for r in conn.execute(repository.recurring_stmt())
+        ]
+        try:
+            size = conn.execute(database_size_stmt(conn.dialect, target.schema)).scalar()
+        except sa_exc.DBAPIError:  # the size is a courtesy; a locked-down server may refuse it
+            conn.rollback()
+            size = None
+        url = shown(store.engine.url)
+        dialect = dialects.name(conn.dialect)
+    size_bytes = None if size is None else int(size)
+    data: dict[str, Any] = {
+        "database": url,
+        "dialect": dialect,
+        "revision": revision,
+        "head": migrate.head_revision(),
+        "size_bytes": size_bytes,
+        "lease": lease_view,
+        "tasks": counts,
+        "recurring": schedules,
+    }
+    if as_json:
+        _echo_json(data)
+        return
+    click.echo(f"database   {url} ({dialect})")
+    click.echo(f"schema     {revision} (head)")
+    click.echo(f"size       {_size_text(size_bytes)}")
+    click.echo(f"lease      {_lease_text(lease_view)}")
+    console = _console()
+    if counts:
+        grid = Table(
+            title="tasks", title_justify="left", box=box.SIMPLE, show_edge=False, pad_edge=False
+        )
+        for name in ("pool", "status", "count"):
+            grid.add_column(name, justify="right" if name == "count" else "left")
+        for c in counts:
+            grid.add_row(*_cells(c["pool"], c["status"], c["count"]))
+        console.print(grid)
+    else:
+        click.echo("tasks      none")
+    if schedules:
+        grid = Table(
+            title="recurring", title_justify="left", box=box.SIMPLE, show_edge=False, pad_edge=False
+        )
+        for name in ("name", "schedule", "next", "last task"):
+            grid.add_column(name)
+        for s in schedules:
+            grid.add_row(*_cells(s["name"], s["schedule"], s["next"], s["last_task"]))
+        console.print(grid)
+    else:
+        click.echo("recurring  none")
+
+
+# Tasks.
+
+_STATUSES: Final = click.Choice([s.value for s in TaskStatus], case_sensitive=False)
+
+
+def _task_dict(row: Any) -> dict[str, Any]:
+    status = TaskStatus.from_name(row.status)
+    return {
+        "id": row.id,
+        "key": row.key,
+        "pool": row.pool,
+        "kind": row.kind,
+        "priority": codec.priority_from(row.priority).name.lower(),
+        "tenant": row.tenant,
+        "status": row.status,
+        "terminal": None if status is None else status.is_terminal,
+        "attempt": row.attempt,
+        "updated": _when(row.updated_unix_ns),
+        "message": row.message,
+        "output_size": row.output_size,
+    }
+
+
+@main.command("tasks")
+@click.option("--pool", "pools", multiple=True, help="Only this pool (repeatable).")
+@click.option(
+    "--status", "statuses", type=_STATUSES, multiple=True, help="Only this status (repeatable)."
+)
+@click.option("--key", default=None, help="Only tasks with this key.")
+@click.option("--tenant", default=None, help="Only this tenant's tasks.")
+@click.option("--after", type=int, default=None, help="Page on: only ids above this one.")
+@click.option(
+    "--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="Page size."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.pass_obj
+def tasks_cmd(
+    target: Target,
+    pools: tuple[str, ...],
+    statuses: tuple[str, ...],
+    key: str | None,
+    tenant: str | None,
+    after: int | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List tasks, live and finished, in id order (page on with --after)."""
+    stmt = list_tasks_stmt(
+        pools=pools,
+        statuses=[s.lower() for s in statuses],
+        key=key,
+        tenant=tenant,
+        after=after,
+        limit=limit,
+    )
+    with _database(target) as store, store.engine.connect() as conn:
+        rows = [_task_dict(r) for r in conn.execute(stmt)]
+    next_after = rows[-1]["id"] if len(rows) == limit else None
+    if as_json:
+        _echo_json({"tasks": rows, "next_after": next_after})
+        return
+    if not rows:
+        click.echo("no tasks match")
+        return
+    console = _console()
+    grid = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for name in ("id", "key", "pool", "kind", "status", "attempt", "tenant", "updated"):
+        grid.add_column(name, no_wrap=name in ("id", "status", "updated"), overflow="fold")
+    for r in rows:
+        grid.add_row(
+            *_cells(
+                r["id"],
+                r["key"],
+                r["pool"],
+                r["kind"],
+                r["status"],
+                r["attempt"],
+                r["tenant"],
+                r["updated"],
+            )
+        )
+    console.print(grid)
+    if next_after is not None:
+        click.echo(f"more: --after {next_after}")
+
+
+def _task_detail(row: Any) -> dict[str, Any]:
+    """One task row in full: its record and its decoded spec (or why it cannot be decoded)."""
+    out = _task_dict(row)
+    out["seq"] = row.seq
+    out["arrival"] = _when(row.arrival_unix_ns)
+    out["payload_size"] = len(row.payload)
+    try:
+        spec = codec.spec_from_columns(UNIX, row._mapping)
+    except CorruptValue as exc:
+        out["spec_error"] = str(exc)
+        return out
+    fixed = spec.fixed_start
+    out["spec"] = {
+        "deadline": _when(spec.deadline),
+        "fixed_start": None
+        if fixed is None
+        else {"at": _when(fixed.at), "tolerance_ns": fixed.tolerance_ns, "on_miss": fixed.on_miss},
+        "duration_hint_ns": spec.duration_hint_ns,
+        "timeout_ns": spec.timeout_ns,
+        "retry": None
+        if spec.retry is None
+        else {
+            "max_attempts": spec.retry.max_attempts,
+            "initial_backoff_ns": spec.retry.initial_backoff_ns,
+            "max_backoff_ns": spec.retry.max_backoff_ns,
+            "multiplier": spec.retry.multiplier,
+            "jitter": spec.retry.jitter,
+        },
+        "deps": [
+            {
+                "id": getattr(d.target, "id", None),
+                "key": getattr(d.target, "key", None),
+                "on": d.on,
+            }
+            for d in spec.deps
+        ],
+        "resources": dict(spec.resources),
+        "tags": sorted(spec.tags),
+        "labels": dict(spec.labels),
+    }
+    return out
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--by-key", is_flag=True, help="REF is a key even if it looks like an id.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.pass_obj
+def show(target: Target, ref: str, by_key: bool, as_json: bool) -> None:
+    """Show one task by ID, or the newest task with KEY."""
+    task_id: int | None = None
+    if not by_key and re.fullmatch(r"-?\d+", ref):
+        task_id = int(ref)
+    stmt = task_row_stmt(task_id=task_id) if task_id is not None else task_row_stmt(key=ref)
+    with _database(target) as store, store.engine.connect() as conn:
+        row = conn.execute(stmt).first()
+        detail = None if row is None else _task_detail(row)
+    if detail is None:
+        raise click.ClickException(
+            f"no task with id {task_id}" if task_id is not None else f"no task with key {ref!r}"
+        )
+    if as_json:
+        _echo_json(detail)
+        return
+    row_payload: int | None = detail["payload_size"]
+    row_output: int | None = detail["output_size"]
+    lines: list[tuple[str, object]] = [
+        ("id", detail["id"]),
+        ("key", detail["key"]),
+        ("status", detail["status"]),
+        ("attempt", detail["attempt"]),
+        ("message", detail["message"]),
+        ("pool", detail["pool"]),
+        ("kind", detail["kind"]),
+        ("priority", detail["priority"]),
+        ("tenant", detail["tenant"]),
+        ("arrival", detail["arrival"]),
+        ("updated", detail["updated"]),
+        ("payload", _size_text(row_payload)),
+        ("output", _size_text(row_output)),
+    ]
+    if "spec_error" in detail:
+        lines.append(("spec", f"undecodable: {detail['spec_error']}"))
+    else:
+        spec = detail["spec"]
+        lines += [
+            (name, value if isinstance(value, str) else json.dumps(value))
+            for name, value in spec.items()
+            if value
+        ]
+    width = max(len(name) for name, _ in lines)
+    for name, value in lines:
+        click.echo(f"{name:<{width}}  {'-' if value is None else value}")
+
+
+# Upkeep.
+
+
+@main.command()
+@click.option(
+    "--older-than",
+    required=True,
+    metavar="DURATION",
+    callback=_duration_option,
+    help="Delete finished tasks last updated longer ago than this (30s, 15m, 2h, 7d).",
+)
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100_000),
+    default=repository.PRUNE_BATCH,
+    show_default=True,
+    help="Rows deleted per transaction.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.pass_obj
+def prune(
+    target: Target, older_than: timedelta, dry_run: bool, batch_size: int, as_json: bool
+) -> None:
+    """Delete old finished tasks that no live task depends on, in short transactions."""
+    cutoff = time.time_ns() - (older_than // timedelta(microseconds=1)) * 1000
+    with _database(target, write=True) as store:
+        with store.engine.connect() as conn:
+            total = int(
+                conn.execute(prunable_count_stmt(), {"cutoff": cutoff, "limit": COUNT_ALL}).scalar()
+                or 0
+            )
+        deleted = 0
+        if not dry_run and total:
+            progress = Progress(
+                TextColumn("pruning"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=_console(stderr=True),
+            )
+            with progress:
+                bar = progress.add_task("prune", total=total)
+                while True:
+                    with store.engine.begin() as conn:
+                        n = repository.prune_batch(conn, cutoff, batch_size)
+                    deleted += n
+                    progress.update(bar, advance=n, total=max(total, deleted))
+                    if n < batch_size:
+                        break
+    if as_json:
+        count = total if dry_run else deleted
+        _echo_json({"dry_run": dry_run, "cutoff": _when(cutoff), "count": count})
+    elif dry_run:
+        click.echo(f"would delete {total} finished tasks updated before {_when(cutoff)}")
+    else:
+        click.echo(f"deleted {deleted} finished tasks updated before {_when(cutoff)}")
+
+
+@main.group("lease")
+def lease_group() -> None:
+    """The leader lease (see `status` for who holds it)."""
+
+
+@lease_group.command("release")
+@click.option("--force", is_flag=True, help="Required: you know the holder is dead.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def lease_release(target: Target, force: bool, yes: bool) -> None:
+    """Free the lease of a dead leader, so a standby takes over now instead of after its TTL.
+
+    Safe for writes even if the holder is alive after all: its next commit is fenced off and
+    it steps down. Its in-flight work is not stopped, though.
+    """
+    if not force:
+        raise click.UsageError(
+            "releasing another instance's lease needs --force (and the holder must be dead)"
+        )
+    with _database(target, write=True) as store:
+        with store.engine.connect() as conn:
+            view = _lease_view(conn.execute(lease.lease_view_stmt()).one())
+        if view["state"] == "free":
+            click.echo("the lease is free: nothing to release")
+            return
+        click.echo(f"lease: {_lease_text(view)}")
+        if not yes:
+            click.confirm("Release it? Only do this if that process is dead", abort=True)
+        with store.engine.begin() as conn:
+            released = conn.execute(lease.release_stmt(), {"b_holder": view["holder"]}).rowcount
+    if released != 1:
+        raise click.ClickException("the lease changed hands meanwhile: nothing released")
+    click.echo(
+        f"released the lease of {view['holder']} (epoch {view['epoch']}); "
+        f"the next leader takes epoch {view['next_epoch']}"
+    )
+
+
+# Commands whose work lives elsewhere.
+
+
+@main.command("demo")
+@click.option("--overwrite", is_flag=True, help="Replace the demo's files if they exist.")
+@click.option(
+    "--ttl",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="Lease TTL in seconds of the demo's processes.",
+)
+@click.pass_obj
+def demo_cmd(target: Target, overwrite: bool, ttl: float) -> None:
+    """Run the failover demo on a SQLite file (--url, default ./cronoq.db) and check it.
+
+    Exits with status 1 when the demo's own check fails.
+    """
+    url = target.parsed()
+    if url.get_backend_name() != "sqlite" or not url.database:
+        raise click.UsageError("demo runs on a SQLite file: pass --url PATH")
+    try:
+        demo = importlib.import_module("cronoq_store.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "cronoq_store.demo":
+            raise
+        raise click.ClickException("this build of cronoq-store has no demo module") from exc
+    with _errors(shown(url)):
+        try:
+            report = demo.run(Path(url.database), overwrite=overwrite, ttl=ttl)
+        except FileExistsError as exc:  # the demo writes a workload of its own, never reuses
+            raise click.ClickException(
+                f"{url.database} exists: pass --overwrite, or --url NEW_PATH"
+            ) from exc
+    click.echo(demo.format_report(report))
+    if not getattr(report, "ok", True):
+        raise click.ClickException("the demo's check failed (see above)")
 
 
 if __name__ == "__main__":

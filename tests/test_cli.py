@@ -1,0 +1,403 @@
+"""The `cronoq-store` CLI through click's CliRunner, on every dialect, error paths included.
+
+On PostgreSQL the URL carries a password (the local server trusts, so it is accepted and
+ignored), so every assertion that no output contains it is a real one there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import URL, create_engine, inspect, text
+
+from cronoq_store import (
+    ById,
+    ByKey,
+    Dep,
+    Fenced,
+    RecurringNext,
+    RecurringSpec,
+    RecurringUpsert,
+    SqlStore,
+    StatusChanged,
+    StoreConfig,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+    TimeBase,
+    migrate,
+)
+from cronoq_store.cli import main, parse_duration
+
+PASSWORD = "s3cr3t-pw"
+OLD = TimeBase(unix_ns=1_700_000_000_000_000_000)  # November 2023: old enough to prune
+TTL = timedelta(seconds=30)
+
+
+def cli_url(db_url: URL) -> str:
+    """The URL the CLI gets: with a password wherever the server accepts one."""
+    if db_url.get_backend_name() == "postgresql":
+        db_url = db_url.set(password=PASSWORD)
+    return db_url.render_as_string(hide_password=False)
+
+
+def run(url: str | None, *args: str, code: int = 0, input: str | None = None) -> Result:
+    """Run the CLI; check the exit status, that it never crashed, and that no password leaked."""
+    argv = ([] if url is None else ["--url", url]) + list(args)
+    result = CliRunner().invoke(main, argv, input=input, catch_exceptions=True)
+    assert result.exit_code == code, (argv, result.output, result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    assert "Traceback" not in result.output
+    assert PASSWORD not in result.output
+    return result
+
+
+def one_error(result: Result) -> str:
+    """The single `Error: ...` line a failed command printed on stderr (stdout empty)."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert result.stdout == ""
+    return lines[0]
+
+
+def submit(i: int, pool: str = "a", key: str | None = None, **kw: object) -> Submitted:
+    spec = TaskSpec(payload=b"p" * i, pool=pool, key=key, **kw)  # type: ignore[arg-type]
+    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)
+
+
+def done(i: int, st: TaskStatus, message: str | None = None, at: int = 100) -> StatusChanged:
+    return StatusChanged(id=TaskId(i), status=st, attempt=2, at=at, message=message)
+
+
+@pytest.fixture
+def store(db_url: URL) -> Iterator[SqlStore]:
+    """A migrated store that leads, holding: pool a: 1 succeeded (output), 2 failed (old, key
+    "k2", a live task depends on it), 3 queued (key "k3"); pool b: 4 and 5 cancelled (old),
+    6 succeeded just now (tenant "[t1]", which is not rich markup); and a recurring schedule."""
+    with SqlStore.open(db_url, StoreConfig(lease_ttl=TTL)) as s:
+        epoch = s.acquire_leadership()
+        sched = RecurringSpec(
+            name="nightly", template=TaskSpec(payload=b"t", pool="b"), cron="0 3 * * *"
+        )
+        s.commit(
+            epoch,
+            OLD,
+            [
+                submit(1, kind="email", labels={"team": "x"}, tags=frozenset({"urgent"})),
+                submit(2, key="k2"),
+                submit(4, pool="b"),
+                submit(5, pool="b"),
+                done(1, TaskStatus.RUNNING, "started"),
+                done(1, TaskStatus.SUCCEEDED),
+                done(2, TaskStatus.FAILED, "boom"),
+                done(4, TaskStatus.CANCELLED),
+                done(5, TaskStatus.CANCELLED),
+                submit(3, key="k3", deps=(Dep(target=ByKey(key="k2"), on="finish"),)),
+                RecurringUpsert(spec=sched),
+                RecurringNext(name="nightly", next=10**9, last=TaskId(1)),
+            ],
+            outputs=[(TaskId(1), b"0123456789")],
+        )
+        s.commit(
+            epoch,
+            TimeBase(unix_ns=time.time_ns()),
+            [submit(6, pool="b", tenant="[t1]"), done(6, TaskStatus.SUCCEEDED, at=0)],
+        )
+        yield s
+
+
+def test_upgrade_current_downgrade(db_url: URL) -> None:
+    url = cli_url(db_url)
+    if db_url.get_backend_name() == "sqlite":
+        Path(db_url.database or "").touch()  # an empty file is an empty SQLite database
+    assert run(url, "current").stdout == "none\n"
+    unmigrated = run(url, "current", "--check", code=1)
+    assert unmigrated.stdout == "none\n" and "not at head" in unmigrated.stderr
+
+    assert run(url, "upgrade").stdout == f"upgraded none -> {migrate.head_revision()}\n"
+    assert run(url, "upgrade").stdout == f"at {migrate.head_revision()}: nothing to do\n"
+    assert run(url, "current", "--check").stdout == f"{migrate.head_revision()}\n"
+
+    refused = run(url, "downgrade", "base", code=2)
+    assert "--yes-destroy-data" in refused.stderr
+    engine = create_engine(db_url)
+    try:
+        assert "cronoq_tasks" in inspect(engine).get_table_names()
+        assert run(url, "downgrade", "base", "--yes-destroy-data").stdout == (
+            f"downgraded {migrate.head_revision()} -> none\n"
+        )
+        assert "cronoq_tasks" not in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+    assert run(url, "current").stdout == "none\n"
+    assert "no cronoq schema" in one_error(run(url, "status", code=1))
+
+
+def test_status(db_url: URL, store: SqlStore) -> None:
+    url = cli_url(db_url)
+    data = json.loads(run(url, "status", "--json").stdout)
+    assert data["revision"] == data["head"] == migrate.head_revision()
+    assert PASSWORD not in data["database"]
+    assert data["dialect"] == {"sqlite": "sqlite", "postgresql": "postgresql"}.get(
+        db_url.get_backend_name(), "mysql"
+    )
+    assert data["lease"]["state"] == "held"
+    assert data["lease"]["holder"] == store.holder
+    assert data["lease"]["epoch"] == store.epoch == 1
+    assert 0 < data["lease"]["expires_in_s"] <= TTL.total_seconds()
+    assert data["tasks"] == [
+        {"pool": "a", "status": "failed", "count": 1},
+        {"pool": "a", "status": "queued", "count": 1},
+        {"pool": "a", "status": "succeeded", "count": 1},
+        {"pool": "b", "status": "cancelled", "count": 2},
+        {"pool": "b", "status": "succeeded", "count": 1},
+    ]
+    (sched,) = data["recurring"]
+    assert sched["name"] == "nightly"
+    assert sched["schedule"] == "cron 0 3 * * * (UTC)"
+    assert sched["last_task"] == 1
+    assert sched["next"] == "2023-11-14T22:13:21.000000Z"  # OLD + 1 s
+    assert isinstance(data["size_bytes"], int) and data["size_bytes"] > 0
+
+    out = run(url, "status").stdout
+    assert f"held by {store.holder}, epoch 1, expires in" in out
+    assert re.search(r"expires in \d+\.\d s \(database clock\)", out)
+    assert re.search(r"b\s+cancelled\s+2", out)
+    assert "nightly" in out and f"{migrate.head_revision()} (head)" in out
+    assert re.search(r"size\s+\d+(\.\d)? (B|KiB|MiB|GiB)", out)
+
+
+def test_tasks_and_show(db_url: URL, store: SqlStore) -> None:
+    url = cli_url(db_url)
+
+    def ids(*args: str) -> list[int]:
+        page = json.loads(run(url, "tasks", "--json", *args).stdout)
+        return [t["id"] for t in page["tasks"]]
+
+    assert ids() == [1, 2, 3, 4, 5, 6]
+    assert ids("--pool", "b") == [4, 5, 6]
+    assert ids("--pool", "a", "--pool", "b", "--status", "succeeded") == [1, 6]
+    assert ids("--status", "QUEUED") == [3]
+    assert ids("--key", "k2") == [2]
+    assert ids("--tenant", "[t1]") == [6]
+    assert re.search(
+        r"^\s*6\s+b\s+succeeded\s+2\s+\[t1\]",
+        run(url, "tasks", "--after", "5").stdout,
+        flags=re.MULTILINE,
+    )
+    assert ids("--pool", "nope") == []
+    page = json.loads(run(url, "tasks", "--json", "--limit", "2").stdout)
+    assert [t["id"] for t in page["tasks"]] == [1, 2] and page["next_after"] == 2
+    assert ids("--after", "2", "--limit", "2") == [3, 4]
+    last = json.loads(run(url, "tasks", "--json", "--after", "4", "--limit", "5").stdout)
+    assert [t["id"] for t in last["tasks"]] == [5, 6] and last["next_after"] is None
+    first = json.loads(run(url, "tasks", "--json", "--limit", "1").stdout)["tasks"][0]
+    assert first["status"] == "succeeded" and first["terminal"] is True
+    assert (first["kind"], first["attempt"], first["output_size"]) == ("email", 2, 10)
+    assert first["message"] == "started"
+    assert first["updated"] == "2023-11-14T22:13:20.000000Z"
+
+    table = run(url, "tasks", "--limit", "2").stdout
+    assert re.search(r"^\s*2\s+k2\s+a\s+failed", table, flags=re.MULTILINE)
+    assert "more: --after 2" in table
+    assert run(url, "tasks", "--key", "none-such").stdout == "no tasks match\n"
+    assert "Invalid value for '--status'" in run(url, "tasks", "--status", "bogus", code=2).stderr
+
+    one = json.loads(run(url, "show", "1", "--json").stdout)
+    assert one["status"] == "succeeded" and one["message"] == "started"
+    assert (one["attempt"], one["output_size"], one["payload_size"]) == (2, 10, 1)
+    assert one["spec"]["labels"] == {"team": "x"} and one["spec"]["tags"] == ["urgent"]
+    three = json.loads(run(url, "show", "k3", "--json").stdout)
+    assert three["id"] == 3 and three["status"] == "queued" and three["output_size"] is None
+    assert three["spec"]["deps"] == [{"id": None, "key": "k2", "on": "finish"}]
+
+    text_out = run(url, "show", "2").stdout
+    assert re.search(r"^status\s+failed$", text_out, flags=re.MULTILINE)
+    assert re.search(r"^message\s+boom$", text_out, flags=re.MULTILINE)
+    assert re.search(r"^output\s+-$", text_out, flags=re.MULTILINE)
+    assert "no task with id 99" in one_error(run(url, "show", "99", code=1))
+    assert "no task with key '1'" in one_error(run(url, "show", "--by-key", "1", code=1))
+
+
+def test_prune(db_url: URL, store: SqlStore) -> None:
+    url = cli_url(db_url)
+    # Old and finished: 1, 4, 5 (2 is old too, but live task 3 depends on its key).
+    assert run(url, "prune", "--older-than", "1d", "--dry-run").stdout.startswith(
+        "would delete 3 finished tasks updated before "
+    )
+    assert store.get_task(ById(id=TaskId(1))) is not None
+    pruned = run(url, "prune", "--older-than", "1d", "--batch-size", "2")
+    assert pruned.stdout.startswith("deleted 3 finished tasks updated before ")
+    assert "3/3" in pruned.stderr  # the progress bar, on stderr
+    remaining = json.loads(run(url, "tasks", "--json").stdout)["tasks"]
+    assert [t["id"] for t in remaining] == [2, 3, 6]
+    again = json.loads(run(url, "prune", "--older-than", "1h30m", "--json").stdout)
+    assert again["count"] == 0 and again["dry_run"] is False
+    assert "not a duration" in run(url, "prune", "--older-than", "7", code=2).stderr
+
+
+def test_lease_release(db_url: URL, store: SqlStore) -> None:
+    url = cli_url(db_url)
+    assert "--force" in run(url, "lease", "release", code=2).stderr
+    declined = run(url, "lease", "release", "--force", input="n\n", code=1)
+    assert f"held by {store.holder}" in declined.stdout and "Aborted" in declined.stderr
+    assert store.is_leader
+
+    released = run(url, "lease", "release", "--force", input="y\n")
+    assert f"released the lease of {store.holder} (epoch 1)" in released.stdout
+    assert "takes epoch 2" in released.stdout
+    with pytest.raises(Fenced):
+        store.commit(1, OLD, [submit(7)])
+    assert json.loads(run(url, "status", "--json").stdout)["lease"]["state"] == "free"
+    assert run(url, "lease", "release", "--force", "--yes").stdout == (
+        "the lease is free: nothing to release\n"
+    )
+
+
+def test_schema_too_new_is_refused(db_url: URL) -> None:
+    url = cli_url(db_url)
+    run(url, "upgrade")
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE cronoq_alembic_version SET version_num = '9999_future'"))
+    finally:
+        engine.dispose()
+    for args in (
+        ["status"],
+        ["tasks"],
+        ["show", "1"],
+        ["prune", "--older-than", "1d"],
+        ["lease", "release", "--force", "--yes"],
+        ["current"],
+        ["upgrade"],
+        ["downgrade", "base", "--yes-destroy-data"],
+    ):
+        line = one_error(run(url, *args, code=1))
+        assert "9999_future" in line and "does not know" in line, (args, line)
+
+
+SERVERS_DOWN = [
+    pytest.param(
+        f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:1/x", marks=pytest.mark.postgresql
+    ),
+    pytest.param(f"mysql+pymysql://root:{PASSWORD}@127.0.0.1:1/x", marks=pytest.mark.mysql),
+]
+EVERY_DB_COMMAND: Sequence[Sequence[str]] = (
+    ["upgrade"],
+    ["current"],
+    ["status"],
+    ["tasks"],
+    ["show", "k"],
+    ["prune", "--older-than", "7d"],
+    ["lease", "release", "--force", "--yes"],
+    ["downgrade", "base", "--yes-destroy-data"],
+)
+
+
+@pytest.mark.parametrize("url", SERVERS_DOWN)
+def test_unreachable_server(url: str) -> None:
+    for args in EVERY_DB_COMMAND:
+        line = one_error(run(url, *args, code=1))
+        assert line.startswith("Error: database unavailable (") and "127.0.0.1:1/x" in line
+        assert "***" in line  # the URL is shown, its password masked
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("nonsense://x", "bad database URL"),
+        (f"postgresql+psycopg://u:{PASSWORD}@h:notaport/db", "bad database URL"),
+        (f"postgresql+nodriver://u:{PASSWORD}@h/db", "bad database URL"),
+        (":memory:", "invalid SQLite path"),
+    ],
+)
+def test_bad_url(url: str, why: str) -> None:
+    assert why in one_error(run(url, "status", code=1))
+
+
+@pytest.mark.sqlite
+def test_missing_sqlite_file_is_not_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
+    for args in (["status"], ["current"], ["tasks"]):
+        assert "no SQLite database at cronoq.db" in one_error(run(None, *args, code=1))
+    assert not (tmp_path / "cronoq.db").exists()
+    monkeypatch.setenv("CRONOQ_DATABASE_URL", str(tmp_path / "env.db"))
+    run(None, "upgrade")  # the URL comes from the environment
+    assert (tmp_path / "env.db").exists()
+    assert "--schema is for PostgreSQL" in run(None, "--schema", "x", "status", code=2).stderr
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)])
+def test_sqlite_reads_do_not_wait_for_the_writer(db_url: URL, store: SqlStore) -> None:
+    """`status`, `tasks`, `show`, `current` read beside a writer that holds the write lock."""
+    writer = sqlite3.connect(db_url.database or "", isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        url = cli_url(db_url)
+        assert json.loads(run(url, "status", "--json").stdout)["lease"]["epoch"] == 1
+        assert json.loads(run(url, "tasks", "--json").stdout)["tasks"][0]["id"] == 1
+        assert "succeeded" in run(url, "show", "1").stdout
+        assert run(url, "current").stdout == f"{migrate.head_revision()}\n"
+        assert time.monotonic() - started < 3  # no busy wait (the timeout is 5 s)
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_postgresql_schema(db_url: URL) -> None:
+    url = cli_url(db_url)
+    run(url, "--schema", "cronoq", "upgrade")
+    engine = create_engine(db_url)
+    try:
+        assert "cronoq_tasks" in inspect(engine).get_table_names(schema="cronoq")
+        assert "cronoq_tasks" not in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+    status = json.loads(run(url, "--schema", "cronoq", "status", "--json").stdout)
+    assert status["revision"] == migrate.head_revision() and status["tasks"] == []
+    assert "no cronoq schema" in one_error(run(url, "status", code=1))  # not in public
+
+
+@pytest.mark.sqlite
+def test_history_and_help() -> None:
+    out = run(None, "history").stdout
+    assert f"<base> -> {migrate.head_revision()} (head): " in out
+    assert "Run the failover demo" in run(None, "demo", "--help").stdout
+    assert "demo runs on a SQLite file" in run("postgresql+psycopg://h/db", "demo", code=2).stderr
+    listed = run(None, "--help").stdout
+    for name in ("upgrade", "current", "history", "status", "tasks", "show", "prune", "lease"):
+        assert re.search(rf"^\s+{name}\s", listed, flags=re.MULTILINE), name
+    if importlib.util.find_spec("cronoq_store.bench") is not None:  # registered lazily
+        assert re.search(r"^\s+bench\s", listed, flags=re.MULTILINE)
+        assert "Usage: main bench" in run(None, "bench", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("text_", "seconds"),
+    [("30s", 30), ("15m", 900), ("2h", 7200), ("7d", 604800), ("1w", 604800), ("1h30m", 5400)],
+)
+def test_parse_duration(text_: str, seconds: int) -> None:
+    assert parse_duration(text_) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "7", "7x", "d", "-1d", "1.5h"])
+def test_parse_duration_refuses(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(bad)

@@ -36,4 +36,17 @@ from .model import TimeBase as TimeBase
 from .store import SqlStore as SqlStore
 from .store import StoreConfig as StoreConfig
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .aio import AsyncSqlStore as AsyncSqlStore
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`AsyncSqlStore` on first use, so sync users never import the asyncio extension."""
+    if name == "AsyncSqlStore":
+        from .aio import AsyncSqlStore
+
+        return AsyncSqlStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

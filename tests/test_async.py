@@ -1,0 +1,399 @@
+"""`AsyncSqlStore` on every dialect: SqlStore's own behaviour checks, then what only async has.
+
+The checks of test_store.py run unchanged against the async store through `Blocking`, which
+gives it SqlStore's blocking interface by running each call on an event loop in a thread (so
+the async keeper keeps renewing between calls, as it would in an app). pytest-asyncio is not
+needed: the async-only tests drive their coroutine with `asyncio.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import test_store as sync_checks
+from sqlalchemy import URL, Engine, create_engine, update
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from cronoq_store import (
+    ById,
+    ByKey,
+    Fenced,
+    InvalidValue,
+    SqlStore,
+    StatusChanged,
+    StoreConfig,
+    StoreError,
+    StoreUnavailable,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+    TimeBase,
+)
+from cronoq_store.aio import AsyncKeeper, AsyncSqlStore, async_url
+from cronoq_store.schema import leader
+
+T = TypeVar("T")
+BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
+CALL_TIMEOUT = 60.0
+
+
+class LoopThread:
+    """An event loop running in a thread; `run` blocks the caller until a coroutine is done."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="async-store-loop")
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(CALL_TIMEOUT)
+
+    def close(self) -> None:
+        self.run(self.loop.shutdown_asyncgens())
+        self.run(self.loop.shutdown_default_executor())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+class Blocking:
+    """SqlStore's blocking interface over an `AsyncSqlStore`, for test_store.py's checks.
+
+    `engine` is a plain sync engine on the same database, for the checks that inspect or damage
+    rows behind the store's back.
+    """
+
+    def __init__(self, store: AsyncSqlStore, loop: LoopThread, engine: Engine) -> None:
+        self._store = store
+        self._loop = loop
+        self.engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if inspect.iscoroutinefunction(attr):
+            return lambda *args, **kwargs: self._loop.run(attr(*args, **kwargs))
+        return attr
+
+
+@pytest.fixture
+def blocking(db_url: URL) -> Iterator[Blocking]:
+    loop = LoopThread()
+    sync_engine = create_engine(db_url)
+    try:
+        store = loop.run(AsyncSqlStore.open(db_url, StoreConfig(lease_ttl=timedelta(seconds=5))))
+        try:
+            yield Blocking(store, loop, sync_engine)
+            assert store.engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        finally:
+            loop.run(store.close())
+    finally:
+        sync_engine.dispose()
+        loop.close()
+
+
+SHARED_CHECKS = [
+    sync_checks.test_commit_recover_query,
+    sync_checks.test_duplicate_live_key_writes_nothing,
+    sync_checks.test_over_long_key_refused,
+    sync_checks.test_fenced_after_takeover,
+    sync_checks.test_prune,
+    sync_checks.test_quarantine_damaged_rows,
+    sync_checks.test_list_finished_pages_each_once,
+    sync_checks.test_strings_are_cleaned,
+    sync_checks.test_dependency_rows_live_only_while_their_task_does,
+    sync_checks.test_16_mib_payload_round_trips,
+]
+
+
+@pytest.mark.parametrize(
+    "check", SHARED_CHECKS, ids=[c.__name__.removeprefix("test_") for c in SHARED_CHECKS]
+)
+def test_sync_store_checks(check: Callable[..., None], blocking: Blocking, db_url: URL) -> None:
+    """The same behaviour checks as SqlStore's, unchanged, on the async store."""
+    available = {"store": blocking, "db_url": db_url}
+    check(**{name: available[name] for name in inspect.signature(check).parameters})
+
+
+# What only the async face has, or what it must do with the sync store beside it.
+
+
+def submit(i: int, key: str | None = None) -> Submitted:
+    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i, key=key))
+
+
+def done(i: int, st: TaskStatus = TaskStatus.SUCCEEDED) -> StatusChanged:
+    return StatusChanged(id=TaskId(i), status=st, attempt=1, at=100 + i, message=f"m{i}")
+
+
+def fast_lease(renew: float = 0.2, ttl: float = 1.0) -> StoreConfig:
+    return StoreConfig(
+        lease_ttl=timedelta(seconds=ttl),
+        lease_renew=timedelta(seconds=renew),
+        lock_poll=timedelta(milliseconds=100),
+    )
+
+
+def expire_lease(db_url: URL) -> None:
+    """As if the leader had been paused past its lease: a standby may take over now."""
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(update(leader).values(expires_unix_ns=0))
+    finally:
+        engine.dispose()
+
+
+def test_idempotent_commit_and_concurrent_batches(db_url: URL) -> None:
+    async def main() -> None:
+        async with await AsyncSqlStore.open(db_url) as store:
+            epoch = await store.acquire_leadership()
+            batch = [submit(1, key="k"), done(1), submit(2, key="k")]
+            await store.commit(epoch, BASE, batch, outputs=[(TaskId(1), b"out")])
+            first = await store.recover(BASE)
+            await store.commit(epoch, BASE, batch, outputs=[(TaskId(1), b"out")])
+            assert await store.recover(BASE) == first
+            assert await store.load_output(TaskId(1)) == b"out"
+            # More concurrent commits than the pool has connections: each waits its turn.
+            await asyncio.gather(
+                *(store.commit(epoch, BASE, [submit(i), done(i)]) for i in range(10, 30))
+            )
+            page = await store.list_finished(after=TaskId(9), limit=100)
+            assert [r.id for r in page] == list(range(10, 30))
+            newest = await store.get_task(ByKey(key="k"))
+            assert newest is not None and newest.id == 2 and newest.status is TaskStatus.QUEUED
+
+    asyncio.run(main())
+
+
+def test_leadership_loss_fires_when_a_sync_store_takes_over(db_url: URL) -> None:
+    """A paused async leader's keeper notices the takeover: the awaitable and callback fire."""
+
+    async def main() -> None:
+        async with await AsyncSqlStore.open(db_url, fast_lease()) as store:
+            calls: list[str] = []
+
+            async def async_callback() -> None:
+                calls.append("async")
+
+            store.on_leadership_lost(lambda: calls.append("sync"))
+            store.on_leadership_lost(async_callback)
+            epoch = await store.acquire_leadership()
+            assert store.is_leader and not await store.wait_leadership_lost(0.05)
+            # Block the loop (a paused process): the keeper cannot renew, the lease runs out
+            # on the database's clock and a sync store takes over.
+            with SqlStore.open(db_url, fast_lease()) as thief:
+                assert thief.acquire_leadership(timeout=10) == epoch + 1
+                await asyncio.wait_for(store.leadership_lost(), 5)
+                assert calls == ["sync", "async"]
+                assert (store.is_leader, store.epoch) == (False, None)
+                with pytest.raises(Fenced):
+                    await store.commit(epoch, BASE, [submit(1)])
+                thief.commit(epoch + 1, BASE, [submit(2)])
+            assert await store.get_task(ById(id=TaskId(1))) is None
+            assert await store.get_task(ById(id=TaskId(2))) is not None
+            # Leading again after the thief released.
+            assert await store.acquire_leadership(timeout=5) == epoch + 2
+            assert calls == ["sync", "async"]
+
+    asyncio.run(main())
+
+
+def test_fence_check_refuses_a_commit_after_takeover(db_url: URL) -> None:
+    """The database's fence, not the local flag, stops a leader that has not noticed yet."""
+
+    async def main() -> None:
+        # The keeper renews every 5 s: it cannot notice within this test.
+        async with await AsyncSqlStore.open(db_url, fast_lease(renew=5, ttl=10)) as store:
+            lost: list[bool] = []
+            store.on_leadership_lost(lambda: lost.append(True))
+            epoch = await store.acquire_leadership()
+            await store.commit(epoch, BASE, [submit(1)])
+            await asyncio.to_thread(expire_lease, db_url)
+            with SqlStore.open(db_url) as thief:
+                assert await asyncio.to_thread(thief.acquire_leadership, 5) == epoch + 1
+                assert store.is_leader  # not noticed yet
+                with pytest.raises(Fenced, match="fenced off"):
+                    await store.commit(epoch, BASE, [done(1), submit(2)])
+                assert lost == [True] and await store.wait_leadership_lost(0)
+                thief.release_leadership()
+            one = await store.get_task(ById(id=TaskId(1)))
+            assert one is not None and one.status is TaskStatus.QUEUED
+            assert await store.get_task(ById(id=TaskId(2))) is None
+
+    asyncio.run(main())
+
+
+def hold_lease_row(db_url: URL, seconds: float, held: threading.Event) -> None:
+    """Lock the lease row (SQLite: the whole database) for `seconds`, as a stuck writer would."""
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(update(leader).where(leader.c.id == 1).values(epoch=leader.c.epoch))
+            held.set()
+            time.sleep(seconds)
+    finally:
+        engine.dispose()
+
+
+def test_steps_down_on_time_while_a_renewal_hangs(
+    db_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal stuck behind a lock cannot postpone stepping down past the TTL."""
+
+    async def main() -> None:
+        async with await AsyncSqlStore.open(db_url, fast_lease(renew=0.2, ttl=1.0)) as store:
+            epoch = await store.acquire_leadership()
+            taken = time.monotonic()
+            held = threading.Event()
+            blocker = threading.Thread(target=hold_lease_row, args=(db_url, 2.0, held))
+            blocker.start()
+            try:
+                await asyncio.to_thread(held.wait, 5)
+                assert await store.wait_leadership_lost(3)
+                assert time.monotonic() - taken < 1.0 + 0.5
+                assert "within its TTL: a renewal hung" in caplog.text
+                with pytest.raises(Fenced):
+                    await store.commit(epoch, BASE, [submit(1)])
+            finally:
+                await asyncio.to_thread(blocker.join)
+        # The abandoned renewal finished once the lock went; nothing was left checked out.
+
+    asyncio.run(main())
+
+
+def test_standby_waits_then_takes_over_on_release(db_url: URL) -> None:
+    async def main() -> None:
+        async with (
+            await AsyncSqlStore.open(db_url, fast_lease()) as first,
+            await AsyncSqlStore.open(db_url, fast_lease()) as second,
+        ):
+            epoch = await first.acquire_leadership()
+            with pytest.raises(StoreUnavailable, match="holds the lease"):
+                await second.acquire_leadership(timeout=0.5)  # renewed meanwhile: held
+            assert first.is_leader
+            standby = asyncio.create_task(second.acquire_leadership(timeout=5))
+            await asyncio.sleep(0.15)
+            await first.release_leadership()
+            assert await standby == epoch + 1
+            assert await first.wait_leadership_lost(0)
+            with pytest.raises(Fenced):
+                await first.commit(epoch, BASE, [submit(1)])
+
+    asyncio.run(main())
+
+
+def test_wraps_an_app_engine(db_url: URL) -> None:
+    async def main() -> None:
+        engine = create_async_engine(async_url(db_url))
+        try:
+            store = AsyncSqlStore(engine)
+            await store.migrate()
+            await store.migrate()  # idempotent
+            async with store:
+                epoch = await store.acquire_leadership()
+                await store.commit(epoch, BASE, [submit(1, key="a")])
+                with pytest.raises(StoreError, match="conflicts"):
+                    await store.commit(epoch, BASE, [submit(2, key="a")])
+            assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
+def test_urls_map_to_async_drivers(tmp_path: Path) -> None:
+    assert str(async_url(tmp_path / "a.db")) == f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
+    assert async_url("sqlite:///x.db").drivername == "sqlite+aiosqlite"
+    assert async_url("postgresql://u@h/d").drivername == "postgresql+psycopg"
+    assert async_url("postgresql+psycopg://u@h/d").drivername == "postgresql+psycopg"
+    assert async_url("mysql://u@h/d").drivername == "mysql+asyncmy"
+    assert async_url("mysql+pymysql://u@h/d?charset=utf8mb4").query == {"charset": "utf8mb4"}
+    assert async_url("mariadb+pymysql://u@h/d").drivername == "mariadb+asyncmy"
+    assert async_url("mysql+aiomysql://u@h/d").drivername == "mysql+aiomysql"
+    assert async_url("postgresql+asyncpg://u@h/d").drivername == "postgresql+asyncpg"
+    for path in ("", ":memory:", "file:x.db"):
+        with pytest.raises(InvalidValue):
+            async_url(path)
+    with pytest.raises(StoreError) as info:  # no async face (and not installed here)
+        asyncio.run(AsyncSqlStore.open("postgresql+pg8000://u:secret@h/d"))
+    assert "secret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://postgres:secret@127.0.0.1:1/x", "mysql://root:secret@127.0.0.1:1/x"]
+)
+def test_unreachable_server_is_unavailable(url: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as info:
+        asyncio.run(AsyncSqlStore.open(url))
+    assert "secret" not in str(info.value)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_tables_in_a_postgresql_schema(db_url: URL) -> None:
+    async def main() -> None:
+        config = StoreConfig(schema="cronoq")
+        async with await AsyncSqlStore.open(db_url, config) as store:
+            epoch = await store.acquire_leadership()
+            await store.commit(epoch, BASE, [submit(1, key="a")])
+            assert (await store.recover(BASE)).next_id == 2
+        with SqlStore.open(db_url, config) as same:  # the sync face sees the same rows
+            one = same.get_task(ByKey(key="a"))
+            assert one is not None and one.id == 1
+
+    asyncio.run(main())
+
+
+def test_keeper_retries_then_steps_down_by_its_deadline() -> None:
+    """`AsyncKeeper` against fake renewals: a failure is retried, a hang or a streak is not."""
+
+    async def run(outcomes: list[str], seconds: float) -> tuple[list[str], float | None]:
+        lost: list[str] = []
+        started = time.monotonic()
+        when: list[float] = []
+
+        async def renew() -> bool:
+            outcome = outcomes.pop(0) if outcomes else "ok"
+            if outcome == "fail":
+                raise StoreUnavailable("down")
+            if outcome == "hang":
+                await asyncio.sleep(10)
+            return outcome == "ok"
+
+        async def on_lost(why: str) -> None:
+            lost.append(why)
+            when.append(time.monotonic() - started)
+
+        keeper = AsyncKeeper(
+            renew=renew, lost=on_lost, every=0.05, ttl=0.2, renewed_at=started, name="test"
+        )
+        keeper.start()
+        await asyncio.sleep(seconds)
+        keeper.stop()
+        await keeper.join(1)
+        return lost, (when[0] if when else None)
+
+    async def main() -> None:
+        # One failure among successes: still leading; stop reports nothing.
+        assert await run(["ok", "fail", "ok"], 0.5) == ([], None)
+        lost, at = await run(["ok", "taken"], 0.5)
+        assert lost == ["the lease was taken over"] and at is not None and at < 0.2
+        lost, at = await run(["fail"] * 100, 0.5)
+        assert lost == ["could not renew the lease within its TTL: down"]
+        assert at is not None and 0.15 < at < 0.45
+        lost, at = await run(["hang"], 0.5)
+        assert lost == ["could not renew the lease within its TTL: a renewal hung"]
+        assert at is not None and 0.15 < at < 0.45
+
+    asyncio.run(main())

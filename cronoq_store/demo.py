@@ -1,0 +1,245 @@
+"""A failover demonstration on a SQLite file, with real processes and a check at the end.
+
+`run` starts a workload leader (`python -m cronoq_store.testing drive`) and two standbys,
+kills the leader with SIGKILL in the middle of its commits, lets a standby take over and
+recover, then shows fencing: the new leader is stopped (SIGSTOP) past its lease, the other
+standby takes over, and when the stopped one resumes its next commit is rejected with
+`Fenced`. Finally the database is checked against the log of acknowledged batches
+(`cronoq_store.testing.check`) and SQLite's `PRAGMA integrity_check`. `format_report`
+renders the `DemoReport`.
+
+It takes a few seconds with the default one-second lease (bounded by `timeout`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .store import SqlStore, StoreConfig
+from .testing import DriverProcess, DriverProcessError, check
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoReport:
+    """What the demonstration did and found."""
+
+    path: str
+    """The SQLite file."""
+    ttl_s: float
+    """The lease TTL the processes used."""
+    lock_poll_s: float
+    """How often a standby checked the lease."""
+    tasks_committed: int
+    """Tasks in acknowledged batches, over all leaders."""
+    batches_committed: int
+    """Acknowledged batches, over all leaders."""
+    acked_mutations: int
+    epochs: list[int]
+    """Fencing epochs of the leaders, in order."""
+    takeover_s: float
+    """From the SIGKILL of the leader to a standby leading."""
+    tasks_recovered: int
+    """Live tasks the new leader recovered when it took over."""
+    finished_recovered: int
+    """Finished tasks (within retention) the new leader recovered."""
+    paused_s: float
+    """How long the second leader was stopped (SIGSTOP)."""
+    fenced_commits: int
+    """Commits of the resumed old leader rejected with `Fenced`."""
+    old_leader_saw_loss: bool
+    """Whether the resumed old leader reported its leadership lost."""
+    acked_mutations_lost: int
+    partial_batches: int
+    integrity: str
+    """SQLite's `PRAGMA integrity_check` result ("ok")."""
+    elapsed_s: float
+    check: dict[str, Any] = field(default_factory=dict)
+    """The checker's full summary."""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.acked_mutations_lost == 0
+            and self.partial_batches == 0
+            and self.fenced_commits >= 1
+            and self.integrity == "ok"
+            and bool(self.check.get("ok"))
+        )
+
+
+def _fresh(path: Path, overwrite: bool) -> Path:
+    log = path.with_name(path.name + ".acks.jsonl")
+    files = [path, Path(f"{path}-wal"), Path(f"{path}-shm"), log]
+    existing = [f for f in files if f.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{existing[0]} exists: the demo writes a workload of its own; "
+            "pass a new path (or overwrite=True)"
+        )
+    for f in existing:
+        f.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return log
+
+
+def _first_leading(
+    procs: list[DriverProcess], marks: list[int], timeout: float
+) -> tuple[DriverProcess, dict[str, Any]]:
+    """The process that reported `leading` first after its mark, and that event."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [
+            (e["t"], i, e)
+            for i, (p, m) in enumerate(zip(procs, marks, strict=True))
+            for e in p.since(m, "leading")[:1]
+        ]
+        if found:
+            _, i, event = min(found, key=lambda x: (x[0], x[1]))
+            return procs[i], event
+        if time.monotonic() > deadline:
+            raise DriverProcessError(f"no standby took over within {timeout} s")
+        time.sleep(0.01)
+
+
+def run(
+    path: str | os.PathLike[str],
+    *,
+    ttl: float = 1.0,
+    poll: float = 0.1,
+    warmup: float = 1.5,
+    timeout: float = 30.0,
+    overwrite: bool = False,
+    python: str = sys.executable,
+) -> DemoReport:
+    """Run the demonstration on a new SQLite file at `path`; raises if a step times out.
+
+    `warmup` is how long the first leader commits before it is killed; `timeout` bounds each
+    step that waits for a process (start-up included).
+    """
+    began = time.monotonic()
+    db = Path(path).absolute()
+    log = _fresh(db, overwrite)
+    procs: list[DriverProcess] = []
+
+    def start(name: str) -> DriverProcess:
+        proc = DriverProcess(
+            db,
+            log,
+            name=name,
+            ttl=ttl,
+            renew=ttl / 4,
+            poll=poll,
+            gap=0.02,
+            duration=4 * timeout,
+            stderr_path=db.with_name(f"{db.name}.{name}.log"),
+            python=python,
+        )
+        procs.append(proc)
+        return proc
+
+    try:
+        # 1. A leader commits; a standby waits.
+        first = start("leader")
+        _, lead1 = first.wait("leading", timeout=timeout)
+        standby = start("standby")
+        standby.wait("standby", timeout=timeout)
+        left = lead1["t"] + warmup - time.time()
+        if left > 0:
+            time.sleep(left)  # the designed run time of the first leader
+        first.wait("ack", timeout=timeout)
+
+        # 2. SIGKILL it mid-run: a standby takes over once the lease runs out, and recovers.
+        #    (A third process starts meanwhile; whichever standby polls first leads.)
+        waiting = [standby, start("third")]
+        marks = [p.mark() for p in waiting]
+        killed_at = first.kill()
+        second, lead2 = _first_leading(waiting, marks, timeout)
+        takeover = lead2["t"] - killed_at
+        second.wait("ack", timeout=timeout, where=lambda e: e["epoch"] == lead2["epoch"])
+
+        # 3. Fencing: stop the new leader past its lease; the other process takes over; when
+        #    the stopped one resumes, its next commit is fenced.
+        other = waiting[1] if second is waiting[0] else waiting[0]
+        other.wait("standby", timeout=timeout)
+        mark = second.mark()
+        second.signal(signal.SIGUSR1)  # it SIGSTOPs itself, holding no connection
+        i_pause, pausing = second.wait("pausing", start=mark, timeout=timeout)
+        second.wait_stopped()
+        _, lead3 = _first_leading([other], [0], timeout)
+        other.wait("ack", timeout=timeout, where=lambda e: e["epoch"] == lead3["epoch"])
+        left = pausing["t"] + 1.5 * ttl - time.time()
+        if left > 0:
+            time.sleep(left)  # the designed pause: 1.5 x TTL
+        second.signal(signal.SIGCONT)
+        resumed = time.time()
+        second.wait("fenced", start=i_pause, timeout=timeout)
+        try:
+            second.wait("leadership_lost", start=i_pause, timeout=5)
+            saw_loss = True
+        except AssertionError:
+            saw_loss = False
+
+        summaries = [p.stop(timeout=timeout) for p in (other, second)]
+        fenced = summaries[1]["fenced"]
+    finally:
+        for p in procs:
+            p.close()
+
+    with SqlStore.open(db, StoreConfig(migrate=False)) as store:
+        report = check(store, log)
+    conn = sqlite3.connect(db)
+    try:
+        integrity = str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        conn.close()
+    acked_tasks = sum(len(e["ids"]) for p in procs for e in p.since(0, "ack"))
+    return DemoReport(
+        path=str(db),
+        ttl_s=ttl,
+        lock_poll_s=poll,
+        tasks_committed=acked_tasks,
+        batches_committed=report.acked_batches,
+        acked_mutations=report.acked_mutations,
+        epochs=[int(lead1["epoch"]), int(lead2["epoch"]), int(lead3["epoch"])],
+        takeover_s=round(takeover, 3),
+        tasks_recovered=int(lead2["recovered_tasks"]),
+        finished_recovered=int(lead2["recovered_terminal"]),
+        paused_s=round(resumed - pausing["t"], 3),
+        fenced_commits=int(fenced),
+        old_leader_saw_loss=saw_loss,
+        acked_mutations_lost=len(report.lost),
+        partial_batches=len(report.partial),
+        integrity=integrity,
+        elapsed_s=round(time.monotonic() - began, 1),
+        check=report.as_dict(),
+    )
+
+
+def format_report(report: DemoReport) -> str:
+    """The report as a few lines of text."""
+    epochs = " -> ".join(str(e) for e in report.epochs)
+    lines = [
+        f"cronoq-store failover demo on {report.path}",
+        f"  lease            TTL {report.ttl_s:g} s, standbys poll every {report.lock_poll_s:g} s",
+        f"  committed        {report.tasks_committed} tasks in {report.batches_committed} "
+        f"batches ({report.acked_mutations} mutations), each acknowledged after an fsynced log",
+        f"  leader killed    SIGKILL mid-run; a standby led {report.takeover_s:.2f} s later "
+        f"({report.takeover_s / report.ttl_s:.2f} x TTL)",
+        f"  recovered        {report.tasks_recovered} live tasks, "
+        f"{report.finished_recovered} finished ones",
+        f"  fencing          new leader stopped {report.paused_s:.2f} s, the other standby "
+        f"took over; on resuming, {report.fenced_commits} commit(s) rejected with Fenced, "
+        f"leadership loss {'reported' if report.old_leader_saw_loss else 'NOT reported'}",
+        f"  epochs           {epochs}",
+        f"  checked          {report.acked_mutations_lost} acknowledged mutations lost, "
+        f"{report.partial_batches} partial batches, integrity {report.integrity}",
+        f"  result           {'OK' if report.ok else 'FAILED'} in {report.elapsed_s:g} s",
+    ]
+    return "\n".join(lines)

@@ -101,6 +101,10 @@ def _db_now_sqlite(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
 
 
+READ_ONLY: Final = "cronoq_read_only"
+"""Execution option marking a transaction that only reads (SQLite begins it deferred)."""
+
+
 def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta) -> None:
     """Make `engine`'s connections durable and make every transaction take the write lock.
 
@@ -126,7 +130,9 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
+        read_only = conn.get_execution_options().get(READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 # Migrations run under one cross-process lock per database.

@@ -79,6 +79,15 @@ def take_stmt() -> Update:
     )
 
 
+def may_take(conn: Connection, *, holder: str) -> bool:
+    """Whether the lease looks free, expired or ours, read without locking anything.
+
+    Standbys look before they try: the take itself needs the write lock (all of SQLite's).
+    """
+    row = conn.execute(lease_view_stmt()).one()
+    return bool(row.holder is None or row.holder == holder or row.expires_unix_ns <= row.now)
+
+
 def epoch_stmt() -> Select[Any]:
     """The current epoch (read back by the transaction that just took the lease)."""
     return select(leader.c.epoch).where(leader.c.id == 1)

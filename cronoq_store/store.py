@@ -255,6 +255,15 @@ class SqlStore:
         with translated(), self.engine.begin() as conn:
             return fn(conn)
 
+    def _read(self, fn: Callable[[Connection], Any]) -> Any:
+        """Run `fn` in a read-only transaction (on SQLite it does not take the write lock)."""
+        with (
+            translated(),
+            self.engine.connect().execution_options(**{dialects.READ_ONLY: True}) as conn,
+            conn.begin(),
+        ):
+            return fn(conn)
+
     @staticmethod
     def _now() -> int:
         return time.time_ns()
@@ -326,10 +335,18 @@ class SqlStore:
         delay = poll
         ttl = _ns(self.config.lease_ttl)
         unreachable: StoreUnavailable | None = None
-        while True:
+        started = 0.0
+
+        def take(conn: Connection) -> int | None:
+            # The lease runs from the take, not from before a wait for the write lock.
+            nonlocal started
             started = time.monotonic()
+            return lease.try_take(conn, holder=self.holder, ttl_ns=ttl)
+
+        while True:
             try:
-                epoch = self._run(lambda c: lease.try_take(c, holder=self.holder, ttl_ns=ttl))
+                free = self._read(lambda c: lease.may_take(c, holder=self.holder))
+                epoch = self._run(take) if free else None
             except StoreUnavailable as exc:
                 if unreachable is None:
                     log.warning("cannot reach the database to acquire leadership: %s", exc)
@@ -460,9 +477,9 @@ class SqlStore:
     def get_task(self, ref: TaskRef) -> TaskRecord | None:
         """A task by id, or the newest task with a key."""
         if isinstance(ref, ById):
-            return self._run(lambda c: repository.get_task(c, task_id=ref.id))  # type: ignore[no-any-return]
+            return self._read(lambda c: repository.get_task(c, task_id=ref.id))  # type: ignore[no-any-return]
         if isinstance(ref, ByKey):
-            return self._run(lambda c: repository.get_task(c, key=ref.key))  # type: ignore[no-any-return]
+            return self._read(lambda c: repository.get_task(c, key=ref.key))  # type: ignore[no-any-return]
         raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
 
     def list_finished(
@@ -473,7 +490,7 @@ class SqlStore:
         limit: int = 100,
     ) -> list[TaskRecord]:
         """Finished tasks by id above `after`: in `pools` (any if empty), with `statuses`."""
-        return self._run(  # type: ignore[no-any-return]
+        return self._read(  # type: ignore[no-any-return]
             lambda c: repository.list_finished(
                 c, pools=pools, statuses=statuses, after=after, limit=limit
             )
@@ -481,4 +498,4 @@ class SqlStore:
 
     def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded."""
-        return self._run(lambda c: repository.load_output(c, id))  # type: ignore[no-any-return]
+        return self._read(lambda c: repository.load_output(c, id))  # type: ignore[no-any-return]

@@ -705,13 +705,13 @@ def test_acquire_backs_off_while_the_database_is_unreachable(
     engine = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/nowhere")  # refused
     store = SqlStore(engine, StoreConfig(lock_poll=timedelta(milliseconds=50)))
     attempts: list[float] = []
-    run = store._run
+    read = store._read  # every try starts by looking at the lease
 
     def counting(fn: Callable[[Connection], Any]) -> Any:
         attempts.append(time.monotonic())
-        return run(fn)
+        return read(fn)
 
-    store._run = counting  # type: ignore[method-assign]
+    store._read = counting  # type: ignore[method-assign]
     try:
         with pytest.raises(StoreUnavailable, match="unreachable"):
             store.acquire_leadership(timeout=1.0)

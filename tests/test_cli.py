@@ -378,7 +378,7 @@ def test_postgresql_schema(db_url: URL) -> None:
 @pytest.mark.sqlite
 def test_history_and_help() -> None:
     out = run(None, "history").stdout
-    assert f"<base> -> {migrate.head_revision()} (head): " in out
+    assert f"-> {migrate.head_revision()} (head): " in out and "<base> -> " in out
     assert "Run the failover demo" in run(None, "demo", "--help").stdout
     assert "demo runs on a SQLite file" in run("postgresql+psycopg://h/db", "demo", code=2).stderr
     listed = run(None, "--help").stdout

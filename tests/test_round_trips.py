@@ -22,12 +22,17 @@ BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 
 
 def _statements(store: SqlStore, *commit_args: Any) -> int:
-    """How many statements `store.commit(*commit_args)` sends."""
+    """How many statements `store.commit(*commit_args)` sends.
+
+    MySQL's per-connection lock-wait setting is sent once for each pooled connection, not per
+    commit, so it does not count.
+    """
     count = 0
 
-    def before(*_args: Any) -> None:
+    def before(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         nonlocal count
-        count += 1
+        if not statement.startswith("SET SESSION"):
+            count += 1
 
     event.listen(store.engine, "before_cursor_execute", before)
     try:

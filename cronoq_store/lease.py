@@ -88,6 +88,16 @@ def may_take(conn: Connection, *, holder: str) -> bool:
     return bool(row.holder is None or row.holder == holder or row.expires_unix_ns <= row.now)
 
 
+def lock_stmt() -> Select[Any]:
+    """The lease row, locked: waits out a commit or takeover in flight (SQLite: no-op)."""
+    return select(leader.c.id).where(leader.c.id == 1).with_for_update()
+
+
+def lock(conn: Connection) -> None:
+    """Wait for the lease row's lock, so that a take after it runs at once."""
+    conn.execute(lock_stmt()).one()
+
+
 def epoch_stmt() -> Select[Any]:
     """The current epoch (read back by the transaction that just took the lease)."""
     return select(leader.c.epoch).where(leader.c.id == 1)

@@ -338,8 +338,10 @@ class SqlStore:
         started = 0.0
 
         def take(conn: Connection) -> int | None:
-            # The lease runs from the take, not from before a wait for the write lock.
+            # The lease runs from the take, not from before a wait for the row (or, on SQLite,
+            # the write) lock: a killed leader's commit can hold it for a while.
             nonlocal started
+            lease.lock(conn)
             started = time.monotonic()
             return lease.try_take(conn, holder=self.holder, ttl_ns=ttl)
 

@@ -88,7 +88,7 @@ def _driver_sql(
     """
     translate = conn.get_execution_options().get("schema_translate_map")
     cache_key = (
-        id(stmt),
+        stmt,  # the object, not id(): a key must keep its statement alive
         keys,
         conn.dialect,
         None if translate is None else tuple(sorted(translate.items(), key=repr)),
@@ -119,6 +119,44 @@ def _executemany(
     sql, getter = _driver_sql(conn, stmt, tuple(rows[0]))
     params: Any = rows if getter is None else [getter(r) for r in rows]
     return conn.exec_driver_sql(sql, params)
+
+
+_FULL_IN: dict[tuple[Any, ...], tuple[str, tuple[str, ...] | None]] = {}
+"""Full-chunk IN statements: SQL, and parameter names unless positional."""
+
+
+def _run_in(
+    conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]
+) -> CursorResult[Any]:
+    """Run `stmt` (its one expanding parameter "ids" bound to `ids`).
+
+    A full chunk (the usual case in large commits and in prune) runs a form compiled once with
+    IN_CHUNK plain placeholders, instead of rendering 1000 placeholders on every execution.
+    """
+    if len(ids) != IN_CHUNK:
+        return conn.execute(stmt, {"ids": list(ids)})
+    translate = conn.get_execution_options().get("schema_translate_map")
+    key = (
+        stmt,  # the object, not id(): a key must keep its statement alive
+        conn.dialect,
+        None if translate is None else tuple(sorted(translate.items(), key=repr)),
+    )
+    hit = _FULL_IN.get(key)
+    if hit is None:
+        compiled = stmt.compile(
+            dialect=conn.dialect,
+            schema_translate_map=translate,
+            render_schema_translate=translate is not None,
+        )
+        state = compiled.construct_expanded_state({"ids": list(range(IN_CHUNK))})
+        names = tuple(state.positiontup or state.parameters)
+        if len(names) != IN_CHUNK:  # not a statement of one IN list
+            return conn.execute(stmt, {"ids": list(ids)})
+        hit = _FULL_IN[key] = (state.statement, None if compiled.positional else names)
+    sql, names_or_none = hit
+    if names_or_none is None:
+        return conn.exec_driver_sql(sql, tuple(ids))
+    return conn.exec_driver_sql(sql, dict(zip(names_or_none, ids, strict=True)))
 
 
 def _can_copy(conn: Connection) -> bool:
@@ -369,7 +407,7 @@ def write(
         ids = list(inserts)
         existing: set[int] = set()
         for chunk in _chunks(ids):
-            existing.update(conn.execute(existing_ids_stmt(), {"ids": list(chunk)}).scalars())
+            existing.update(_run_in(conn, existing_ids_stmt(), chunk).scalars())
         if existing:
             # Submitted again (a retried batch): the stored row stands; apply its transition.
             inserts = {i: r for i, r in inserts.items() if i not in existing}
@@ -408,7 +446,7 @@ def write(
             )
         finished = [i for i, st in updates.items() if _TERMINAL[st.status]]
         for chunk in _chunks(finished):
-            conn.execute(delete_deps_stmt(), {"ids": list(chunk)})
+            _run_in(conn, delete_deps_stmt(), chunk)
     # 2. New tasks, and the dependency rows of those still live.
     if inserts:
         _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
@@ -566,7 +604,7 @@ def recover(
             [{"b_id": i, "b_at": now_unix_ns, "b_message": codec.clean(m)} for i, _, m in corrupt],
         )
         for chunk in _chunks([i for i, _, _ in corrupt]):
-            conn.execute(delete_deps_stmt(), {"ids": list(chunk)})
+            _run_in(conn, delete_deps_stmt(), chunk)
 
     cutoff = now_unix_ns - int(retention / timedelta(microseconds=1)) * 1000
     terminal: list[RecoveredTerminal] = []
@@ -619,8 +657,9 @@ def recover(
 def prunable_stmt() -> Select[Any]:
     """Up to `limit` finished tasks updated before `cutoff` that no live task depends on.
 
-    Correlated NOT EXISTS probes the dependency indexes once per candidate; NOT IN over the
-    whole dependency table made SQLite rebuild it as a temporary index for every batch.
+    Two correlated NOT EXISTS, so every dialect plans an anti-join probing the dependency
+    indexes once per candidate: NOT IN over the whole dependency table made SQLite rebuild it
+    as a temporary index, and PostgreSQL hash it, for every batch.
     """
     by_id = select(task_deps.c.task_id).where(task_deps.c.target_id == tasks.c.id)
     by_key = select(task_deps.c.task_id).where(task_deps.c.target_key == tasks.c.key)
@@ -630,7 +669,7 @@ def prunable_stmt() -> Select[Any]:
             tasks.c.terminal == True,  # noqa: E712
             tasks.c.updated_unix_ns < bindparam("cutoff"),
             ~by_id.exists(),
-            or_(tasks.c.key.is_(None), ~by_key.exists()),
+            ~by_key.exists(),  # a NULL key matches no row: no "key IS NULL OR" needed
         )
         .order_by(tasks.c.updated_unix_ns)
         .limit(bindparam("limit"))
@@ -647,7 +686,7 @@ def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
     """Delete one batch of prunable tasks; returns how many were deleted."""
     ids = conn.execute(prunable_stmt(), {"cutoff": cutoff, "limit": limit}).scalars().all()
     if ids:
-        conn.execute(delete_tasks_stmt(), {"ids": ids})
+        _run_in(conn, delete_tasks_stmt(), ids)
     return len(ids)
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import cache
 from typing import Any, Final
 
 from sqlalchemy import Connection, Select, Update, and_, bindparam, case, or_, select, update
@@ -42,6 +43,7 @@ def new_holder() -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:16]}"[: codec.HOLDER_MAX]
 
 
+@cache
 def lease_view_stmt() -> Select[Any]:
     """The lease row and the database's clock, unlocked: for operators' reads, which must never
     block a commit."""
@@ -53,6 +55,7 @@ def lease_view_stmt() -> Select[Any]:
     ).where(leader.c.id == 1)
 
 
+@cache
 def take_stmt() -> Update:
     """Take the lease for `b_holder` under the next epoch, until `b_ttl` from now, if it is free,
     ours, or expired: expiry is compared here, in SQL, on the database's clock.
@@ -88,6 +91,7 @@ def may_take(conn: Connection, *, holder: str) -> bool:
     return bool(row.holder is None or row.holder == holder or row.expires_unix_ns <= row.now)
 
 
+@cache
 def lock_stmt() -> Select[Any]:
     """The lease row, locked: waits out a commit or takeover in flight (SQLite: no-op)."""
     return select(leader.c.id).where(leader.c.id == 1).with_for_update()
@@ -98,6 +102,7 @@ def lock(conn: Connection) -> None:
     conn.execute(lock_stmt()).one()
 
 
+@cache
 def epoch_stmt() -> Select[Any]:
     """The current epoch (read back by the transaction that just took the lease)."""
     return select(leader.c.epoch).where(leader.c.id == 1)
@@ -112,11 +117,13 @@ def _held() -> ColumnElement[bool]:
     )
 
 
+@cache
 def renew_stmt() -> Update:
     """Extend our lease by `b_ttl`; matches nothing once another instance took it."""
     return update(leader).where(_held()).values(expires_unix_ns=db_now_ns() + bindparam("b_ttl"))
 
 
+@cache
 def fence_stmt() -> Update:
     """Fence check, the first write of every commit: extend our lease, raise the id high-water.
 
@@ -137,6 +144,7 @@ def fence_stmt() -> Update:
     )
 
 
+@cache
 def release_stmt() -> Update:
     """Give the lease up at once."""
     return (

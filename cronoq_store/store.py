@@ -457,9 +457,16 @@ class SqlStore:
     def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""
         now = self._now()
-        result: Recovered = self._run(
-            lambda c: repository.recover(c, base, now_unix_ns=now, retention=self.config.retention)
-        )
+
+        def scan(conn: Connection) -> Recovered:
+            return repository.recover(conn, base, now_unix_ns=now, retention=self.config.retention)
+
+        try:
+            # Streams without SQLite's write lock, so the keeper renews meanwhile; only a
+            # quarantine writes, and where that cannot upgrade the read, it runs again below.
+            result: Recovered = self._read(scan)
+        except StoreUnavailable:
+            result = self._run(scan)
         return result
 
     def prune(self, older_than: timedelta) -> int:

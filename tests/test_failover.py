@@ -31,7 +31,7 @@ from cronoq_store.demo import run as run_demo
 from cronoq_store.schema import leader as leader_table
 from cronoq_store.testing import CheckReport, DriverProcess, HangPoint, check
 
-TTL = float(os.environ.get("CRONOQ_FAILOVER_TTL", "0.6"))
+TTL = float(os.environ.get("CRONOQ_FAILOVER_TTL", "1.0"))
 """Lease TTL of the drivers, seconds: short, so that rounds are cheap."""
 RENEW = TTL / 4
 POLL = 0.05

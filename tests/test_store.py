@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import URL
@@ -318,3 +319,34 @@ def test_a_pruned_task_zero_is_never_handed_out_again(store: SqlStore) -> None:
     assert store.recover(BASE).next_id == 1
     assert store.prune(timedelta(seconds=1)) == 1
     assert store.recover(BASE).next_id == 1
+
+
+def test_recovery_does_not_hold_the_sqlite_write_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper must be able to renew while a large recovery streams."""
+    import sqlite3
+
+    from cronoq_store import codec
+
+    path = tmp_path / "state.db"
+    decode = codec.spec_from_columns
+    writes: list[bool] = []
+
+    def decode_while_another_writes(*args: object, **kwargs: object) -> object:
+        if not writes:
+            other = sqlite3.connect(path, timeout=0, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")  # fails at once if recovery held the lock
+                other.execute("ROLLBACK")
+                writes.append(True)
+            finally:
+                other.close()
+        return decode(*args, **kwargs)  # type: ignore[arg-type]
+
+    with SqlStore.open(path) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [submit(i) for i in range(1, 4)])
+        monkeypatch.setattr(codec, "spec_from_columns", decode_while_another_writes)
+        assert [t.id for t in store.recover(BASE).tasks] == [1, 2, 3]
+    assert writes == [True]

@@ -16,7 +16,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,16 +29,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import URL, Engine, Select, create_engine, event, func, make_url, select, table
-from sqlalchemy import column as sql_column
+from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.pool import NullPool
 
 from . import codec, dialects, lease, migrate, repository
 from .errors import CorruptValue, SchemaError, StoreError, StoreUnavailable
 from .model import TaskStatus, TimeBase
-from .schema import tasks
 from .store import SqlStore, StoreConfig
 
 DEFAULT_URL: Final = "cronoq.db"
@@ -176,94 +173,6 @@ def _require_head(store: SqlStore, schema: str | None) -> None:
     raise SchemaError(
         f"the database is at schema revision {rev!r}, behind this build's {head!r}: "
         f"run `cronoq-store upgrade`"
-    )
-
-
-# Read-only queries of the CLI (the store's own statements live in repository.py and lease.py).
-
-
-def task_counts_stmt() -> Select[Any]:
-    """How many tasks each pool holds in each status."""
-    return (
-        select(tasks.c.pool, tasks.c.status, func.count().label("n"))
-        .group_by(tasks.c.pool, tasks.c.status)
-        .order_by(tasks.c.pool, tasks.c.status)
-    )
-
-
-_LIST_COLUMNS: Final = (
-    tasks.c.id,
-    tasks.c.key,
-    tasks.c.pool,
-    tasks.c.kind,
-    tasks.c.priority,
-    tasks.c.tenant,
-    tasks.c.status,
-    tasks.c.attempt,
-    tasks.c.updated_unix_ns,
-    tasks.c.message,
-    func.length(tasks.c.output).label("output_size"),
-)
-
-
-def list_tasks_stmt(
-    *,
-    pools: Sequence[str],
-    statuses: Sequence[str],
-    key: str | None,
-    tenant: str | None,
-    after: int | None,
-    limit: int,
-) -> Select[Any]:
-    """Tasks (live and finished) in id order, filtered, keyset-paged by id."""
-    stmt = select(*_LIST_COLUMNS)
-    if pools:
-        stmt = stmt.where(tasks.c.pool.in_([codec.clean(p) for p in pools]))
-    if statuses:
-        stmt = stmt.where(tasks.c.status.in_(list(statuses)))
-    if key is not None:
-        stmt = stmt.where(tasks.c.key == codec.clean(key))
-    if tenant is not None:
-        stmt = stmt.where(tasks.c.tenant == codec.clean(tenant))
-    if after is not None:
-        stmt = stmt.where(tasks.c.id > after)
-    return stmt.order_by(tasks.c.id).limit(limit)
-
-
-def task_row_stmt(*, task_id: int | None = None, key: str | None = None) -> Select[Any]:
-    """Every column of one task, by id, or the newest task with `key`; the output as its size."""
-    columns = [c for c in tasks.c if c.name != "output"]
-    stmt = select(*columns, func.length(tasks.c.output).label("output_size"))
-    if task_id is not None:
-        return stmt.where(tasks.c.id == task_id)
-    return stmt.where(tasks.c.key == codec.clean(key or "")).order_by(tasks.c.id.desc()).limit(1)
-
-
-def prunable_count_stmt() -> Select[Any]:
-    """How many tasks `prune` would delete now: `repository.prunable_stmt`, counted."""
-    return select(func.count()).select_from(repository.prunable_stmt().subquery())
-
-
-def database_size_stmt(dialect: Dialect, schema: str | None) -> Select[Any]:
-    """The size of the whole database in bytes, as each dialect reports it."""
-    which = dialects.name(dialect)
-    if which == "postgresql":
-        return select(func.pg_database_size(func.current_database()))
-    if which == "mysql":
-        info = table(
-            "tables",
-            sql_column("table_schema"),
-            sql_column("data_length"),
-            sql_column("index_length"),
-            schema="information_schema",
-        )
-        return select(func.coalesce(func.sum(info.c.data_length + info.c.index_length), 0)).where(
-            info.c.table_schema == (schema if schema else func.database())
-        )
-    pages = func.pragma_page_count().table_valued("page_count")
-    size = func.pragma_page_size().table_valued("page_size")
-    return select(
-        select(pages.c.page_count).scalar_subquery() * select(size.c.page_size).scalar_subquery()
     )
 
 
@@ -516,14 +425,14 @@ def status(target: Target, as_json: bool) -> None:
         lease_view = _lease_view(conn.execute(lease.lease_view_stmt()).one())
         counts = [
             {"pool": r.pool, "status": r.status, "count": r.n}
-            for r in conn.execute(task_counts_stmt())
+            for r in conn.execute(repository.task_counts_stmt())
         ]
         schedules = [
             _schedule(r.name, r.spec, r.template_payload, r.next_unix_ns, r.last_task_id)
             for r in conn.execute(repository.recurring_stmt())
         ]
         try:
-            size = conn.execute(database_size_stmt(conn.dialect, target.schema)).scalar()
+            size = conn.execute(dialects.database_size_stmt(conn.dialect, target.schema)).scalar()
         except sa_exc.DBAPIError:  # the size is a courtesy; a locked-down server may refuse it
             conn.rollback()
             size = None
@@ -619,7 +528,7 @@ def tasks_cmd(
     as_json: bool,
 ) -> None:
     """List tasks, live and finished, in id order (page on with --after)."""
-    stmt = list_tasks_stmt(
+    stmt = repository.list_tasks_stmt(
         pools=pools,
         statuses=[s.lower() for s in statuses],
         key=key,
@@ -711,7 +620,11 @@ def show(target: Target, ref: str, by_key: bool, as_json: bool) -> None:
     task_id: int | None = None
     if not by_key and re.fullmatch(r"-?\d+", ref):
         task_id = int(ref)
-    stmt = task_row_stmt(task_id=task_id) if task_id is not None else task_row_stmt(key=ref)
+    stmt = (
+        repository.task_row_stmt(task_id=task_id)
+        if task_id is not None
+        else repository.task_row_stmt(key=ref)
+    )
     with _database(target) as store, store.engine.connect() as conn:
         row = conn.execute(stmt).first()
         detail = None if row is None else _task_detail(row)
@@ -782,7 +695,9 @@ def prune(
     with _database(target, write=True) as store:
         with store.engine.connect() as conn:
             total = int(
-                conn.execute(prunable_count_stmt(), {"cutoff": cutoff, "limit": COUNT_ALL}).scalar()
+                conn.execute(
+                    repository.prunable_count_stmt(), {"cutoff": cutoff, "limit": COUNT_ALL}
+                ).scalar()
                 or 0
             )
         deleted = 0

@@ -18,6 +18,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
+    Select,
     bindparam,
     cast,
     event,
@@ -25,7 +26,9 @@ from sqlalchemy import (
     literal,
     literal_column,
     select,
+    table,
 )
+from sqlalchemy import column as sql_column
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import CompileError
@@ -133,6 +136,29 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
         # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
         read_only = conn.get_execution_options().get(READ_ONLY, False)
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def database_size_stmt(dialect: Dialect, schema: str | None) -> Select[Any]:
+    """The size of the whole database in bytes, as each dialect reports it."""
+    which = name(dialect)
+    if which == "postgresql":
+        return select(func.pg_database_size(func.current_database()))
+    if which == "mysql":
+        info = table(
+            "tables",
+            sql_column("table_schema"),
+            sql_column("data_length"),
+            sql_column("index_length"),
+            schema="information_schema",
+        )
+        return select(func.coalesce(func.sum(info.c.data_length + info.c.index_length), 0)).where(
+            info.c.table_schema == (schema if schema else func.database())
+        )
+    pages = func.pragma_page_count().table_valued("page_count")
+    size = func.pragma_page_size().table_valued("page_size")
+    return select(
+        select(pages.c.page_count).scalar_subquery() * select(size.c.page_size).scalar_subquery()
+    )
 
 
 # Migrations run under one cross-process lock per database.

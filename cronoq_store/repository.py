@@ -804,3 +804,68 @@ def list_finished(
 def load_output(conn: Connection, task_id: int) -> bytes | None:
     out = conn.execute(output_of_stmt(), {"id": task_id}).scalar()
     return None if out is None else bytes(out)
+
+
+# Operators' read-only queries (the CLI's).
+
+
+def task_counts_stmt() -> Select[Any]:
+    """How many tasks each pool holds in each status."""
+    return (
+        select(tasks.c.pool, tasks.c.status, func.count().label("n"))
+        .group_by(tasks.c.pool, tasks.c.status)
+        .order_by(tasks.c.pool, tasks.c.status)
+    )
+
+
+_LIST_COLUMNS: Final = (
+    tasks.c.id,
+    tasks.c.key,
+    tasks.c.pool,
+    tasks.c.kind,
+    tasks.c.priority,
+    tasks.c.tenant,
+    tasks.c.status,
+    tasks.c.attempt,
+    tasks.c.updated_unix_ns,
+    tasks.c.message,
+    func.length(tasks.c.output).label("output_size"),
+)
+
+
+def list_tasks_stmt(
+    *,
+    pools: Sequence[str],
+    statuses: Sequence[str],
+    key: str | None,
+    tenant: str | None,
+    after: int | None,
+    limit: int,
+) -> Select[Any]:
+    """Tasks (live and finished) in id order, filtered, keyset-paged by id."""
+    stmt = select(*_LIST_COLUMNS)
+    if pools:
+        stmt = stmt.where(tasks.c.pool.in_([codec.clean(p) for p in pools]))
+    if statuses:
+        stmt = stmt.where(tasks.c.status.in_(list(statuses)))
+    if key is not None:
+        stmt = stmt.where(tasks.c.key == codec.clean(key))
+    if tenant is not None:
+        stmt = stmt.where(tasks.c.tenant == codec.clean(tenant))
+    if after is not None:
+        stmt = stmt.where(tasks.c.id > after)
+    return stmt.order_by(tasks.c.id).limit(limit)
+
+
+def task_row_stmt(*, task_id: int | None = None, key: str | None = None) -> Select[Any]:
+    """Every column of one task, by id, or the newest task with `key`; the output as its size."""
+    columns = [c for c in tasks.c if c.name != "output"]
+    stmt = select(*columns, func.length(tasks.c.output).label("output_size"))
+    if task_id is not None:
+        return stmt.where(tasks.c.id == task_id)
+    return stmt.where(tasks.c.key == codec.clean(key or "")).order_by(tasks.c.id.desc()).limit(1)
+
+
+def prunable_count_stmt() -> Select[Any]:
+    """How many tasks `prune` would delete now: `repository.prunable_stmt`, counted."""
+    return select(func.count()).select_from(prunable_stmt().subquery())

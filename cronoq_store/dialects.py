@@ -196,17 +196,25 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
 
 
-def bound_transaction(conn: Connection, timeout: timedelta) -> None:
+def bound_transaction(conn: Connection, timeout: timedelta, *, idle: timedelta) -> None:
     """Bound how long each statement of this transaction may wait, so a commit cannot hang.
 
-    PostgreSQL: `statement_timeout` for this transaction only. MySQL: the session's lock wait
-    timeout (whole seconds), set once per connection. SQLite waits only for other writers, and
-    `busy_timeout` already bounds that.
+    PostgreSQL: `statement_timeout` for this transaction only, and `idle` for how long the
+    client may sit inside it: the server ends the session of a leader paused mid-commit, which
+    would otherwise hold the leader row, and so every standby, until it resumed. MySQL: the
+    session's lock wait timeout (whole seconds), set once per connection. SQLite waits only for
+    other writers, and `busy_timeout` already bounds that.
     """
     dialect = name(conn.dialect)
     if dialect == "postgresql":
         ms = max(1, timeout // timedelta(milliseconds=1))
-        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
+        idle_ms = max(1, idle // timedelta(milliseconds=1))
+        conn.execute(
+            select(
+                func.set_config("statement_timeout", str(ms), True),
+                func.set_config("idle_in_transaction_session_timeout", str(idle_ms), True),
+            )
+        )
     elif dialect == "mysql":
         seconds = max(1, -(-timeout // timedelta(seconds=1)))
         if conn.info.get("cronoq_lock_wait_s") != seconds:

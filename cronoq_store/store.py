@@ -178,7 +178,7 @@ def commit_work(
     deadline = time.monotonic() + timeout.total_seconds()
 
     def work(conn: Connection) -> None:
-        dialects.bound_transaction(conn, timeout)
+        dialects.bound_transaction(conn, timeout, idle=config.lease_ttl)
         if not lease.fence(conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl):
             raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
         repository.write(conn, base, folded, outputs)

@@ -754,3 +754,45 @@ def test_config_refuses_settings_that_cannot_work(settings: dict[str, Any], why:
 
 def test_config_accepts_the_defaults() -> None:
     assert StoreConfig().lease_renew * 5 == StoreConfig().lease_ttl
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
+    engine: Engine, open_store: Callable[[StoreConfig], SqlStore]
+) -> None:
+    """The server ends the session of a client idle in its commit past the lease TTL."""
+    old, standby = open_store(SHORT), open_store(SHORT)
+    epoch = old.acquire_leadership(timeout=WAIT)
+    paused, resume = threading.Event(), threading.Event()
+
+    @event.listens_for(old.engine, "after_cursor_execute")
+    def pause_after_fence(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("UPDATE cronoq_leader") and not paused.is_set():
+            paused.set()
+            resume.wait(WAIT)  # the leader row stays locked: a process stopped mid-commit
+
+    failure: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            old.commit(epoch, BASE, [submit(1)])
+        except BaseException as exc:
+            failure.append(exc)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    try:
+        assert paused.wait(WAIT)
+        started = time.monotonic()
+        new_epoch = standby.acquire_leadership(timeout=WAIT)
+        took = time.monotonic() - started
+    finally:
+        resume.set()
+        committer.join(WAIT)
+    assert new_epoch == epoch + 1
+    # Without the idle timeout the takeover waits until the paused commit resumes (WAIT s).
+    assert took < SHORT.lease_ttl.total_seconds() * 2 + SLACK
+    assert failure and isinstance(failure[0], StoreUnavailable | Fenced)
+    assert stored_ids(engine) == set()
+    standby.commit(new_epoch, BASE, [submit(2)])
+    assert stored_ids(engine) == {2}

@@ -28,4 +28,4 @@ lint: venv
 	$(BIN)/mypy --strict cronoq_store
 
 clean:
-	rm -rf $(VENV) cronoq.db cronoq.db-wal cronoq.db-shm
+	rm -rf $(VENV) cronoq.db cronoq.db-wal cronoq.db-shm cronoq.db.acks.jsonl cronoq.db.*.log

@@ -819,18 +819,10 @@ def task_counts_stmt() -> Select[Any]:
 
 
 _LIST_COLUMNS: Final = (
-    tasks.c.id,
-    tasks.c.key,
-    tasks.c.pool,
-    tasks.c.kind,
-    tasks.c.priority,
-    tasks.c.tenant,
-    tasks.c.status,
-    tasks.c.attempt,
-    tasks.c.updated_unix_ns,
-    tasks.c.message,
+    *(c for c in _RECORD_COLUMNS if c.name != "output"),
     func.length(tasks.c.output).label("output_size"),
 )
+"""A task record's columns for listings: the output only as its size."""
 
 
 def list_tasks_stmt(

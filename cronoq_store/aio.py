@@ -337,12 +337,21 @@ class AsyncSqlStore:
         return await _wait(self._lost, timeout)
 
     async def _lose(
-        self, why: str, level: int = logging.ERROR, *, keeper: AsyncKeeper | None = None
+        self,
+        why: str,
+        level: int = logging.ERROR,
+        *,
+        keeper: AsyncKeeper | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Step down (once): commits raise `Fenced` from here on. A `keeper` that no longer
-        keeps the current lease (a stale one) changes nothing."""
+        keeps the current lease (a stale one), or a commit fenced under an epoch that is no
+        longer ours, changes nothing."""
         # No await before set(): on one loop the check and the set are one step.
-        if self._lost.is_set() or (keeper is not None and keeper is not self._keeper):
+        stale = (keeper is not None and keeper is not self._keeper) or (
+            epoch is not None and epoch != self._epoch
+        )
+        if self._lost.is_set() or stale:
             return
         self._lost.set()
         if self._keeper is not None:
@@ -467,7 +476,7 @@ class AsyncSqlStore:
         try:
             await self._run(work)
         except Fenced as exc:
-            await self._lose(str(exc))
+            await self._lose(str(exc), epoch=epoch)
             raise
 
     async def recover(self, base: TimeBase) -> Recovered:

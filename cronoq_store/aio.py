@@ -381,19 +381,18 @@ class AsyncSqlStore:
         holder = self.holder
         unreachable: StoreUnavailable | None = None
         while True:
-            started = time.monotonic()
             try:
-                epoch = await self._run(lambda c: lease.try_take(c, holder=holder, ttl_ns=ttl))
+                taken = await self._run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl))
             except StoreUnavailable as exc:
                 if unreachable is None:
                     log.warning("cannot reach the database to acquire leadership: %s", exc)
-                unreachable, epoch, wait = exc, None, delay
+                unreachable, taken, wait = exc, None, delay
                 delay = min(delay * 2, max(MAX_RETRY_DELAY, poll))
             else:
                 if unreachable is not None:
                     log.info("the database is reachable again")
                 unreachable, wait, delay = None, poll, poll
-            if epoch is not None:
+            if taken is not None:
                 break
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -404,25 +403,25 @@ class AsyncSqlStore:
                     raise StoreUnavailable(f"not leader after {timeout} s: {why}")
                 wait = min(wait, left)
             await asyncio.sleep(wait)
-        taken = int(epoch)
+        epoch, started = taken
 
         async def lost(why: str) -> None:
             await self._lose(why, keeper=keeper)
 
         keeper = AsyncKeeper(
-            renew=lambda: self._renew(taken),
+            renew=lambda: self._renew(epoch),
             lost=lost,
             every=self.config.lease_renew.total_seconds(),
             ttl=self.config.lease_ttl.total_seconds(),
             renewed_at=started,
-            name=f"cronoq-lease-keeper-{taken}",
+            name=f"cronoq-lease-keeper-{epoch}",
         )
         self._keeper = keeper
-        self._epoch = taken
+        self._epoch = epoch
         self._lost.clear()
         keeper.start()
-        log.info("cronoq leadership acquired (epoch %s)", taken)
-        return taken
+        log.info("cronoq leadership acquired (epoch %s)", epoch)
+        return epoch
 
     async def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""

@@ -167,6 +167,19 @@ def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
     return epoch
 
 
+def take(conn: Connection, *, holder: str, ttl_ns: int) -> tuple[int, float] | None:
+    """`try_take` after waiting for the lease row's lock: the new epoch and the monotonic time
+    the lease runs from, or None.
+
+    The time is read once the lock is ours, not before: a killed leader's commit can hold it for
+    a while, and a lease timed from before that wait would be lost on arrival.
+    """
+    lock(conn)
+    started = time.monotonic()
+    epoch = try_take(conn, holder=holder, ttl_ns=ttl_ns)
+    return None if epoch is None else (epoch, started)
+
+
 def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
     """Extend our lease by `ttl_ns`; False when it was taken over."""
     result = conn.execute(renew_stmt(), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns})

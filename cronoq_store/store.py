@@ -335,30 +335,22 @@ class SqlStore:
         delay = poll
         ttl = _ns(self.config.lease_ttl)
         unreachable: StoreUnavailable | None = None
-        started = 0.0
-
-        def take(conn: Connection) -> int | None:
-            # The lease runs from the take, not from before a wait for the row (or, on SQLite,
-            # the write) lock: a killed leader's commit can hold it for a while.
-            nonlocal started
-            lease.lock(conn)
-            started = time.monotonic()
-            return lease.try_take(conn, holder=self.holder, ttl_ns=ttl)
-
+        taken: tuple[int, float] | None
         while True:
             try:
-                free = self._read(lambda c: lease.may_take(c, holder=self.holder))
-                epoch = self._run(take) if free else None
+                taken = None
+                if self._read(lambda c: lease.may_take(c, holder=self.holder)):
+                    taken = self._run(lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl))
             except StoreUnavailable as exc:
                 if unreachable is None:
                     log.warning("cannot reach the database to acquire leadership: %s", exc)
-                unreachable, epoch, wait = exc, None, delay
+                unreachable, taken, wait = exc, None, delay
                 delay = min(delay * 2, max(MAX_RETRY_DELAY, poll))
             else:
                 if unreachable is not None:
                     log.info("the database is reachable again")
                 unreachable, wait, delay = None, poll, poll
-            if epoch is not None:
+            if taken is not None:
                 break
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -369,7 +361,7 @@ class SqlStore:
                     raise StoreUnavailable(f"not leader after {timeout} s: {why}")
                 wait = min(wait, left)
             time.sleep(wait)
-        epoch = int(epoch)
+        epoch, started = taken
         with self._lock:
             keeper = lease.Keeper(
                 renew=lambda: self._renew(epoch),

@@ -45,6 +45,7 @@ from .store import (
     _ns,
     _sqlite_path,
     commit_work,
+    sqlite_file,
     translated,
 )
 
@@ -93,7 +94,7 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
     url = async_url(target)
     try:
         if url.get_backend_name() == "sqlite":
-            path = _sqlite_path(url.database or "")
+            path = sqlite_file(url)
             _create_private(path)
             engine = create_async_engine(url, pool_size=config.pool_size, max_overflow=0)
             # Pool and transaction events live on the sync engine the async one proxies.

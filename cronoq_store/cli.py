@@ -691,7 +691,7 @@ def prune(
     target: Target, older_than: timedelta, dry_run: bool, batch_size: int, as_json: bool
 ) -> None:
     """Delete old finished tasks that no live task depends on, in short transactions."""
-    cutoff = time.time_ns() - (older_than // timedelta(microseconds=1)) * 1000
+    cutoff = codec.saturate(time.time_ns() - (older_than // timedelta(microseconds=1)) * 1000)
     with _database(target, write=True) as store:
         with store.engine.connect() as conn:
             total = int(

@@ -84,12 +84,23 @@ def to_unix_opt(base: TimeBase, t: Time | None, field: str = "time") -> int | No
     return None if t is None else to_unix(base, t, field)
 
 
+def saturate(value: int) -> int:
+    """`value` clamped to the signed 64-bit range (as the reference's saturating arithmetic)."""
+    return INT64_MIN if value < INT64_MIN else INT64_MAX if value > INT64_MAX else value
+
+
 def from_unix(base: TimeBase, unix_ns: int) -> Time:
-    return unix_ns - base.unix_ns
+    """Engine time of stored Unix nanoseconds, saturated to the 64-bit range.
+
+    A time valid when committed stays valid under any later base: converting is arithmetic,
+    never a reason to quarantine a row.
+    """
+    t = unix_ns - base.unix_ns
+    return t if INT64_MIN <= t <= INT64_MAX else saturate(t)
 
 
 def from_unix_opt(base: TimeBase, unix_ns: int | None) -> Time | None:
-    return None if unix_ns is None else unix_ns - base.unix_ns
+    return None if unix_ns is None else from_unix(base, unix_ns)
 
 
 # JSON parts. Each encoder has a decoder that checks the shape strictly: a damaged value must
@@ -162,6 +173,8 @@ def _deps_list(deps: tuple[Dep, ...], field: str) -> list[dict[str, Any]]:
     for dep in deps:
         target = dep.target
         if isinstance(target, ById):
+            if not INT64_MIN <= target.id <= INT64_MAX:
+                raise InvalidValue(f"{field} id {target.id} is outside the 64-bit range")
             out.append({"id": target.id, "on": dep.on})
         else:
             out.append({"key": bounded(field + " key", target.key, KEY_MAX), "on": dep.on})

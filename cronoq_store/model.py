@@ -60,9 +60,12 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
         raise InvalidValue(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class TimeBase:
-    """Maps engine time to wall-clock Unix nanoseconds: `unix = unix_ns + t`."""
+    """Maps engine time to wall-clock Unix nanoseconds: `unix = unix_ns + t`.
+
+    Its one field may be given by position: `TimeBase(ns)`.
+    """
 
     unix_ns: int
     """Unix time in nanoseconds of engine time 0."""
@@ -79,19 +82,24 @@ class TimeBase:
         return unix_ns - self.unix_ns
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class ById:
-    """A task named by its id."""
+    """A task named by its id: `ById(5)` or `ById(id=5)`.
+
+    Any int is accepted, so a lookup of an id outside the 64-bit range simply finds nothing; a
+    dependency on one is refused when committed (no task can have it).
+    """
 
     id: TaskId
 
     def __post_init__(self) -> None:
-        _int("ById.id", self.id)
+        if not isinstance(self.id, int) or isinstance(self.id, bool):
+            raise InvalidValue(f"ById.id must be an int, not {type(self.id).__name__}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class ByKey:
-    """A task named by its key (the newest task with that key)."""
+    """A task named by its key (the newest task with that key): `ByKey("k")` or `ByKey(key=...)`."""
 
     key: str
 

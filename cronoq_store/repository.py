@@ -38,8 +38,10 @@ from sqlalchemy import exc as sa_exc
 
 from . import codec
 from .errors import CorruptValue, StoreError
-from .model import Mutation as Mutation
 from .model import (
+    INT64_MAX,
+    INT64_MIN,
+    Dep,
     Recovered,
     RecoveredRecurring,
     RecoveredTask,
@@ -54,6 +56,7 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
+from .model import Mutation as Mutation
 from .schema import leader, recurring, task_deps, tasks
 
 log = logging.getLogger(__name__)
@@ -223,16 +226,21 @@ class _Status:
 
 @dataclass(slots=True)
 class Folded:
-    """A batch folded so that the rows it leaves do not depend on how it was split."""
+    """A batch folded as the reference folds it, so that splitting a batch changes no row.
+
+    Mutations apply in batch order: a transition of a task submitted earlier in the batch is
+    folded into its insert; any other transition (the task's `Submitted` has not come yet) is an
+    update of the stored row, applied before the inserts, and changes nothing when the task is
+    not stored yet. An insert of a task already stored is ignored with everything folded into it
+    (a replayed batch changes nothing).
+    """
 
     inserts: dict[int, dict[str, Any]] = field(default_factory=dict)
     """New task rows by id, each with the status it reached within the batch."""
     deps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     """Dependency rows of the new tasks."""
     updates: dict[int, _Status] = field(default_factory=dict)
-    """The latest transition of tasks submitted in earlier batches."""
-    insert_status: dict[int, _Status] = field(default_factory=dict)
-    """The latest transition of new tasks, applied as an update if the task is stored already."""
+    """The latest transition of each stored task (those not submitted earlier in the batch)."""
     recurring: list[RecurringUpsert | RecurringRemove | RecurringNext] = field(default_factory=list)
 
 
@@ -245,49 +253,50 @@ def _status(base: TimeBase, m: StatusChanged) -> _Status:
     )
 
 
+def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
+    """The `cronoq_task_deps` rows of a live task's dependencies."""
+    return [
+        {
+            "task_id": task_id,
+            "ordinal": i,
+            "target_id": getattr(d.target, "id", None),
+            "target_key": codec.clean_opt(getattr(d.target, "key", None)),
+        }
+        for i, d in enumerate(deps)
+    ]
+
+
 def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
     """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write."""
     out = Folded()
-    statuses: dict[int, _Status] = {}
+    inserts, updates = out.inserts, out.updates
     for m in batch:
         if isinstance(m, Submitted):
-            if m.id in out.inserts:
+            if m.id in inserts:
                 continue
             row = codec.spec_columns(base, m.spec)
             row["id"] = m.id
             row["seq"] = m.seq
             row["arrival_unix_ns"] = codec.to_unix(base, m.arrival, "Submitted.arrival")
             row["updated_unix_ns"] = now_unix_ns
-            out.inserts[m.id] = row
+            row["status"] = TaskStatus.QUEUED.value
+            row["terminal"] = False
+            row["attempt"] = 0
+            row["message"] = None
+            inserts[m.id] = row
             if m.spec.deps:
-                out.deps[m.id] = [
-                    {
-                        "task_id": m.id,
-                        "ordinal": i,
-                        "target_id": getattr(d.target, "id", None),
-                        "target_key": codec.clean_opt(getattr(d.target, "key", None)),
-                    }
-                    for i, d in enumerate(m.spec.deps)
-                ]
+                out.deps[m.id] = dep_rows(m.id, m.spec.deps)
         elif isinstance(m, StatusChanged):
             st = _status(base, m)
-            if m.id in statuses:
-                statuses[m.id].fold(st)
+            if m.id in inserts:
+                _apply(inserts[m.id], st)
+            elif m.id in updates:
+                updates[m.id].fold(st)
             else:
-                statuses[m.id] = st
+                updates[m.id] = st
         else:
             out.recurring.append(m)
-    for task_id, st in statuses.items():
-        if task_id in out.inserts:
-            _apply(out.inserts[task_id], st)
-            out.insert_status[task_id] = st
-        else:
-            out.updates[task_id] = st
-    for row in out.inserts.values():
-        row.setdefault("status", TaskStatus.QUEUED.value)
-        row.setdefault("terminal", False)
-        row.setdefault("attempt", 0)
-        row.setdefault("message", None)
+    for row in inserts.values():
         row["live_key"] = None if row["terminal"] else row["key"]
     return out
 
@@ -323,8 +332,18 @@ def status_update_stmt() -> Update:
             message=func.coalesce(
                 bindparam("b_message", type_=tasks.c.message.type), tasks.c.message
             ),
-            live_key=case((bindparam("b_terminal") == true(), null()), else_=tasks.c.live_key),
+            # A terminal transition releases the key; a live one (a revival too) holds it.
+            live_key=case((bindparam("b_terminal") == true(), null()), else_=tasks.c.key),
         )
+    )
+
+
+@cache
+def revived_stmt() -> Select[Any]:
+    """Which of the given tasks are finished now (a live transition revives them), with deps."""
+    return select(tasks.c.id, tasks.c.deps).where(
+        tasks.c.terminal == True,  # noqa: E712
+        tasks.c.id.in_(bindparam("ids", expanding=True)),
     )
 
 
@@ -402,18 +421,25 @@ def write(
 ) -> None:
     """Write a folded batch (after the fence check), in the order of the design."""
     inserts = folded.inserts
-    updates = dict(folded.updates)
+    updates = folded.updates
     if inserts:
-        ids = list(inserts)
+        # Insert or ignore, as the reference: a task stored already (a replayed batch) keeps
+        # its row, and the transitions folded into its insert are ignored with it.
         existing: set[int] = set()
-        for chunk in _chunks(ids):
+        for chunk in _chunks(list(inserts)):
             existing.update(_run_in(conn, existing_ids_stmt(), chunk).scalars())
         if existing:
-            # Submitted again (a retried batch): the stored row stands; apply its transition.
             inserts = {i: r for i, r in inserts.items() if i not in existing}
-            for task_id in existing:
-                if task_id in folded.insert_status:
-                    updates[task_id] = folded.insert_status[task_id]
+    # A finished task moved back to a live status is live again: its dependency rows return
+    # (its live key returns in the update itself).
+    revived: list[dict[str, Any]] = []
+    reviving = [i for i, st in updates.items() if not _TERMINAL[st.status]]
+    for chunk in _chunks(reviving):
+        for row in _run_in(conn, revived_stmt(), chunk):
+            try:
+                revived.extend(dep_rows(row.id, codec.decode_deps(row.deps)))
+            except CorruptValue as exc:  # recovery quarantines the row; nothing to restore
+                log.warning("task %s revived with undecodable dependencies: %s", row.id, exc)
     # 1. Transitions of stored tasks first, so the keys they release can be reused below. A
     # task that succeeded in this batch gets its output in the same statement.
     pending: dict[int, bytes] = dict(outputs)
@@ -447,17 +473,18 @@ def write(
         finished = [i for i, st in updates.items() if _TERMINAL[st.status]]
         for chunk in _chunks(finished):
             _run_in(conn, delete_deps_stmt(), chunk)
-    # 2. New tasks, and the dependency rows of those still live.
+    # 2. New tasks, and the dependency rows of those still live and of revived ones.
     if inserts:
         _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
-        dep_rows = [
-            d
-            for i, rows in folded.deps.items()
-            if i in inserts and not inserts[i]["terminal"]
-            for d in rows
-        ]
-        if dep_rows:
-            _insert_many(conn, insert_deps_stmt(), dep_rows)
+    new_deps = [
+        d
+        for i, rows in folded.deps.items()
+        if i in inserts and not inserts[i]["terminal"]
+        for d in rows
+    ]
+    new_deps.extend(revived)
+    if new_deps:
+        _insert_many(conn, insert_deps_stmt(), new_deps)
     # 3. The other outputs of tasks that succeeded (in this batch or an earlier one).
     rest = [(i, o) for i, o in outputs if i in pending]
     if rest:
@@ -576,6 +603,9 @@ def recover(
 ) -> Recovered:
     """Everything a new leader needs; quarantines undecodable task rows on `conn`."""
     high_water, max_task = conn.execute(high_water_stmt()).one()
+    if high_water == INT64_MAX:
+        # Saturated: the id 2**63 - 1 may have been used (and pruned), so none is left below.
+        high_water = INT64_MAX + 1
     next_id = TaskId(max(high_water or 0, -1 if max_task is None else max_task + 1))
 
     live: list[RecoveredTask] = []
@@ -606,7 +636,7 @@ def recover(
         for chunk in _chunks([i for i, _, _ in corrupt]):
             _run_in(conn, delete_deps_stmt(), chunk)
 
-    cutoff = now_unix_ns - int(retention / timedelta(microseconds=1)) * 1000
+    cutoff = codec.saturate(now_unix_ns - retention // timedelta(microseconds=1) * 1000)
     terminal: list[RecoveredTerminal] = []
     quarantined = {i for i, _, _ in corrupt}
     for done in conn.execute(finished_stmt(), {"cutoff": cutoff}):
@@ -653,41 +683,54 @@ def recover(
 # Prune.
 
 
-@cache
-def prunable_stmt() -> Select[Any]:
-    """Up to `limit` finished tasks updated before `cutoff` that no live task depends on.
+def _prunable(*columns: Any) -> Select[Any]:
+    """Finished tasks updated before `cutoff` that no live task depends on (by id or key).
 
-    Two correlated NOT EXISTS, so every dialect plans an anti-join probing the dependency
-    indexes once per candidate: NOT IN over the whole dependency table made SQLite rebuild it
-    as a temporary index, and PostgreSQL hash it, for every batch.
+    Anti-joins on the dependency indexes (a LEFT JOIN that finds no row), which MariaDB runs
+    as one probe per candidate ("Not exists"), where it runs NOT EXISTS as a dependent
+    subquery. A NULL key joins no row, so a keyless task needs no "key IS NULL OR".
     """
-    by_id = select(task_deps.c.task_id).where(task_deps.c.target_id == tasks.c.id)
-    by_key = select(task_deps.c.task_id).where(task_deps.c.target_key == tasks.c.key)
+    by_id = task_deps.alias("by_id")
+    by_key = task_deps.alias("by_key")
+    joined = tasks.outerjoin(by_id, by_id.c.target_id == tasks.c.id).outerjoin(
+        by_key, by_key.c.target_key == tasks.c.key
+    )
     return (
-        select(tasks.c.id)
+        select(*columns)
+        .select_from(joined)
         .where(
             tasks.c.terminal == True,  # noqa: E712
             tasks.c.updated_unix_ns < bindparam("cutoff"),
-            ~by_id.exists(),
-            ~by_key.exists(),  # a NULL key matches no row: no "key IS NULL OR" needed
+            by_id.c.task_id.is_(None),
+            by_key.c.task_id.is_(None),
         )
-        .order_by(tasks.c.updated_unix_ns)
-        .limit(bindparam("limit"))
     )
 
 
 @cache
-def delete_tasks_stmt() -> Delete:
-    """Delete tasks by id."""
-    return delete(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+def prunable_stmt() -> Select[Any]:
+    """Up to `limit` prunable tasks, oldest first (what one `prune_stmt` deletes)."""
+    return _prunable(tasks.c.id).order_by(tasks.c.updated_unix_ns).limit(bindparam("limit"))
+
+
+@cache
+def prune_stmt() -> Delete:
+    """Delete one batch of prunable tasks in one statement, as the reference does.
+
+    The dependency check is part of the DELETE itself, so a live task committed before the
+    statement starts always spares its targets; selecting victims first and deleting them by
+    id in a second statement would lose a dependency committed in between. The victims are a
+    derived table so MySQL accepts LIMIT and the target table in the subquery.
+    """
+    victims = prunable_stmt().subquery("victims")
+    return delete(tasks).where(tasks.c.id.in_(select(victims.c.id)))
 
 
 def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
     """Delete one batch of prunable tasks; returns how many were deleted."""
-    ids = conn.execute(prunable_stmt(), {"cutoff": cutoff, "limit": limit}).scalars().all()
-    if ids:
-        _run_in(conn, delete_tasks_stmt(), ids)
-    return len(ids)
+    cutoff = codec.saturate(cutoff)
+    deleted: int = conn.execute(prune_stmt(), {"cutoff": cutoff, "limit": limit}).rowcount
+    return deleted
 
 
 # Queries.
@@ -774,6 +817,8 @@ def get_task(
     conn: Connection, *, task_id: int | None = None, key: str | None = None
 ) -> TaskRecord | None:
     if task_id is not None:
+        if not INT64_MIN <= task_id <= INT64_MAX:
+            return None  # no stored id lies outside the 64-bit range
         row = conn.execute(task_by_id_stmt(), {"id": task_id}).mappings().first()
     else:
         row = conn.execute(task_by_key_stmt(), {"key": codec.clean(key or "")}).mappings().first()
@@ -790,6 +835,13 @@ def list_finished(
 ) -> list[TaskRecord]:
     if limit < 0:
         raise StoreError("limit must not be negative")
+    # Bounds beyond the 64-bit range clamp: every id lies above a lower `after`, none above
+    # the top one, and no LIMIT larger than BIGINT is needed.
+    limit = min(limit, INT64_MAX)
+    if after is not None and after < INT64_MIN:
+        after = None
+    elif after is not None and after >= INT64_MAX:
+        return []
     stmt = list_finished_stmt(pools=bool(pools), statuses=bool(statuses), after=after is not None)
     params: dict[str, Any] = {"limit": limit}
     if pools:
@@ -802,6 +854,8 @@ def list_finished(
 
 
 def load_output(conn: Connection, task_id: int) -> bytes | None:
+    if not INT64_MIN <= task_id <= INT64_MAX:
+        return None
     out = conn.execute(output_of_stmt(), {"id": task_id}).scalar()
     return None if out is None else bytes(out)
 

@@ -24,6 +24,7 @@ from sqlalchemy import exc as sa_exc
 from . import dialects, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
 from .model import (
+    INT64_MAX,
     ById,
     ByKey,
     Mutation,
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY: Final = 5.0
 """Longest wait, in seconds, between attempts to reach the database while acquiring."""
+
+
+MAX_WAIT: Final = timedelta(milliseconds=2**31 - 1)
+"""Longest lease, poll or timeout: what every dialect enforces (PostgreSQL's statement_timeout
+and SQLite's busy_timeout are 32-bit milliseconds), about 24.8 days."""
 
 
 def _ns(d: timedelta) -> int:
@@ -81,8 +87,12 @@ class StoreConfig:
             value = getattr(self, name)
             if not isinstance(value, timedelta):
                 raise InvalidValue(f"StoreConfig.{name} must be a timedelta")
-            if value <= timedelta(0) and name != "retention":
+            if name == "retention":
+                continue  # any length: recovery's cutoff saturates
+            if value <= timedelta(0):
                 raise InvalidValue(f"StoreConfig.{name} must be positive")
+            if value > MAX_WAIT:
+                raise InvalidValue(f"StoreConfig.{name} must be at most {MAX_WAIT}")
         if self.retention < timedelta(0):
             raise InvalidValue("StoreConfig.retention must not be negative")
         if self.lease_renew * 2 > self.lease_ttl:
@@ -95,6 +105,8 @@ class StoreConfig:
                 "StoreConfig.lock_poll must be below lease_ttl: a standby that checks less often "
                 "than a lease lasts leaves the scheduler leaderless for longer than the TTL"
             )
+        if not isinstance(self.pool_size, int) or isinstance(self.pool_size, bool):
+            raise InvalidValue("StoreConfig.pool_size must be an int")
         if self.pool_size < 1:
             raise InvalidValue("StoreConfig.pool_size must be at least 1")
 
@@ -106,6 +118,22 @@ def _sqlite_path(path: str) -> Path:
             f"invalid SQLite path {path!r}: use a plain file path on a local filesystem"
         )
     return Path(path)
+
+
+def sqlite_file(url: URL) -> Path:
+    """The file a SQLite URL names, refusing query options.
+
+    pysqlite's `uri=true` hands the path and every other option to SQLite as a `file:` URI:
+    SQLite would then open another file (`x.db?nolock=1`), in memory, or without the locking
+    that fencing relies on, while the store checked and created `x.db`. No option is needed
+    (the store sets timeouts and pragmas itself), so none is accepted.
+    """
+    if url.query:
+        raise InvalidValue(
+            f"SQLite URL options are not accepted ({', '.join(sorted(url.query))}): "
+            "use a plain file path; the store sets what SQLite needs"
+        )
+    return _sqlite_path(url.database or "")
 
 
 def _create_private(path: Path) -> None:
@@ -128,7 +156,7 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         except sa_exc.ArgumentError as exc:
             raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
     if url.get_backend_name() == "sqlite":
-        path = _sqlite_path(url.database or "")
+        path = sqlite_file(url)
         _create_private(path)
         engine = create_engine(url, pool_size=config.pool_size, max_overflow=0)
         dialects.configure_sqlite(
@@ -172,7 +200,9 @@ def commit_work(
 ) -> Callable[[Connection], None]:
     """The body of one commit transaction; folds (and refuses bad values) before any I/O."""
     folded = repository.fold(base, now_unix_ns, batch)
-    next_id = max(folded.inserts, default=-1) + 1
+    # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
+    # that as "no id left below 2**63").
+    next_id = min(max(folded.inserts, default=-1) + 1, INT64_MAX)
     ttl = _ns(config.lease_ttl)
     timeout = config.commit_timeout
     deadline = time.monotonic() + timeout.total_seconds()

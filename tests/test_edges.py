@@ -1,0 +1,334 @@
+"""Semantics at the edges (issue 10), on every dialect: the reference's rules hold everywhere.
+
+Ids and times at the ends of the 64-bit range, saturating bounds, time bases that move,
+revivals, replays, batch order, prune beside a leader's commits, SQLite URLs, and refs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from importlib.metadata import requires
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import URL, event, make_url
+
+from cronoq_store import (
+    ById,
+    ByKey,
+    Dep,
+    FixedStart,
+    InvalidValue,
+    RecurringSpec,
+    RecurringUpsert,
+    SqlStore,
+    StatusChanged,
+    StoreConfig,
+    StoreError,
+    StoreUnavailable,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+    TimeBase,
+)
+
+BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+SECOND = 1_000_000_000
+
+
+@pytest.fixture
+def store(db_url: URL) -> Iterator[SqlStore]:
+    with SqlStore.open(db_url, StoreConfig(lease_ttl=timedelta(seconds=5))) as s:
+        s.acquire_leadership()
+        yield s
+        assert s.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def lead(store: SqlStore) -> int:
+    epoch = store.epoch
+    assert epoch is not None
+    return epoch
+
+
+def submit(i: int, key: str | None = None, deps: tuple[Dep, ...] = (), **spec: Any) -> Submitted:
+    return Submitted(
+        id=TaskId(i), seq=0, arrival=0, spec=TaskSpec(payload=b"p", key=key, deps=deps, **spec)
+    )
+
+
+def status(i: int, st: TaskStatus, at: int = 100) -> StatusChanged:
+    return StatusChanged(id=TaskId(i), status=st, attempt=1, at=at)
+
+
+def state(store: SqlStore, i: int) -> TaskStatus | None:
+    record = store.get_task(ById(i))
+    return None if record is None else record.status
+
+
+# 1. Ids at the top (and bottom) of the 64-bit range.
+
+
+def test_ids_at_the_ends_of_the_range_commit_and_recover(store: SqlStore) -> None:
+    store.commit(lead(store), BASE, [submit(INT64_MAX, key="top"), submit(INT64_MIN)])
+    rec = store.recover(BASE)
+    assert [t.id for t in rec.tasks] == [INT64_MIN, INT64_MAX]
+    assert rec.next_id == 2**63  # one above the top id, as the reference's unsigned next id
+    top = store.get_task(ById(INT64_MAX))
+    assert top is not None and top.key == "top"
+    # Finished and pruned, the top id is still never handed out again.
+    store.commit(lead(store), BASE, [status(INT64_MAX, TaskStatus.CANCELLED, at=-BASE.unix_ns)])
+    assert store.prune(timedelta(0)) == 1
+    assert store.recover(BASE).next_id == 2**63
+
+
+# 2. Durations and query bounds saturate.
+
+
+def test_unbounded_retention_recovers(db_url: URL) -> None:
+    with SqlStore.open(db_url, StoreConfig(retention=timedelta.max)) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [submit(1), status(1, TaskStatus.FAILED, at=-BASE.unix_ns)])
+        rec = store.recover(BASE)  # every finished task is within an unbounded retention
+        assert [t.id for t in rec.terminal] == [1]
+
+
+def test_query_bounds_saturate(store: SqlStore) -> None:
+    store.commit(
+        lead(store),
+        BASE,
+        [submit(1), status(1, TaskStatus.SUCCEEDED), submit(INT64_MIN), submit(INT64_MAX)],
+        [(TaskId(1), b"out")],
+    )
+    store.commit(lead(store), BASE, [status(INT64_MIN, TaskStatus.FAILED)])
+    assert store.prune(timedelta(days=200_000)) == 0
+    assert store.prune(timedelta.max) == 0
+    everything = [INT64_MIN, 1]
+    assert [t.id for t in store.list_finished(limit=2**64)] == everything
+    assert [t.id for t in store.list_finished(after=TaskId(-(2**64)))] == everything
+    assert [t.id for t in store.list_finished(after=TaskId(INT64_MIN))] == [1]
+    assert store.list_finished(after=TaskId(2**63)) == []
+    assert store.list_finished(after=TaskId(INT64_MAX)) == []
+    assert store.load_output(TaskId(2**63)) is None
+    assert store.load_output(TaskId(-(2**63) - 1)) is None
+    assert store.get_task(ById(id=TaskId(2**63))) is None
+    assert store.get_task(ById(TaskId(-(2**70)))) is None
+
+
+def test_waits_beyond_what_a_dialect_enforces_are_refused() -> None:
+    for name in ("lease_ttl", "lease_renew", "lock_poll", "busy_timeout", "commit_timeout"):
+        with pytest.raises(InvalidValue, match=name):
+            StoreConfig(**{name: timedelta.max})
+    StoreConfig(retention=timedelta.max)  # retention saturates instead
+
+
+def test_a_dependency_on_an_id_outside_the_range_is_refused(store: SqlStore) -> None:
+    with pytest.raises(InvalidValue, match="outside the 64-bit range"):
+        store.commit(lead(store), BASE, [submit(1, deps=(Dep(target=ById(2**63)),))])
+
+
+# 3. A new time base never breaks a task that was valid when committed.
+
+
+def test_times_at_the_ends_of_the_range_survive_a_new_base(store: SqlStore) -> None:
+    low = TaskSpec(payload=b"", deadline=INT64_MIN, fixed_start=FixedStart(at=INT64_MIN))
+    sched = RecurringSpec(
+        name="s", template=low, interval_ns=SECOND, start=INT64_MIN, end=INT64_MIN + 1
+    )
+    store.commit(
+        lead(store),
+        BASE,
+        [
+            submit(1, deadline=INT64_MIN, fixed_start=FixedStart(at=INT64_MIN)),
+            RecurringUpsert(spec=sched),
+        ],
+    )
+    later = TimeBase(BASE.unix_ns + 5 * SECOND)
+    rec = store.recover(later)
+    assert rec.terminal == []  # nothing quarantined
+    (task,) = rec.tasks
+    assert task.spec.deadline == INT64_MIN  # saturated, not corrupt
+    assert task.spec.fixed_start == FixedStart(at=INT64_MIN)
+    (recovered,) = rec.recurring
+    assert (recovered.spec.start, recovered.spec.end) == (INT64_MIN, INT64_MIN)
+    assert recovered.spec.template.deadline == INT64_MIN
+    # The top of the range, under a base that moves back.
+    zero = TimeBase(0)
+    store.commit(lead(store), zero, [submit(2, deadline=INT64_MAX)])
+    tasks = {t.id: t for t in store.recover(TimeBase(-5 * SECOND)).tasks}
+    assert tasks[2].spec.deadline == INT64_MAX
+    assert store.get_task(ById(1)) is not None
+    assert state(store, 1) is TaskStatus.QUEUED
+
+
+# 4. A finished task moved back to a live status is fully live again.
+
+
+def test_a_revived_task_holds_its_key_and_dependencies(db_url: URL) -> None:
+    with SqlStore.open(db_url, StoreConfig(retention=timedelta(0))) as store:
+        epoch = store.acquire_leadership()
+        old = -BASE.unix_ns  # Unix time 0: long outside retention
+        store.commit(
+            epoch,
+            BASE,
+            [
+                submit(0, key="dep"),
+                status(0, TaskStatus.SUCCEEDED, at=old),
+                submit(1, key="k", deps=(Dep(target=ById(0)), Dep(target=ByKey("dep")))),
+                status(1, TaskStatus.FAILED, at=old),
+            ],
+        )
+        assert [t.id for t in store.recover(BASE).terminal] == []  # nothing needs task 0
+        store.commit(epoch, BASE, [status(1, TaskStatus.RETRYING)])  # revived
+        rec = store.recover(BASE)
+        assert [t.id for t in rec.tasks] == [1]
+        assert [t.id for t in rec.terminal] == [0]  # depended on again
+        assert store.prune(timedelta(0)) == 0  # so prune keeps it
+        with pytest.raises(StoreError, match="conflicts"):
+            store.commit(epoch, BASE, [submit(2, key="k")])  # the key is live again
+        assert store.get_task(ById(2)) is None
+
+
+def test_a_revival_clashing_with_a_live_key_writes_nothing(store: SqlStore) -> None:
+    epoch = lead(store)
+    store.commit(epoch, BASE, [submit(1, key="k"), status(1, TaskStatus.CANCELLED), submit(2, "k")])
+    with pytest.raises(StoreError, match="conflicts"):
+        store.commit(epoch, BASE, [submit(3), status(1, TaskStatus.RUNNING)])
+    assert state(store, 1) is TaskStatus.CANCELLED
+    assert store.get_task(ById(3)) is None
+
+
+# 5. Replaying an older batch changes nothing.
+
+
+def test_replayed_batch_changes_nothing(store: SqlStore) -> None:
+    epoch = lead(store)
+    a = [submit(1), status(1, TaskStatus.RUNNING)]
+    store.commit(epoch, BASE, a)
+    store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED, at=200)])
+    store.commit(epoch, BASE, a)
+    assert state(store, 1) is TaskStatus.SUCCEEDED
+    # The reference's rule: a transition that comes before the repeated insert still applies.
+    store.commit(epoch, BASE, [status(1, TaskStatus.RUNNING, at=300), *a])
+    assert state(store, 1) is TaskStatus.RUNNING
+
+
+# 6. Mutations apply in batch order.
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_status_before_its_submission_has_no_effect(
+    store: SqlStore, split: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    epoch = lead(store)
+    early, new = status(1, TaskStatus.RUNNING), submit(1)
+    with caplog.at_level(logging.WARNING, logger="cronoq_store.repository"):
+        for batch in [[early], [new]] if split else [[early, new]]:
+            store.commit(epoch, BASE, batch)
+    assert state(store, 1) is TaskStatus.QUEUED
+    assert "missing from the store" in caplog.text
+
+
+# 7. Prune's delete re-checks, beside a leader's commits.
+
+
+@pytest.mark.parametrize("by", ["id", "key"])
+def test_prune_spares_a_dependency_committed_before_its_delete(
+    db_url: URL, dialect: str, by: str
+) -> None:
+    """A live task committed (from another connection) just before prune's DELETE runs keeps
+    its target. On SQLite no commit can land there at all: prune holds the write lock."""
+    config = StoreConfig(busy_timeout=timedelta(milliseconds=200))
+    with SqlStore.open(db_url, config) as store:
+        epoch = store.acquire_leadership()
+        store.commit(
+            epoch, BASE, [submit(0, key="t"), status(0, TaskStatus.SUCCEEDED, at=-BASE.unix_ns)]
+        )
+        target = ById(0) if by == "id" else ByKey("t")
+        outcome: list[str] = []
+
+        def before(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if outcome or not statement.lstrip().upper().startswith("DELETE FROM CRONOQ_TASKS"):
+                return
+            try:
+                store.commit(epoch, BASE, [submit(5, deps=(Dep(target=target),))])
+                outcome.append("committed")
+            except StoreUnavailable:
+                outcome.append("busy")
+
+        event.listen(store.engine, "before_cursor_execute", before)
+        try:
+            pruned = store.prune(timedelta(0))
+        finally:
+            event.remove(store.engine, "before_cursor_execute", before)
+        if dialect == "sqlite":
+            assert outcome == ["busy"]  # writers are serialized: nothing lands in between
+            assert pruned == 1
+        else:
+            assert outcome == ["committed"]
+            assert pruned == 0
+            assert state(store, 0) is TaskStatus.SUCCEEDED
+            assert [t.id for t in store.recover(BASE).terminal] == [0]
+
+
+# 8. No hidden environment needs.
+
+
+def test_zone_names_resolve_without_a_system_zone_database(tmp_path: Path) -> None:
+    assert any(r.startswith("tzdata") for r in requires("cronoq-store") or [])
+    code = (
+        "from cronoq_store import RecurringSpec, TaskSpec\n"
+        "RecurringSpec(name='n', template=TaskSpec(payload=b''), interval_ns=1)\n"
+        "RecurringSpec(name='n', template=TaskSpec(payload=b''), cron='0 3 * * *',"
+        " timezone='Europe/Berlin')\n"
+    )
+    env = {**os.environ, "PYTHONTZPATH": str(tmp_path)}  # an empty zone database
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+# 9. The SQLite file checked is the file opened.
+
+
+@pytest.mark.parametrize(
+    "query", ["?nolock=1&uri=true", "?mode=memory&uri=true", "?uri=true", "?immutable=1"]
+)
+def test_sqlite_url_options_are_refused(tmp_path: Path, query: str) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}{query}"
+    with pytest.raises(InvalidValue, match="SQLite URL options"):
+        SqlStore.open(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_sqlite_file_is_private(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        with SqlStore.open(make_url(f"sqlite:///{tmp_path / 'x.db'}")) as store:
+            epoch = store.acquire_leadership()
+            store.commit(epoch, BASE, [submit(1)])
+            files = sorted(p.name for p in tmp_path.iterdir())
+            assert files == ["x.db", "x.db-shm", "x.db-wal"]
+            for p in tmp_path.iterdir():
+                assert stat.S_IMODE(p.stat().st_mode) == 0o600, p.name
+    finally:
+        os.umask(old)
+
+
+# 10. Refs are easy to write.
+
+
+def test_refs_take_their_field_by_position() -> None:
+    assert ById(5) == ById(id=TaskId(5))
+    assert ByKey("k") == ByKey(key="k")
+    assert TimeBase(7) == TimeBase(unix_ns=7)
+    with pytest.raises(InvalidValue):
+        ByKey("")
+    with pytest.raises(InvalidValue):
+        ById("5")  # type: ignore[arg-type]

@@ -138,6 +138,17 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
+def delete_joins(dialect: Dialect) -> bool:
+    """Whether a DELETE of rows chosen by a subquery should join it rather than test IN.
+
+    MariaDB/MySQL run a single-table `DELETE ... WHERE id IN (subquery)` as a dependent
+    subquery probed for every row of the table, a full scan per prune batch; their
+    multi-table DELETE joins the derived rows by primary key. SQLite has no such DELETE, and
+    PostgreSQL plans the IN as a semi-join already.
+    """
+    return name(dialect) == "mysql"
+
+
 def database_size_stmt(dialect: Dialect, schema: str | None) -> Select[Any]:
     """The size of the whole database in bytes, as each dialect reports it."""
     which = name(dialect)

@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 
-from . import codec
+from . import codec, dialects
 from .errors import CorruptValue, StoreError
 from .model import (
     INT64_MAX,
@@ -714,22 +714,27 @@ def prunable_stmt() -> Select[Any]:
 
 
 @cache
-def prune_stmt() -> Delete:
+def prune_stmt(*, join: bool = False) -> Delete:
     """Delete one batch of prunable tasks in one statement, as the reference does.
 
     The dependency check is part of the DELETE itself, so a live task committed before the
     statement starts always spares its targets; selecting victims first and deleting them by
     id in a second statement would lose a dependency committed in between. The victims are a
     derived table so MySQL accepts LIMIT and the target table in the subquery.
+    With `join` (where `dialects.delete_joins` says so) the victims are joined by primary key
+    instead of tested with IN.
     """
     victims = prunable_stmt().subquery("victims")
+    if join:
+        return delete(tasks).where(tasks.c.id == victims.c.id)
     return delete(tasks).where(tasks.c.id.in_(select(victims.c.id)))
 
 
 def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
     """Delete one batch of prunable tasks; returns how many were deleted."""
     cutoff = codec.saturate(cutoff)
-    deleted: int = conn.execute(prune_stmt(), {"cutoff": cutoff, "limit": limit}).rowcount
+    stmt = prune_stmt(join=dialects.delete_joins(conn.dialect))
+    deleted: int = conn.execute(stmt, {"cutoff": cutoff, "limit": limit}).rowcount
     return deleted
 
 

@@ -37,7 +37,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 
 from . import codec, dialects
-from .errors import CorruptValue, StoreError
+from .errors import CorruptValue, InvalidValue, StoreError
 from .model import (
     INT64_MAX,
     INT64_MIN,
@@ -299,6 +299,24 @@ def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
     for row in inserts.values():
         row["live_key"] = None if row["terminal"] else row["key"]
     return out
+
+
+def checked_outputs(outputs: Iterable[tuple[TaskId, bytes]]) -> list[tuple[TaskId, bytes]]:
+    """`outputs` as (id, bytes) pairs; refuses (`InvalidValue`) what no task could hold."""
+    checked: list[tuple[TaskId, bytes]] = []
+    for pair in outputs:
+        try:
+            task_id, output = pair
+        except (TypeError, ValueError) as exc:
+            raise InvalidValue("outputs must hold (task id, bytes) pairs") from exc
+        if not isinstance(task_id, int) or isinstance(task_id, bool):
+            raise InvalidValue(f"outputs: a task id must be an int, not {type(task_id).__name__}")
+        if not INT64_MIN <= task_id <= INT64_MAX:
+            raise InvalidValue(f"outputs: task id {task_id} is outside the 64-bit range")
+        if not isinstance(output, bytes | bytearray | memoryview):
+            raise InvalidValue(f"outputs: the output of task {task_id} must be bytes")
+        checked.append((task_id, bytes(output)))
+    return checked
 
 
 def _apply(row: dict[str, Any], st: _Status) -> None:
@@ -838,6 +856,9 @@ def list_finished(
     after: int | None,
     limit: int,
 ) -> list[TaskRecord]:
+    for name, value in (("limit", limit), ("after", after)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidValue(f"{name} must be an int, not {type(value).__name__}")
     if limit < 0:
         raise StoreError("limit must not be negative")
     # Bounds beyond the 64-bit range clamp: every id lies above a lower `after`, none above
@@ -859,6 +880,8 @@ def list_finished(
 
 
 def load_output(conn: Connection, task_id: int) -> bytes | None:
+    if not isinstance(task_id, int) or isinstance(task_id, bool):
+        raise InvalidValue(f"a task id must be an int, not {type(task_id).__name__}")
     if not INT64_MIN <= task_id <= INT64_MAX:
         return None
     out = conn.execute(output_of_stmt(), {"id": task_id}).scalar()

@@ -200,6 +200,7 @@ def commit_work(
 ) -> Callable[[Connection], None]:
     """The body of one commit transaction; folds (and refuses bad values) before any I/O."""
     folded = repository.fold(base, now_unix_ns, batch)
+    outputs = repository.checked_outputs(outputs)
     # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
     # that as "no id left below 2**63").
     next_id = min(max(folded.inserts, default=-1) + 1, INT64_MAX)

@@ -121,6 +121,10 @@ def test_query_bounds_saturate(store: SqlStore) -> None:
     assert store.load_output(TaskId(-(2**63) - 1)) is None
     assert store.get_task(ById(id=TaskId(2**63))) is None
     assert store.get_task(ById(TaskId(-(2**70)))) is None
+    with pytest.raises(InvalidValue):
+        store.load_output("1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidValue):
+        store.list_finished(limit=1.5)  # type: ignore[arg-type]
 
 
 def test_waits_beyond_what_a_dialect_enforces_are_refused() -> None:
@@ -133,6 +137,13 @@ def test_waits_beyond_what_a_dialect_enforces_are_refused() -> None:
 def test_a_dependency_on_an_id_outside_the_range_is_refused(store: SqlStore) -> None:
     with pytest.raises(InvalidValue, match="outside the 64-bit range"):
         store.commit(lead(store), BASE, [submit(1, deps=(Dep(target=ById(2**63)),))])
+
+
+def test_bad_outputs_are_refused_before_any_write(store: SqlStore) -> None:
+    for outputs in ([(TaskId(2**63), b"x")], [(TaskId(1), "text")], [(TaskId(1),)]):
+        with pytest.raises(InvalidValue, match="outputs"):
+            store.commit(lead(store), BASE, [submit(1)], outputs)  # type: ignore[arg-type]
+    assert store.get_task(ById(1)) is None
 
 
 # 3. A new time base never breaks a task that was valid when committed.

@@ -24,6 +24,7 @@ from typing import Final, Self, TypeVar
 from sqlalchemy import URL, Connection, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
@@ -95,7 +96,14 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
         if url.get_backend_name() == "sqlite":
             path = _sqlite_path(url.database or "")
             _create_private(path)
-            engine = create_async_engine(url, pool_size=config.pool_size, max_overflow=0)
+            # Named, not left to the dialect: SQLAlchemy before 2.0.38 gave aiosqlite files a
+            # NullPool, which refuses pool_size (and would reconnect, pragmas and all, per use).
+            engine = create_async_engine(
+                url,
+                poolclass=AsyncAdaptedQueuePool,
+                pool_size=config.pool_size,
+                max_overflow=0,
+            )
             # Pool and transaction events live on the sync engine the async one proxies.
             dialects.configure_sqlite(
                 engine.sync_engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout

@@ -103,13 +103,16 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
                 poolclass=AsyncAdaptedQueuePool,
                 pool_size=config.pool_size,
                 max_overflow=0,
+                hide_parameters=True,
             )
             # Pool and transaction events live on the sync engine the async one proxies.
             dialects.configure_sqlite(
                 engine.sync_engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout
             )
             return engine
-        return create_async_engine(url, pool_size=config.pool_size, pool_pre_ping=True)
+        return create_async_engine(
+            url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
+        )
     except sa_exc.InvalidRequestError as exc:  # a sync driver asyncio cannot drive
         raise StoreError(
             dialects.redact(f"{url.drivername!r} is not an async driver: {exc}")

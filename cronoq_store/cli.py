@@ -136,7 +136,10 @@ def _database(
 def _sqlite_reader(url: URL, config: StoreConfig) -> Engine:
     """A SQLite engine that only reads: pysqlite's own transactions, `query_only` on."""
     engine = create_engine(
-        url, connect_args={"timeout": config.busy_timeout.total_seconds()}, poolclass=NullPool
+        url,
+        connect_args={"timeout": config.busy_timeout.total_seconds()},
+        poolclass=NullPool,
+        hide_parameters=True,
     )
 
     @event.listens_for(engine, "connect")

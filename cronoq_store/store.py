@@ -120,6 +120,8 @@ def _create_private(path: Path) -> None:
 
 
 def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> Engine:
+    """The engine `SqlStore.open` owns. Its statement parameters are task data (payloads,
+    labels), so `hide_parameters` keeps them out of SQLAlchemy's errors and logging."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     else:
@@ -130,7 +132,9 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
     if url.get_backend_name() == "sqlite":
         path = _sqlite_path(url.database or "")
         _create_private(path)
-        engine = create_engine(url, pool_size=config.pool_size, max_overflow=0)
+        engine = create_engine(
+            url, pool_size=config.pool_size, max_overflow=0, hide_parameters=True
+        )
         dialects.configure_sqlite(
             engine,
             full_sync=config.full_sync,
@@ -138,7 +142,9 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         )
         return engine
     try:
-        return create_engine(url, pool_size=config.pool_size, pool_pre_ping=True)
+        return create_engine(
+            url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
+        )
     except (sa_exc.ArgumentError, ImportError) as exc:
         raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
@@ -148,16 +154,15 @@ def translated() -> Iterator[None]:
     """Every database error leaves the store as a `StoreError` (sync and asyncio alike)."""
     try:
         yield
-    except StoreError:
-        raise
-    except sa_exc.IntegrityError as exc:
-        raise StoreError(
-            dialects.redact(
-                f"the batch conflicts with stored tasks (a live key in use?): {exc.orig}"
+    except (StoreError, sa_exc.SQLAlchemyError, OSError) as exc:
+        error = dialects.translate(exc)  # which also strips task data from exc's chain
+        if error is exc:
+            raise
+        if isinstance(exc, sa_exc.IntegrityError):
+            error = StoreError(
+                f"the batch conflicts with stored tasks (a live key in use?): {error}"
             )
-        ) from exc
-    except (sa_exc.SQLAlchemyError, OSError) as exc:
-        raise dialects.translate(exc) from exc
+        raise error from exc
 
 
 def commit_work(

@@ -34,6 +34,7 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
+from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ class StoreConfig:
     """SQLite: fsync every commit (synchronous=FULL); off, a power loss may drop the last ones."""
     pool_size: int = 4
     schema: str | None = None
-    """PostgreSQL schema (or MySQL database) holding the tables; None for the default."""
+    """PostgreSQL schema (or MySQL database) holding the tables; None for the default. Any name
+    up to 63 bytes without '.', '[', ']', control characters or outer whitespace."""
     migrate: bool = True
     """Whether `SqlStore.open` migrates the database to this build's schema."""
 
@@ -97,6 +99,8 @@ class StoreConfig:
             )
         if self.pool_size < 1:
             raise InvalidValue("StoreConfig.pool_size must be at least 1")
+        if self.schema is not None:
+            check_schema_name(self.schema, "StoreConfig.schema")
 
 
 def _sqlite_path(path: str) -> Path:

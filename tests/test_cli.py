@@ -407,3 +407,9 @@ def test_parse_duration(text_: str, seconds: int) -> None:
 def test_parse_duration_refuses(bad: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(bad)
+
+
+def test_unusable_schema_is_a_usage_error() -> None:
+    """Refused before connecting, so no server is needed."""
+    error = run("postgresql+psycopg://h/db", "--schema", "a.b", "upgrade", code=2).stderr
+    assert "Invalid value for '--schema'" in error and "contains '.'" in error

@@ -297,6 +297,7 @@ def _paused_rounds(
     _seconds(dialect, f"paused_leader x{rounds}", began)
 
 
+@pytest.mark.slow
 def test_paused_leader_is_fenced(
     dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
 ) -> None:
@@ -367,6 +368,7 @@ def _killed_rounds(
     _seconds(dialect, f"killed_leader x{rounds}", began)
 
 
+@pytest.mark.slow
 def test_killed_leader_loses_nothing(
     dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
 ) -> None:
@@ -435,6 +437,7 @@ def test_released_lease_taken_within_one_poll(
 
 
 @pytest.mark.sqlite
+@pytest.mark.slow
 def test_sqlite_eight_processes_contend(tmp_path: Path, spawn: Spawn) -> None:
     began = time.monotonic()
     db = tmp_path / "contended.db"

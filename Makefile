@@ -33,15 +33,17 @@ test: venv
 	scripts/test-servers
 	CRONOQ_REQUIRE_DIALECTS=1 $(BIN)/pytest
 
-# uv resolves the floors (--resolution lowest-direct); it installs from PyPI into each venv.
+# Each from PyPI by uv, which also resolves the floors (--resolution lowest-direct).
+.venv-lowest/.installed: RANGE_PYTHON = $(PYTHON_LOWEST)
+.venv-lowest/.installed: RESOLUTION = --resolution lowest-direct
+.venv-newest/.installed: RANGE_PYTHON = $(PYTHON_NEWEST)
+.venv-newest/.installed: RESOLUTION =
 .venv-%/.installed: pyproject.toml
-	@test -n "$(PYTHON_$(shell echo $* | tr a-z A-Z))" || \
-		{ echo "no Python for the $* run: set PYTHON_$(shell echo $* | tr a-z A-Z)"; exit 1; }
+	@test -n "$(RANGE_PYTHON)" || { echo "no Python found for the $* run: set PYTHON_LOWEST or PYTHON_NEWEST"; exit 1; }
 	rm -rf .venv-$*
-	$(PYTHON_$(shell echo $* | tr a-z A-Z)) -m venv .venv-$*
+	$(RANGE_PYTHON) -m venv .venv-$*
 	.venv-$*/bin/pip install --quiet uv
-	.venv-$*/bin/uv pip install --quiet --python .venv-$*/bin/python \
-		$(if $(filter lowest,$*),--resolution lowest-direct) -e '.[dev]'
+	.venv-$*/bin/uv pip install --quiet --python .venv-$*/bin/python $(RESOLUTION) -e '.[dev]'
 	touch $@
 
 test-lowest test-newest: test-%: .venv-%/.installed

@@ -1,11 +1,22 @@
 # The two commands that do all set-up on a fresh machine:
 #   make demo   runs the main job on the embedded SQLite default
 #   make test   runs the tests on SQLite, PostgreSQL and MariaDB
+# and the ends of the supported range, each in a venv of its own made fresh from PyPI:
+#   make test-lowest   Python 3.11, every dependency at the lowest version pyproject.toml allows
+#   make test-newest   Python 3.13, every dependency at its newest release
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint venv clean
+# The first of these that runs (pyenv's shims name versions that are not selected).
+find_python = $(firstword $(foreach p,$(1),$(shell $(p) -c 'import sys; print(sys.executable)' 2>/dev/null)))
+PYTHON_LOWEST ?= $(call find_python,python3.11 $(wildcard $(HOME)/.pyenv/versions/3.11*/bin/python3.11))
+PYTHON_NEWEST ?= $(call find_python,python3.13 $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13))
+# The range's ends run SQLite and the dialect-free tests (the main run has all three dialects),
+# but not the real-process failover rounds (`slow`: a minute), which exercise no dependency edge.
+RANGE_TESTS := -m 'not postgresql and not mysql and not slow'
+
+.PHONY: demo test test-lowest test-newest lint venv clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +33,28 @@ test: venv
 	scripts/test-servers
 	CRONOQ_REQUIRE_DIALECTS=1 $(BIN)/pytest
 
+# Each from PyPI by uv, which also resolves the floors (--resolution lowest-direct).
+.venv-lowest/.installed: RANGE_PYTHON = $(PYTHON_LOWEST)
+.venv-lowest/.installed: RESOLUTION = --resolution lowest-direct
+.venv-newest/.installed: RANGE_PYTHON = $(PYTHON_NEWEST)
+.venv-newest/.installed: RESOLUTION =
+.venv-%/.installed: pyproject.toml
+	@test -n "$(RANGE_PYTHON)" || { echo "no Python found for the $* run: set PYTHON_LOWEST or PYTHON_NEWEST"; exit 1; }
+	rm -rf .venv-$*
+	$(RANGE_PYTHON) -m venv .venv-$*
+	.venv-$*/bin/pip install --quiet uv
+	.venv-$*/bin/uv pip install --quiet --python .venv-$*/bin/python $(RESOLUTION) -e '.[dev]'
+	touch $@
+
+test-lowest test-newest: test-%: .venv-%/.installed
+	.venv-$*/bin/python --version
+	.venv-$*/bin/uv pip list --python .venv-$*/bin/python
+	.venv-$*/bin/pytest $(RANGE_TESTS)
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict cronoq_store
 
 clean:
-	rm -rf $(VENV) cronoq.db cronoq.db-wal cronoq.db-shm cronoq.db.acks.jsonl cronoq.db.*.log
+	rm -rf $(VENV) .venv-lowest .venv-newest cronoq.db cronoq.db-wal cronoq.db-shm cronoq.db.acks.jsonl cronoq.db.*.log

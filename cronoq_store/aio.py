@@ -24,6 +24,7 @@ from typing import Final, Self, TypeVar
 from sqlalchemy import URL, Connection, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
@@ -96,13 +97,23 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
         if url.get_backend_name() == "sqlite":
             path = sqlite_file(url)
             _create_private(path)
-            engine = create_async_engine(url, pool_size=config.pool_size, max_overflow=0)
+            # Named, not left to the dialect: SQLAlchemy before 2.0.38 gave aiosqlite files a
+            # NullPool, which refuses pool_size (and would reconnect, pragmas and all, per use).
+            engine = create_async_engine(
+                url,
+                poolclass=AsyncAdaptedQueuePool,
+                pool_size=config.pool_size,
+                max_overflow=0,
+                hide_parameters=True,
+            )
             # Pool and transaction events live on the sync engine the async one proxies.
             dialects.configure_sqlite(
                 engine.sync_engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout
             )
             return engine
-        return create_async_engine(url, pool_size=config.pool_size, pool_pre_ping=True)
+        return create_async_engine(
+            url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
+        )
     except sa_exc.InvalidRequestError as exc:  # a sync driver asyncio cannot drive
         raise StoreError(
             dialects.redact(f"{url.drivername!r} is not an async driver: {exc}")

@@ -34,8 +34,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool
 
 from . import codec, dialects, lease, migrate, repository
-from .errors import CorruptValue, SchemaError, StoreError, StoreUnavailable
+from .errors import CorruptValue, InvalidValue, SchemaError, StoreError, StoreUnavailable
 from .model import TaskStatus, TimeBase
+from .schema import check_schema_name
 from .store import SqlStore, StoreConfig
 
 DEFAULT_URL: Final = "cronoq.db"
@@ -136,7 +137,10 @@ def _database(
 def _sqlite_reader(url: URL, config: StoreConfig) -> Engine:
     """A SQLite engine that only reads: pysqlite's own transactions, `query_only` on."""
     engine = create_engine(
-        url, connect_args={"timeout": config.busy_timeout.total_seconds()}, poolclass=NullPool
+        url,
+        connect_args={"timeout": config.busy_timeout.total_seconds()},
+        poolclass=NullPool,
+        hide_parameters=True,
     )
 
     @event.listens_for(engine, "connect")
@@ -239,6 +243,17 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=sum(int(n) * _UNIT_S[u] for n, u in _DURATION.findall(compact)))
 
 
+def _schema_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a schema name the store can use (StoreConfig's rule), or a usage error."""
+    if not value:
+        return None
+    try:
+        check_schema_name(value, "the schema")
+    except InvalidValue as exc:
+        raise click.BadParameter(str(exc), ctx, param) from exc
+    return value
+
+
 def _duration_option(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
     """Click callback: a duration option's text as a `timedelta`."""
     try:
@@ -296,6 +311,7 @@ class CronoqGroup(click.Group):
     "--schema",
     envvar="CRONOQ_SCHEMA",
     default=None,
+    callback=_schema_option,
     help="PostgreSQL schema (or MySQL database) holding the tables (env CRONOQ_SCHEMA).",
 )
 @click.pass_context

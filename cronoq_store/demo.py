@@ -85,7 +85,7 @@ def _fresh(path: Path, overwrite: bool) -> Path:
         )
     for f in existing:
         f.unlink()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as its files are
     return log
 
 

@@ -288,8 +288,33 @@ def _is_transient(exc: sa_exc.DBAPIError) -> bool:
     return isinstance(exc, sa_exc.OperationalError) and type(orig).__module__.startswith("psycopg")
 
 
+def hide_parameters(exc: BaseException) -> None:
+    """Drop the bound parameters from every SQLAlchemy error in `exc`'s chain, in place.
+
+    They are task data (payloads, labels: often personal data), and a chained error prints
+    them in every traceback and `log.exception` of the store's error, whatever the engine's
+    own `hide_parameters`. Emptied, not just flagged hidden: nothing keeps them alive.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, sa_exc.StatementError):
+            e.params = None
+            e.hide_parameters = True
+        todo += (e.__cause__, e.__context__)
+
+
 def translate(exc: BaseException) -> StoreError:
-    """The store error for a database or pool exception (raise it `from exc`)."""
+    """The store error for a database or pool exception (raise it `from exc`).
+
+    `exc` loses its statement parameters here (`hide_parameters`), so the chain of the error
+    raised from it shows no task data.
+    """
+    hide_parameters(exc)
     if isinstance(exc, StoreError):
         return exc
     if isinstance(exc, sa_exc.TimeoutError):  # the pool ran dry

@@ -23,6 +23,7 @@ from sqlalchemy.schema import CreateSchema
 
 from . import dialects
 from .errors import SchemaError, StoreError
+from .schema import check_schema_name
 
 VERSION_TABLE: Final = "cronoq_alembic_version"
 TABLE_PREFIX: Final = "cronoq_"
@@ -95,6 +96,8 @@ def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
 
 
 def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> None:
+    if schema is not None:
+        check_schema_name(schema)  # before any DDL: a bad name must not leave half a schema
     try:
         with _transaction(bind) as conn:
             if schema and dialects.name(conn.dialect) == "postgresql":

@@ -8,6 +8,7 @@ migrations do for `StoreConfig.schema`.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -28,6 +29,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeEngine
 
 from . import codec
+from .errors import InvalidValue
 
 NAMING_CONVENTION: Final = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -38,6 +40,33 @@ NAMING_CONVENTION: Final = {
 }
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+SCHEMA_NAME_MAX_BYTES: Final = 63
+"""PostgreSQL's identifier limit (longer names are cut); MySQL's database names allow 64."""
+
+
+def check_schema_name(name: object, what: str = "schema") -> None:
+    """Refuse a schema name the store cannot use on every dialect, before anything is run.
+
+    A dot would be read as two names (MariaDB then migrated half, PostgreSQL failed midway);
+    SQLAlchemy's schema translation refuses square brackets; MySQL refuses trailing spaces in
+    database names; control characters and over-long names are refused or cut by the servers.
+    Anything else (quotes, %, spaces inside) is quoted where it is used.
+    """
+    if not isinstance(name, str):
+        raise InvalidValue(f"{what} must be a str, not {type(name).__name__}")
+    problems = (
+        (not name, "is empty"),
+        ("." in name, "contains '.'"),
+        ("[" in name or "]" in name, "contains '[' or ']'"),
+        (name != name.strip(), "starts or ends with whitespace"),
+        (any(unicodedata.category(c) == "Cc" for c in name), "contains a control character"),
+        (len(name.encode()) > SCHEMA_NAME_MAX_BYTES, f"is over {SCHEMA_NAME_MAX_BYTES} bytes"),
+    )
+    for bad, why in problems:
+        if bad:
+            raise InvalidValue(f"{what} {name!r} cannot be used: it {why}")
+
 
 MYSQL_TABLE_ARGS: Final[dict[str, Any]] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
 """utf8mb4 stores every character. The migration adds a binary no-pad collation, chosen per

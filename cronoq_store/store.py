@@ -35,6 +35,7 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
+from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ class StoreConfig:
     """SQLite: fsync every commit (synchronous=FULL); off, a power loss may drop the last ones."""
     pool_size: int = 4
     schema: str | None = None
-    """PostgreSQL schema (or MySQL database) holding the tables; None for the default."""
+    """PostgreSQL schema (or MySQL database) holding the tables; None for the default. Any name
+    up to 63 bytes without '.', '[', ']', control characters or outer whitespace."""
     migrate: bool = True
     """Whether `SqlStore.open` migrates the database to this build's schema."""
 
@@ -109,6 +111,8 @@ class StoreConfig:
             raise InvalidValue("StoreConfig.pool_size must be an int")
         if self.pool_size < 1:
             raise InvalidValue("StoreConfig.pool_size must be at least 1")
+        if self.schema is not None:
+            check_schema_name(self.schema, "StoreConfig.schema")
 
 
 def _sqlite_path(path: str) -> Path:
@@ -148,6 +152,8 @@ def _create_private(path: Path) -> None:
 
 
 def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> Engine:
+    """The engine `SqlStore.open` owns. Its statement parameters are task data (payloads,
+    labels), so `hide_parameters` keeps them out of SQLAlchemy's errors and logging."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     else:
@@ -158,7 +164,9 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
     if url.get_backend_name() == "sqlite":
         path = sqlite_file(url)
         _create_private(path)
-        engine = create_engine(url, pool_size=config.pool_size, max_overflow=0)
+        engine = create_engine(
+            url, pool_size=config.pool_size, max_overflow=0, hide_parameters=True
+        )
         dialects.configure_sqlite(
             engine,
             full_sync=config.full_sync,
@@ -166,7 +174,9 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         )
         return engine
     try:
-        return create_engine(url, pool_size=config.pool_size, pool_pre_ping=True)
+        return create_engine(
+            url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
+        )
     except (sa_exc.ArgumentError, ImportError) as exc:
         raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
@@ -176,16 +186,15 @@ def translated() -> Iterator[None]:
     """Every database error leaves the store as a `StoreError` (sync and asyncio alike)."""
     try:
         yield
-    except StoreError:
-        raise
-    except sa_exc.IntegrityError as exc:
-        raise StoreError(
-            dialects.redact(
-                f"the batch conflicts with stored tasks (a live key in use?): {exc.orig}"
+    except (StoreError, sa_exc.SQLAlchemyError, OSError) as exc:
+        error = dialects.translate(exc)  # which also strips task data from exc's chain
+        if error is exc:
+            raise
+        if isinstance(exc, sa_exc.IntegrityError):
+            error = StoreError(
+                f"the batch conflicts with stored tasks (a live key in use?): {error}"
             )
-        ) from exc
-    except (sa_exc.SQLAlchemyError, OSError) as exc:
-        raise dialects.translate(exc) from exc
+        raise error from exc
 
 
 def commit_work(

@@ -222,6 +222,14 @@ def output_for(task_id: int, attempt: int) -> bytes:
     return b"out:%d:%d" % (task_id, attempt)
 
 
+def _private_file(path: Path) -> int:
+    """`path` opened for writing, emptied and 0600 whatever the umask, also if it existed: a
+    driver's stderr may quote task data."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 # The log.
 
 
@@ -1145,7 +1153,7 @@ class DriverProcess:
         self.events: list[dict[str, Any]] = []
         self.stderr_path = None if stderr_path is None else Path(stderr_path)
         self._cond = threading.Condition()
-        err = open(self.stderr_path, "wb") if self.stderr_path else None  # noqa: SIM115
+        err = None if self.stderr_path is None else _private_file(self.stderr_path)
         try:
             self.proc = subprocess.Popen(
                 cmd,
@@ -1155,7 +1163,7 @@ class DriverProcess:
             )
         finally:
             if err is not None:
-                err.close()
+                os.close(err)
         self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
         self._reader.start()
 

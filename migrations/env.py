@@ -51,7 +51,7 @@ def run_migrations_online() -> None:
     url = _option("url", "CRONOQ_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
     if not url:
         raise SystemExit("no database: pass -x url=..., set CRONOQ_DATABASE_URL or sqlalchemy.url")
-    engine = create_engine(url, poolclass=pool.NullPool)
+    engine = create_engine(url, poolclass=pool.NullPool, hide_parameters=True)  # rows are task data
     try:
         with engine.begin() as conn, dialects.migration_lock(conn):
             _run(conn)

@@ -21,6 +21,7 @@ import pytest
 import test_store as sync_checks
 from sqlalchemy import URL, Engine, create_engine, update
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool, Pool
 
 from cronoq_store import (
     ById,
@@ -291,9 +292,12 @@ def test_standby_waits_then_takes_over_on_release(db_url: URL) -> None:
     asyncio.run(main())
 
 
-def test_wraps_an_app_engine(db_url: URL) -> None:
+@pytest.mark.parametrize("poolclass", [AsyncAdaptedQueuePool, NullPool])
+def test_wraps_an_app_engine(db_url: URL, poolclass: type[Pool]) -> None:
+    """Whichever pool the app chose (SQLAlchemy before 2.0.38 gives aiosqlite files NullPool)."""
+
     async def main() -> None:
-        engine = create_async_engine(async_url(db_url))
+        engine = create_async_engine(async_url(db_url), poolclass=poolclass)
         try:
             store = AsyncSqlStore(engine)
             await store.migrate()
@@ -303,7 +307,8 @@ def test_wraps_an_app_engine(db_url: URL) -> None:
                 await store.commit(epoch, BASE, [submit(1, key="a")])
                 with pytest.raises(StoreError, match="conflicts"):
                     await store.commit(epoch, BASE, [submit(2, key="a")])
-            assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+            if isinstance(engine.sync_engine.pool, AsyncAdaptedQueuePool):
+                assert engine.sync_engine.pool.checkedout() == 0
         finally:
             await engine.dispose()
 

@@ -1,12 +1,17 @@
-"""Error mapping: what is worth retrying is StoreUnavailable, and no message carries a password."""
+"""Error mapping: what is worth retrying is StoreUnavailable, no message carries a password, and
+no error the store raises carries task data (payloads, labels) anywhere in its chain."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import traceback
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import URL, create_engine
 
 from cronoq_store import (
     SqlStore,
@@ -18,9 +23,12 @@ from cronoq_store import (
     TaskSpec,
     TimeBase,
 )
+from cronoq_store.aio import AsyncSqlStore
 from cronoq_store.dialects import redact
 
 SECRET = "s3cr3t-pw"
+PRIVATE = "private-7f3e-data"
+"""Stands for personal data in a payload or label: no error the store raises may show it."""
 
 
 @pytest.mark.parametrize(
@@ -66,3 +74,59 @@ def test_redact_hides_passwords() -> None:
     assert SECRET not in redact(f"postgresql://u:{SECRET}@h/db failed")
     assert SECRET not in redact(f"connect(password={SECRET}, host=h)")
     assert SECRET not in redact(f"password='{SECRET}'")
+
+
+def private_task(i: int, key: str) -> Submitted:
+    spec = TaskSpec(payload=f"{PRIVATE} #{i}".encode(), key=key, labels={"owner": PRIVATE})
+    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)
+
+
+def shown(exc: BaseException) -> str:
+    """Everything a traceback of `exc` prints (`log.exception`, an uncaught error): its whole
+    chain, causes and contexts alike."""
+    return "".join(traceback.format_exception(exc))
+
+
+@pytest.fixture(params=["store's engine", "app's engine"])
+def open_store(request: pytest.FixtureRequest, db_url: URL) -> Iterator[Callable[[], SqlStore]]:
+    """A store on an engine `SqlStore.open` made, or on an app's engine that shows parameters:
+    the store's errors must be clean either way."""
+    engines = []
+
+    def open_() -> SqlStore:
+        if request.param == "store's engine":
+            return SqlStore.open(db_url)
+        engine = create_engine(db_url, hide_parameters=False)
+        engines.append(engine)
+        store = SqlStore(engine)
+        store.migrate()
+        return store
+
+    yield open_
+    for engine in engines:
+        engine.dispose()
+
+
+def test_a_key_conflict_shows_no_task_data(open_store: Callable[[], SqlStore]) -> None:
+    with open_store() as store:
+        epoch = store.acquire_leadership(timeout=10)
+        base = TimeBase(unix_ns=1_700_000_000_000_000_000)
+        store.commit(epoch, base, [private_task(1, key="in-use")])
+        # One new row (a single INSERT), then several (PostgreSQL: COPY; elsewhere executemany).
+        for batch in ([private_task(2, "in-use")], [private_task(i, f"k{i}") for i in (2, 3)]):
+            conflicting = [*batch[:-1], private_task(batch[-1].id, "in-use")]
+            with pytest.raises(StoreError, match="conflicts") as info:
+                store.commit(epoch, base, conflicting)
+            assert PRIVATE not in shown(info.value)
+            assert "in-use" in str(info.value) or "UNIQUE" in str(info.value)
+
+
+def test_engines_the_store_creates_hide_parameters(tmp_path: Path) -> None:
+    with SqlStore.open(tmp_path / "sync.db") as store:
+        assert store.engine.hide_parameters
+
+    async def main() -> None:
+        async with await AsyncSqlStore.open(tmp_path / "async.db") as store:
+            assert store.engine.sync_engine.hide_parameters
+
+    asyncio.run(main())

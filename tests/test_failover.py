@@ -297,6 +297,7 @@ def _paused_rounds(
     _seconds(dialect, f"paused_leader x{rounds}", began)
 
 
+@pytest.mark.slow
 def test_paused_leader_is_fenced(
     dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
 ) -> None:
@@ -367,6 +368,7 @@ def _killed_rounds(
     _seconds(dialect, f"killed_leader x{rounds}", began)
 
 
+@pytest.mark.slow
 def test_killed_leader_loses_nothing(
     dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
 ) -> None:
@@ -435,6 +437,7 @@ def test_released_lease_taken_within_one_poll(
 
 
 @pytest.mark.sqlite
+@pytest.mark.slow
 def test_sqlite_eight_processes_contend(tmp_path: Path, spawn: Spawn) -> None:
     began = time.monotonic()
     db = tmp_path / "contended.db"
@@ -478,7 +481,16 @@ def test_sqlite_eight_processes_contend(tmp_path: Path, spawn: Spawn) -> None:
 
 @pytest.mark.sqlite
 def test_demo(tmp_path: Path) -> None:
-    report = run_demo(tmp_path / "demo.db", ttl=TTL, poll=POLL, timeout=30)
+    # Under umask 000 (inherited by its processes) everything the demo creates is private.
+    umask = os.umask(0)
+    try:
+        report = run_demo(tmp_path / "new" / "demo.db", ttl=TTL, poll=POLL, timeout=30)
+    finally:
+        os.umask(umask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "new").iterdir()}
+    assert {"demo.db", "demo.db.acks.jsonl", "demo.db.leader.log"} <= set(modes), modes
+    assert set(modes.values()) == {"0o600"}, modes
+    assert oct((tmp_path / "new").stat().st_mode & 0o777) == "0o700"
     text = format_report(report)
     assert report.ok, text
     assert report.acked_mutations_lost == 0 and report.partial_batches == 0
@@ -489,4 +501,4 @@ def test_demo(tmp_path: Path) -> None:
     assert report.elapsed_s < 30
     assert "0 acknowledged mutations lost" in text
     with pytest.raises(FileExistsError):
-        run_demo(tmp_path / "demo.db")
+        run_demo(tmp_path / "new" / "demo.db")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import URL
+from sqlalchemy import URL, Engine, create_engine, inspect
+from sqlalchemy.schema import CreateSchema, DropSchema
 
 from cronoq_store import (
     ById,
@@ -27,6 +29,7 @@ from cronoq_store import (
     TaskSpec,
     TaskStatus,
     TimeBase,
+    migrate,
 )
 
 BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
@@ -350,3 +353,59 @@ def test_recovery_does_not_hold_the_sqlite_write_lock(
         monkeypatch.setattr(codec, "spec_from_columns", decode_while_another_writes)
         assert [t.id for t in store.recover(BASE).tasks] == [1, 2, 3]
     assert writes == [True]
+
+
+UNUSUAL_SCHEMAS = ["p%x", 'a "quoted" name', "x VALUES (y", "it's 100%s", "`b`"]
+"""Schema names the store must quote, never cut or splice: %, quotes, spaces, " VALUES "."""
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_unusual_schema_names(db_url: URL, dialect: str) -> None:
+    """One new task (an INSERT) and several (PostgreSQL: COPY) land in the schema."""
+    admin = create_engine(db_url)
+    # A MySQL "schema" is a database on the server, which must exist: unique names, dropped.
+    names = [
+        n + (f" {uuid.uuid4().hex[:8]}" if dialect == "mysql" else "") for n in UNUSUAL_SCHEMAS
+    ]
+    try:
+        for name in names:
+            if dialect == "mysql":
+                with admin.begin() as conn:
+                    conn.execute(CreateSchema(name))
+            with SqlStore.open(db_url, StoreConfig(schema=name)) as store:
+                epoch = store.acquire_leadership()
+                store.commit(epoch, BASE, [submit(1, key="one")])
+                store.commit(epoch, BASE, [submit(i) for i in (2, 3, 4)])
+                assert [t.id for t in store.recover(BASE).tasks] == [1, 2, 3, 4], name
+            assert "cronoq_tasks" in inspect(admin).get_table_names(schema=name)
+        assert "cronoq_tasks" not in inspect(admin).get_table_names()
+    finally:
+        if dialect == "mysql":
+            with admin.begin() as conn:
+                for name in names:
+                    conn.execute(DropSchema(name, if_exists=True))
+        admin.dispose()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a.b", "cronoq.", "", " lead", "trail ", "nul\x00", "tab\tin", "[b]", "x" * 64, "é" * 32],
+)
+def test_unusable_schema_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidValue, match=r"StoreConfig\.schema"):
+        StoreConfig(schema=name)
+
+
+def test_unusable_schema_name_touches_nothing(engine: Engine, dialect: str) -> None:
+    """Refused before any DDL, also when `migrate.upgrade` is called directly."""
+    with pytest.raises(InvalidValue, match="schema"):
+        migrate.upgrade(engine, schema="cronoq.tasks")
+    assert inspect(engine).get_table_names() == []
+    if dialect == "postgresql":
+        assert not {"cronoq", "cronoq.tasks"} & set(inspect(engine).get_schema_names())

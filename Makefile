@@ -1,6 +1,7 @@
-# The two commands that do all set-up on a fresh machine:
+# The commands that do all set-up on a fresh machine:
 #   make demo   runs the main job on the embedded SQLite default
 #   make test   runs the tests on SQLite, PostgreSQL and MariaDB
+#   make docs   builds the documentation site (guides and API reference) into site/, warnings as errors
 # and the ends of the supported range, each in a venv of its own made fresh from PyPI:
 #   make test-lowest   Python 3.11, every dependency at the lowest version pyproject.toml allows
 #   make test-newest   Python 3.13, every dependency at its newest release
@@ -16,7 +17,7 @@ PYTHON_NEWEST ?= $(call find_python,python3.13 $(wildcard $(HOME)/.pyenv/version
 # but not the real-process failover rounds (`slow`: a minute), which exercise no dependency edge.
 RANGE_TESTS := -m 'not postgresql and not mysql and not slow'
 
-.PHONY: demo test test-lowest test-newest lint venv clean
+.PHONY: demo test test-lowest test-newest lint docs venv clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,10 +52,22 @@ test-lowest test-newest: test-%: .venv-%/.installed
 	.venv-$*/bin/uv pip list --python .venv-$*/bin/python
 	.venv-$*/bin/pytest $(RANGE_TESTS)
 
+# The docs extra goes into the same venv, on demand: `make test` and the range runs never need it.
+$(BIN)/.docs-installed: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+# --strict: a warning (a broken link, a docstring naming a parameter the signature lacks, a
+# reference to a name that does not exist) fails the build. No plugin reaches the network.
+# NO_MKDOCS_2_WARNING silences mkdocs-material's banner about MkDocs 2, which is not a warning
+# about this site.
+docs: $(BIN)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict cronoq_store
 
 clean:
-	rm -rf $(VENV) .venv-lowest .venv-newest cronoq.db cronoq.db-wal cronoq.db-shm cronoq.db.acks.jsonl cronoq.db.*.log
+	rm -rf $(VENV) .venv-lowest .venv-newest site cronoq.db cronoq.db-wal cronoq.db-shm cronoq.db.acks.jsonl cronoq.db.*.log

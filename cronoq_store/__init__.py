@@ -3,6 +3,42 @@
 The public API is what this module re-exports.
 """
 
+__all__ = [
+    "AsyncSqlStore",
+    "ById",
+    "ByKey",
+    "CorruptValue",
+    "Dep",
+    "Fenced",
+    "FixedStart",
+    "InvalidValue",
+    "Mutation",
+    "Priority",
+    "Recovered",
+    "RecoveredRecurring",
+    "RecoveredTask",
+    "RecoveredTerminal",
+    "RecurringNext",
+    "RecurringRemove",
+    "RecurringSpec",
+    "RecurringUpsert",
+    "RetryPolicy",
+    "SchemaError",
+    "SqlStore",
+    "StatusChanged",
+    "StoreConfig",
+    "StoreError",
+    "StoreUnavailable",
+    "Submitted",
+    "TaskId",
+    "TaskRecord",
+    "TaskRef",
+    "TaskSpec",
+    "TaskStatus",
+    "Time",
+    "TimeBase",
+]
+
 from .errors import CorruptValue as CorruptValue
 from .errors import Fenced as Fenced
 from .errors import InvalidValue as InvalidValue

@@ -11,6 +11,14 @@ A store belongs to the event loop that first uses it; share it between that loop
 
 from __future__ import annotations
 
+__all__ = [
+    "ASYNC_DRIVERS",
+    "AsyncSqlStore",
+    "LeadershipLostCallback",
+    "async_url",
+    "create_engine_for",
+]
+
 import asyncio
 import inspect
 import logging

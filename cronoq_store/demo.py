@@ -13,6 +13,12 @@ It takes a few seconds with the default one-second lease (bounded by `timeout`).
 
 from __future__ import annotations
 
+__all__ = [
+    "DemoReport",
+    "format_report",
+    "run",
+]
+
 import os
 import signal
 import sqlite3

@@ -6,6 +6,12 @@ expressed portably, it does not belong here.
 
 from __future__ import annotations
 
+__all__ = [
+    "configure_sqlite",
+    "redact",
+    "translate",
+]
+
 import contextlib
 import re
 import sqlite3

@@ -7,6 +7,15 @@ retrying, and `Fenced` to step down. Database errors are translated in one place
 
 from __future__ import annotations
 
+__all__ = [
+    "CorruptValue",
+    "Fenced",
+    "InvalidValue",
+    "SchemaError",
+    "StoreError",
+    "StoreUnavailable",
+]
+
 
 class StoreError(Exception):
     """Base of every error the store raises."""

@@ -7,6 +7,18 @@ database at a revision this build does not know, touching nothing.
 
 from __future__ import annotations
 
+__all__ = [
+    "TABLE_PREFIX",
+    "VERSION_TABLE",
+    "alembic_config",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "include_name",
+    "script_location",
+    "upgrade",
+]
+
 import contextlib
 from collections.abc import Iterator
 from importlib import resources

@@ -8,6 +8,40 @@ object is built, with a message naming the field, so nothing invalid ever reache
 
 from __future__ import annotations
 
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "SECOND_NS",
+    "ById",
+    "ByKey",
+    "Dep",
+    "DepOn",
+    "FixedStart",
+    "Misfire",
+    "Mutation",
+    "OnMiss",
+    "Overlap",
+    "Priority",
+    "Recovered",
+    "RecoveredRecurring",
+    "RecoveredTask",
+    "RecoveredTerminal",
+    "RecurringNext",
+    "RecurringRemove",
+    "RecurringSpec",
+    "RecurringUpsert",
+    "RetryPolicy",
+    "StatusChanged",
+    "Submitted",
+    "TaskId",
+    "TaskRecord",
+    "TaskRef",
+    "TaskSpec",
+    "TaskStatus",
+    "Time",
+    "TimeBase",
+]
+
 import enum
 import math
 import zoneinfo

@@ -8,6 +8,16 @@ migrations do for `StoreConfig.schema`.
 
 from __future__ import annotations
 
+__all__ = [
+    "NAMING_CONVENTION",
+    "TABLES",
+    "leader",
+    "metadata",
+    "recurring",
+    "task_deps",
+    "tasks",
+]
+
 import unicodedata
 from typing import Any, Final
 

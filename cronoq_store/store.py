@@ -6,6 +6,12 @@ error in one place, and keeps the leader lease alive from a keeper thread.
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_WAIT",
+    "SqlStore",
+    "StoreConfig",
+]
+
 import contextlib
 import logging
 import os

@@ -34,6 +34,29 @@ where it holds no database connection, and SIGUSR2 arms the fault chosen with `-
 
 from __future__ import annotations
 
+__all__ = [
+    "BASE",
+    "EPOCH_SHIFT",
+    "AckLog",
+    "CheckReport",
+    "DriverConfig",
+    "DriverProcess",
+    "DriverProcessError",
+    "DriverSummary",
+    "Emit",
+    "Event",
+    "HangPoint",
+    "Store",
+    "StoredTask",
+    "Workload",
+    "WorkloadDriver",
+    "check",
+    "digest",
+    "main",
+    "output_for",
+    "read_log",
+]
+
 import argparse
 import dataclasses
 import enum

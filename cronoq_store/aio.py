@@ -262,6 +262,7 @@ class AsyncSqlStore:
     def __init__(self, engine: AsyncEngine, config: StoreConfig | None = None) -> None:
         """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
         self.config = config or StoreConfig()
+        """How this store behaves."""
         self._owns_engine = False
         self._raw_engine = engine
         self.engine = (
@@ -269,7 +270,9 @@ class AsyncSqlStore:
             if self.config.schema
             else engine
         )
+        """The engine every transaction runs on (with `schema` applied, when set)."""
         self.holder = lease.new_holder()
+        """This instance's name in the lease row (host, process id and a random part)."""
         self._epoch: int | None = None
         self._lost = asyncio.Event()
         self._lost.set()
@@ -341,6 +344,7 @@ class AsyncSqlStore:
 
     @property
     def is_leader(self) -> bool:
+        """Whether this instance leads now: `epoch` is not None."""
         return self.epoch is not None
 
     def on_leadership_lost(self, callback: LeadershipLostCallback) -> None:

@@ -47,6 +47,7 @@ class DemoReport:
     batches_committed: int
     """Acknowledged batches, over all leaders."""
     acked_mutations: int
+    """Mutations in acknowledged batches, over all leaders."""
     epochs: list[int]
     """Fencing epochs of the leaders, in order."""
     takeover_s: float
@@ -62,15 +63,19 @@ class DemoReport:
     old_leader_saw_loss: bool
     """Whether the resumed old leader reported its leadership lost."""
     acked_mutations_lost: int
+    """Acknowledged mutations the check found missing (must be 0)."""
     partial_batches: int
+    """Batches the check found partly visible (must be 0)."""
     integrity: str
     """SQLite's `PRAGMA integrity_check` result ("ok")."""
     elapsed_s: float
+    """How long the whole demonstration took, in seconds."""
     check: dict[str, Any] = field(default_factory=dict)
     """The checker's full summary."""
 
     @property
     def ok(self) -> bool:
+        """Nothing lost or partial, at least one commit fenced, and both checks passed."""
         return (
             self.acked_mutations_lost == 0
             and self.partial_batches == 0

@@ -38,7 +38,9 @@ from .errors import SchemaError, StoreError
 from .schema import check_schema_name
 
 VERSION_TABLE: Final = "cronoq_alembic_version"
+"""Where cronoq's Alembic history records its revision, apart from an app's `alembic_version`."""
 TABLE_PREFIX: Final = "cronoq_"
+"""Every table of the store is named with it."""
 
 
 def include_name(name: str | None, type_: str, _parents: object) -> bool:

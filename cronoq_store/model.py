@@ -53,7 +53,9 @@ from typing import Literal, NewType, TypeAlias, get_args
 from .errors import InvalidValue
 
 INT64_MIN = -(2**63)
+"""Smallest value of a stored 64-bit integer (times, ids, durations)."""
 INT64_MAX = 2**63 - 1
+"""Largest value of a stored 64-bit integer (times, ids, durations)."""
 
 Time: TypeAlias = int
 """Engine time in nanoseconds; `TimeBase` maps it to Unix time."""
@@ -62,11 +64,16 @@ TaskId = NewType("TaskId", int)
 """A task's id, assigned by the engine; any signed 64-bit value (ids may be epoch-prefixed)."""
 
 DepOn: TypeAlias = Literal["success", "finish"]
+"""What a dependency waits for: the target's success, or only its finishing."""
 OnMiss: TypeAlias = Literal["skip", "run", "fail"]
+"""What happens to a task whose fixed start was missed."""
 Misfire: TypeAlias = Literal["skip", "run_once", "run_all"]
+"""What a schedule does about fire times it missed (the engine applies it)."""
 Overlap: TypeAlias = Literal["allow", "skip"]
+"""Whether a schedule fires while its previous task is still live."""
 
 SECOND_NS = 1_000_000_000
+"""One second in nanoseconds."""
 
 
 def _int(name: str, value: object, *, lo: int = INT64_MIN, hi: int = INT64_MAX) -> None:
@@ -125,6 +132,7 @@ class ById:
     """
 
     id: TaskId
+    """The task's id."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, int) or isinstance(self.id, bool):
@@ -136,6 +144,7 @@ class ByKey:
     """A task named by its key (the newest task with that key): `ByKey("k")` or `ByKey(key=...)`."""
 
     key: str
+    """The task's key; not empty."""
 
     def __post_init__(self) -> None:
         _str("ByKey.key", self.key)
@@ -144,15 +153,20 @@ class ByKey:
 
 
 TaskRef: TypeAlias = ById | ByKey
+"""A task named by its id or by its key."""
 
 
 class Priority(enum.IntEnum):
     """Scheduling priority, stored as its index 0..3."""
 
     LOW = 0
+    """Stored as 0."""
     NORMAL = 1
+    """The default; stored as 1, and what an unknown stored index reads as."""
     HIGH = 2
+    """Stored as 2."""
     CRITICAL = 3
+    """Stored as 3."""
 
     @classmethod
     def from_index(cls, index: int) -> Priority:
@@ -171,11 +185,15 @@ class TaskStatus(enum.StrEnum):
     WAITING = "waiting"
     """Blocked on dependencies or resources."""
     RUNNING = "running"
+    """An attempt is under way."""
     RETRYING = "retrying"
     """Backing off before the next attempt."""
     SUCCEEDED = "succeeded"
+    """Finished well; its output, if any, is kept (`load_output`)."""
     FAILED = "failed"
+    """Finished badly, with no attempt left."""
     CANCELLED = "cancelled"
+    """Cancelled before it finished."""
     EXPIRED = "expired"
     """Deadline or fixed start missed."""
     SKIPPED = "skipped"
@@ -211,7 +229,9 @@ class Dep:
     """A dependency on another task: wait for its success, or only for it to finish."""
 
     target: TaskRef
+    """The task depended on, by id or by key."""
     on: DepOn = "success"
+    """`success`: the target must succeed; `finish`: any terminal status will do."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, ById | ByKey):
@@ -228,7 +248,9 @@ class RetryPolicy:
     max_attempts: int = 3
     """Attempts in all, the first included (1 = never retry)."""
     initial_backoff_ns: int = SECOND_NS
+    """Wait before the first retry, in nanoseconds."""
     max_backoff_ns: int = 60 * SECOND_NS
+    """Longest wait between attempts, in nanoseconds; not below `initial_backoff_ns`."""
     multiplier: float = 2.0
     """Backoff growth per attempt, at least 1."""
     jitter: float = 0.0
@@ -255,8 +277,11 @@ class FixedStart:
     """The task must start at `at`, within `tolerance_ns`; `on_miss` says what happens if not."""
 
     at: Time
+    """When the task must start."""
     tolerance_ns: int = SECOND_NS
+    """How late a start still counts, in nanoseconds."""
     on_miss: OnMiss = "skip"
+    """What happens when the start is missed: skip the task, run it anyway, or fail it."""
 
     def __post_init__(self) -> None:
         _int("FixedStart.at", self.at)
@@ -269,22 +294,35 @@ class TaskSpec:
     """What to run and under which constraints."""
 
     payload: bytes
+    """The engine's opaque description of the work; stored as is."""
     kind: str = ""
+    """What sort of task this is, for the engine and for listings."""
     pool: str = "default"
+    """The worker pool that runs it; not empty."""
     priority: Priority = Priority.NORMAL
+    """Scheduling priority."""
     key: str | None = None
     """Unique among live tasks; a finished task's key may be reused."""
     deadline: Time | None = None
+    """When the task expires if it has not finished (the engine enforces it)."""
     fixed_start: FixedStart | None = None
+    """A start time the task must keep, if any."""
     duration_hint_ns: int | None = None
+    """How long an attempt is expected to take, in nanoseconds."""
     timeout_ns: int | None = None
+    """Longest an attempt may run, in nanoseconds (the engine enforces it)."""
     retry: RetryPolicy | None = None
+    """How failed attempts are retried; None: never."""
     deps: tuple[Dep, ...] = ()
+    """Tasks this one waits for."""
     resources: Mapping[str, int] = field(default_factory=dict)
     """Units of each named resource an attempt holds."""
     tags: frozenset[str] = frozenset()
+    """Free-form tags (any iterable of str but a str; kept as a frozenset)."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    """Free-form name/value labels."""
     tenant: str | None = None
+    """The tenant the task belongs to, if any."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.payload, bytes):
@@ -338,16 +376,23 @@ class RecurringSpec:
     """
 
     name: str
+    """Names the schedule; unique, not empty."""
     template: TaskSpec
+    """The task each firing submits."""
     cron: str | None = None
     """Five or six whitespace-separated fields."""
     interval_ns: int | None = None
+    """A fixed interval in nanoseconds (at least 1), instead of `cron`."""
     timezone: str = "UTC"
     """An IANA time zone name, for cron."""
     start: Time | None = None
+    """No firing before this time."""
     end: Time | None = None
+    """No firing after this time; not before `start`."""
     misfire: Misfire = "skip"
+    """What to do about fire times missed while no engine ran."""
     overlap: Overlap = "allow"
+    """Whether to fire while the previous task is still live."""
 
     def __post_init__(self) -> None:
         _str("RecurringSpec.name", self.name)
@@ -385,10 +430,13 @@ class Submitted:
     """A new task."""
 
     id: TaskId
+    """The new task's id, chosen by the engine."""
     seq: int
     """Submission order, for FIFO among equal priorities."""
     arrival: Time
+    """When the task was submitted."""
     spec: TaskSpec
+    """The task itself."""
 
     def __post_init__(self) -> None:
         _int("Submitted.id", self.id)
@@ -403,10 +451,15 @@ class StatusChanged:
     """A task moved to `status`; `message` (if any) replaces the stored one."""
 
     id: TaskId
+    """The task that moved."""
     status: TaskStatus
+    """Where it stands now."""
     attempt: int
+    """The attempt this change belongs to."""
     at: Time
+    """When it moved."""
     message: str | None = None
+    """Why (an error, say); None keeps the stored message."""
 
     def __post_init__(self) -> None:
         _int("StatusChanged.id", self.id)
@@ -422,6 +475,7 @@ class RecurringUpsert:
     """Create or replace a schedule (its next/last stay as they were)."""
 
     spec: RecurringSpec
+    """The schedule, replacing any of the same name."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, RecurringSpec):
@@ -433,6 +487,7 @@ class RecurringRemove:
     """Delete a schedule."""
 
     name: str
+    """The schedule to delete; an unknown name is no error."""
 
     def __post_init__(self) -> None:
         _str("RecurringRemove.name", self.name)
@@ -443,8 +498,11 @@ class RecurringNext:
     """A schedule's next fire time and the last task it submitted."""
 
     name: str
+    """The schedule."""
     next: Time | None
+    """When it fires next; None: never again."""
     last: TaskId | None
+    """The task it submitted last, if any."""
 
     def __post_init__(self) -> None:
         _str("RecurringNext.name", self.name)
@@ -453,6 +511,7 @@ class RecurringNext:
 
 
 Mutation: TypeAlias = Submitted | StatusChanged | RecurringUpsert | RecurringRemove | RecurringNext
+"""One change in a commit's batch."""
 
 
 # Recovery: what a new leader gets back.
@@ -463,10 +522,15 @@ class RecoveredTask:
     """A live task, with the attempt it had reached."""
 
     id: TaskId
+    """The task's id."""
     seq: int
+    """Its submission order."""
     arrival: Time
+    """When it was submitted."""
     spec: TaskSpec
+    """The task as submitted."""
     attempt: int
+    """The attempt it had reached."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -474,9 +538,13 @@ class RecoveredTerminal:
     """A finished task the engine must know of (for key deduplication and dependencies)."""
 
     id: TaskId
+    """The task's id."""
     key: str | None
+    """Its key, if it had one."""
     status: TaskStatus
+    """How it finished."""
     at: Time
+    """When it finished."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -484,8 +552,11 @@ class RecoveredRecurring:
     """A schedule with where it stood."""
 
     spec: RecurringSpec
+    """The schedule."""
     next: Time | None
+    """When it fires next, as last committed."""
     last: TaskId | None
+    """The task it submitted last, if any."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -493,9 +564,13 @@ class Recovered:
     """Everything a new leader needs to resume; `next_id` is above every id ever used."""
 
     next_id: TaskId
+    """Above every task id ever stored: the next term may start its ids here."""
     tasks: list[RecoveredTask] = field(default_factory=list)
+    """The live tasks, in id order (a row that does not decode is quarantined instead)."""
     terminal: list[RecoveredTerminal] = field(default_factory=list)
+    """Tasks finished within `StoreConfig.retention`, and older ones a live task depends on."""
     recurring: list[RecoveredRecurring] = field(default_factory=list)
+    """Every schedule, by name."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -503,15 +578,24 @@ class TaskRecord:
     """A stored task as queries show it."""
 
     id: TaskId
+    """The task's id."""
     key: str | None
+    """Its key, if it has one."""
     pool: str
+    """Its pool."""
     kind: str
+    """Its kind."""
     priority: Priority
+    """Its priority."""
     tenant: str | None
+    """Its tenant, if any."""
     status: TaskStatus | None
     """None for a status name this build does not know."""
     attempt: int
+    """The attempt it has reached."""
     message: str | None
+    """The last message committed with a status change."""
     output: bytes | None
+    """The output committed for the task, if any."""
     updated: datetime
     """When the task last changed, in UTC."""

@@ -48,8 +48,10 @@ NAMING_CONVENTION: Final = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+"""Constraint and index names, the same on every dialect and in every migration."""
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
+"""The store's tables: cronoq's own migrations compare with it; never an app's `target_metadata`."""
 
 SCHEMA_NAME_MAX_BYTES: Final = 63
 """PostgreSQL's identifier limit (longer names are cut); MySQL's database names allow 64."""
@@ -128,6 +130,7 @@ tasks = Table(
     Index(None, "key", "id"),
     **MYSQL_TABLE_ARGS,
 )
+"""Every task: its spec in columns, where it stands, and its output; live and finished alike."""
 
 task_deps = Table(
     "cronoq_task_deps",
@@ -152,6 +155,7 @@ recurring = Table(
     Column("last_task_id", BigInteger),
     **MYSQL_TABLE_ARGS,
 )
+"""The recurring schedules, by name, with their next fire time and last task."""
 
 leader = Table(
     "cronoq_leader",
@@ -171,3 +175,4 @@ LEADER_ROW: Final = {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, 
 """The leader row as the first migration inserts it: the first leader gets epoch 1."""
 
 TABLES: Final = (tasks, task_deps, recurring, leader)
+"""Every table of the store."""

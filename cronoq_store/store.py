@@ -77,6 +77,7 @@ class StoreConfig:
     full_sync: bool = True
     """SQLite: fsync every commit (synchronous=FULL); off, a power loss may drop the last ones."""
     pool_size: int = 4
+    """Pool size of an engine the store creates (`open`); an engine handed in keeps its own."""
     schema: str | None = None
     """PostgreSQL schema (or MySQL database) holding the tables; None for the default. Any name
     up to 63 bytes without '.', '[', ']', control characters or outer whitespace."""
@@ -241,6 +242,7 @@ class SqlStore:
     def __init__(self, engine: Engine, config: StoreConfig | None = None) -> None:
         """Wrap an app's own engine (no side effects: call `migrate()` or use `open`)."""
         self.config = config or StoreConfig()
+        """How this store behaves."""
         self._owns_engine = False
         self._raw_engine = engine
         self.engine = (
@@ -248,7 +250,9 @@ class SqlStore:
             if self.config.schema
             else engine
         )
+        """The engine every transaction runs on (with `schema` applied, when set)."""
         self.holder = lease.new_holder()
+        """This instance's name in the lease row (host, process id and a random part)."""
         self._lock = threading.Lock()
         self._epoch: int | None = None
         self._lost = threading.Event()
@@ -323,6 +327,7 @@ class SqlStore:
 
     @property
     def is_leader(self) -> bool:
+        """Whether this instance leads now: `epoch` is not None."""
         return self.epoch is not None
 
     def on_leadership_lost(self, callback: Callable[[], None]) -> None:

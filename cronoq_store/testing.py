@@ -48,7 +48,6 @@ __all__ = [
     "HangPoint",
     "Store",
     "StoredTask",
-    "Workload",
     "WorkloadDriver",
     "check",
     "digest",
@@ -113,22 +112,29 @@ BASE: Final = TimeBase(unix_ns=1_700_000_000_000_000_000)
 EPOCH_SHIFT: Final = 48
 """Task ids of a term start at `epoch << EPOCH_SHIFT` (32767 << 48 still fits in 63 bits)."""
 SECOND_NS: Final = 1_000_000_000
+"""One second in nanoseconds."""
 
 Event = Mapping[str, Any]
+"""One JSON event a driver reports (`standby`, `leading`, `ack`, `fenced`, ...)."""
 Emit = Callable[[Event], None]
+"""Where a driver sends its events."""
 
 
 class Store(Protocol):
     """What the kit needs of a store; `SqlStore` is one, and any other store may be."""
 
     @property
-    def is_leader(self) -> bool: ...
+    def is_leader(self) -> bool:
+        """As `SqlStore.is_leader`."""
 
-    def acquire_leadership(self, timeout: float | None = None) -> int: ...
+    def acquire_leadership(self, timeout: float | None = None) -> int:
+        """As `SqlStore.acquire_leadership`: the new epoch."""
 
-    def release_leadership(self) -> None: ...
+    def release_leadership(self) -> None:
+        """As `SqlStore.release_leadership`."""
 
-    def on_leadership_lost(self, callback: Callable[[], None]) -> None: ...
+    def on_leadership_lost(self, callback: Callable[[], None]) -> None:
+        """As `SqlStore.on_leadership_lost`."""
 
     def commit(
         self,
@@ -136,11 +142,14 @@ class Store(Protocol):
         base: TimeBase,
         batch: Sequence[Mutation],
         outputs: Sequence[tuple[TaskId, bytes]] = (),
-    ) -> None: ...
+    ) -> None:
+        """As `SqlStore.commit`."""
 
-    def recover(self, base: TimeBase) -> Recovered: ...
+    def recover(self, base: TimeBase) -> Recovered:
+        """As `SqlStore.recover`."""
 
-    def get_task(self, ref: TaskRef) -> TaskRecord | None: ...
+    def get_task(self, ref: TaskRef) -> TaskRecord | None:
+        """As `SqlStore.get_task`."""
 
 
 class HangPoint(enum.StrEnum):
@@ -193,16 +202,23 @@ class DriverSummary:
     """What a driver did, printed as the `exit` event of a process."""
 
     run: str
+    """The driver's run id, in every record it logs."""
     terms: int = 0
     """Times it became leader."""
     epochs: list[int] = field(default_factory=list)
+    """The fencing epoch of each term."""
     acked_batches: int = 0
+    """Batches committed and logged as acknowledged."""
     acked_mutations: int = 0
+    """Mutations in those batches."""
     acked_tasks: int = 0
+    """New tasks in those batches."""
     fenced: int = 0
     """Commits rejected with `Fenced`."""
     leadership_lost: int = 0
+    """Terms that ended by losing the lease."""
     released: int = 0
+    """Terms that ended by releasing the lease."""
     unavailable: int = 0
     """Commits that raised `StoreUnavailable` and were retried."""
     store_warnings: int = 0
@@ -210,6 +226,7 @@ class DriverSummary:
     busy_warnings: int = 0
     """Of those, the ones about a locked or busy database."""
     errors: list[str] = field(default_factory=list)
+    """Unexpected errors, one line each."""
 
 
 # Canonical forms, so specs compare across processes and database round trips.
@@ -265,10 +282,12 @@ class AckLog:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        """The log file, created 0600 if new."""
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._lock = threading.Lock()
 
     def append(self, record: Mapping[str, Any], *, sync: bool) -> None:
+        """Append `record` as one line in one write; with `sync`, fsync before returning."""
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         with self._lock:
             view = memoryview(data)
@@ -278,6 +297,7 @@ class AckLog:
                 os.fsync(self._fd)
 
     def close(self) -> None:
+        """Close the file; appending afterwards fails."""
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
@@ -612,15 +632,21 @@ class WorkloadDriver:
     ) -> None:
         """`emit` receives every event; setting `stop_event` stops `run` gracefully."""
         self.store = store
+        """The store it drives."""
         self.config = config or DriverConfig()
+        """How it behaves."""
         self.run_id = uuid.uuid4().hex[:12]
+        """Names this driver in the log and in its events."""
         self.summary = DriverSummary(run=self.run_id)
+        """What it did so far."""
         self._emit_fn = emit
         self._emit_lock = threading.Lock()
         self._log = AckLog(log_path)
         seed = self.config.seed if self.config.seed is not None else random.randrange(2**32)
         self.workload = Workload(random.Random(seed), self.config)
+        """The generator of its batches (not part of the kit's API)."""
         self.stop_event = stop_event or threading.Event()
+        """Set it to stop `run` gracefully."""
         self._pause_requested = threading.Event()
         self._hang_point: HangPoint | None = None
         self._in_commit = threading.local()
@@ -889,11 +915,17 @@ class StoredTask:
     """A task as the checker reads it from the store."""
 
     id: int
+    """The task's id."""
     key: str | None
+    """Its key, if any."""
     status: str
+    """Its stored status name."""
     attempt: int
+    """The attempt it reached."""
     message: str | None
+    """Its stored message."""
     output: bytes | None
+    """Its stored output."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -901,19 +933,29 @@ class CheckReport:
     """What the checker found; `ok` when every invariant holds."""
 
     records: int = 0
+    """Records read from the log."""
     torn_lines: int = 0
+    """Log lines that did not parse (torn by a kill)."""
     batches: int = 0
+    """Batches the log says may have been committed."""
     acked_batches: int = 0
+    """Of those, the acknowledged ones."""
     acked_mutations: int = 0
+    """Mutations in acknowledged batches."""
     visible_unacked_batches: int = 0
     """Committed but not acknowledged (killed between commit and log): allowed."""
     invisible_batches: int = 0
     """Never committed (killed before or during the commit, or fenced): allowed unless acked."""
     fenced_batches: int = 0
+    """Batches the log records as rejected with `Fenced`."""
     tasks_expected: int = 0
+    """Tasks that replaying the visible batches creates."""
     tasks_stored: int = 0
+    """Tasks found in the store."""
     live_recovered: int = 0
+    """Live tasks that recovery returned."""
     epochs: list[int] = field(default_factory=list)
+    """The fencing epochs seen in the log, in order."""
     lost: list[str] = field(default_factory=list)
     """Acknowledged mutations missing, or tasks behind their last acknowledged transition."""
     partial: list[str] = field(default_factory=list)
@@ -927,6 +969,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
+        """Whether every invariant holds: all five lists of findings are empty."""
         return not (
             self.lost or self.partial or self.fenced_visible or self.mismatches or self.unexplained
         )
@@ -1160,7 +1203,9 @@ class DriverProcess:
     ) -> None:
         """`control_path`: a file through which `arm` names the hang point."""
         self.name = name
+        """Names the process in messages."""
         self.control_path = None if control_path is None else Path(control_path)
+        """The file `arm` writes the hang point to, if any."""
         cmd = [python, "-m", "cronoq_store.testing", "drive", "--url", os.fspath(url)]
         cmd += ["--log", os.fspath(log_path), "--ttl", str(ttl), "--batch", str(batch)]
         cmd += ["--gap", str(gap), "--exit-with-parent"]
@@ -1174,7 +1219,9 @@ class DriverProcess:
             cmd += ["--control", str(self.control_path)]
         cmd += list(extra)
         self.events: list[dict[str, Any]] = []
+        """Every event the process printed so far, in order."""
         self.stderr_path = None if stderr_path is None else Path(stderr_path)
+        """Where the process's stderr goes (0600), if anywhere."""
         self._cond = threading.Condition()
         err = None if self.stderr_path is None else _private_file(self.stderr_path)
         try:
@@ -1184,6 +1231,7 @@ class DriverProcess:
                 stderr=err if err is not None else subprocess.DEVNULL,
                 umask=umask,
             )
+            """The process itself."""
         finally:
             if err is not None:
                 os.close(err)
@@ -1192,6 +1240,7 @@ class DriverProcess:
 
     @property
     def pid(self) -> int:
+        """The process id."""
         return self.proc.pid
 
     def _read(self) -> None:
@@ -1275,6 +1324,7 @@ class DriverProcess:
             time.sleep(0.005)
 
     def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the process."""
         self.proc.send_signal(sig)
 
     def arm(self, point: HangPoint) -> None:

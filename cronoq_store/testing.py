@@ -20,7 +20,7 @@ Several drivers (a leader and its standbys, in several processes) share one log:
 appended with single `O_APPEND` writes. Task ids are epoch-prefixed (`epoch << 48`, or above
 the recovered `next_id` when that is higher), so two leaders never use the same id.
 
-Run as a process::
+Run as a process:
 
     python -m cronoq_store.testing drive --url URL --log PATH [--ttl S] [--batch N] [--duration S]
     python -m cronoq_store.testing check --url URL --log PATH

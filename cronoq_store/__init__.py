@@ -3,8 +3,9 @@
 The public API is what this module re-exports.
 """
 
+# `AsyncSqlStore` is public too, but it is not in `__all__`: it loads on first use (`__getattr__`
+# below), and `from cronoq_store import *` must not need the asyncio extra.
 __all__ = [
-    "AsyncSqlStore",
     "ById",
     "ByKey",
     "CorruptValue",

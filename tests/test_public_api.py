@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -26,6 +28,8 @@ PUBLIC = ("model", "errors", "store", "aio", "migrate", "schema", "dialects", "t
 INTERNAL = ("codec", "repository", "lease", "cli", "bench")
 # What `cronoq_store` re-exports lives in these; the reference documents each name there.
 HOMES = ("store", "aio", "model", "errors")
+# Public at the top level but loaded on first use, so left out of `__all__` (see __init__.py).
+LAZY = ("AsyncSqlStore",)
 
 
 def public_module(name: str) -> ModuleType:
@@ -57,25 +61,39 @@ def test_all_lists_existing_public_names(name: str) -> None:
 
 
 def test_top_level_names_import() -> None:
-    for item in cronoq_store.__all__:
+    for item in [*cronoq_store.__all__, *LAZY]:
         namespace: dict[str, object] = {}
         exec(f"from cronoq_store import {item}", namespace)
         assert namespace[item] is getattr(cronoq_store, item)
 
 
 def test_every_top_level_reexport_is_in_all() -> None:
-    cronoq_store.__getattr__("AsyncSqlStore")  # the lazy one, so all of them are counted
     reexported = {
         name
         for name, value in vars(cronoq_store).items()
         if not name.startswith("_") and not isinstance(value, ModuleType)
     } - {"TYPE_CHECKING"}
-    assert reexported | {"AsyncSqlStore"} == set(cronoq_store.__all__)
+    assert reexported - set(LAZY) == set(cronoq_store.__all__)
+    assert not set(LAZY) & set(cronoq_store.__all__)
+
+
+def test_star_import_needs_no_asyncio_extra() -> None:
+    """`from cronoq_store import *` works, and loads no asyncio module, without greenlet."""
+    code = (
+        "import sys\n"
+        "for name in ('greenlet', 'aiosqlite', 'asyncmy'):\n"
+        "    sys.modules[name] = None\n"
+        "from cronoq_store import *\n"
+        "assert SqlStore and TaskSpec\n"
+        "assert 'cronoq_store.aio' not in sys.modules\n"
+        "assert 'sqlalchemy.ext.asyncio' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_top_level_names_are_documented_where_they_live() -> None:
     index = (REFERENCE / "index.md").read_text(encoding="utf-8")
-    for item in cronoq_store.__all__:
+    for item in [*cronoq_store.__all__, *LAZY]:
         homes = [home for home in HOMES if item in public_module(home).__all__]
         assert len(homes) == 1, f"{item} should be in the __all__ of one of {HOMES}: {homes}"
         assert getattr(public_module(homes[0]), item) is getattr(cronoq_store, item)

@@ -58,7 +58,8 @@ $(BIN)/.docs-installed: $(BIN)/.installed
 	touch $@
 
 # --strict: a warning (a broken link, a docstring naming a parameter the signature lacks, a
-# reference to a name that does not exist) fails the build. No plugin reaches the network.
+# reference to a name that does not exist, a public name without a docstring: see
+# scripts/griffe_reference.py) fails the build. No plugin reaches the network.
 # NO_MKDOCS_2_WARNING silences mkdocs-material's banner about MkDocs 2, which is not a warning
 # about this site.
 docs: $(BIN)/.docs-installed

@@ -1,0 +1,60 @@
+"""Griffe extensions for the API reference (mkdocs.yml loads them; nothing here runs otherwise).
+
+`filters: public` in mkdocs.yml keeps a module's members to its `__all__`, but inside a class
+Griffe counts every special method as public, so each dataclass would list its
+`__post_init__` (a validation hook no caller uses): `HideUndocumentedHooks` hides the special
+methods that have no docstring (a documented one is still shown).
+
+`RequireDocstrings` warns about every public name without a docstring, so `mkdocs build
+--strict` fails instead of publishing a bare entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import griffe
+
+
+class HideUndocumentedHooks(griffe.Extension):
+    """Mark a class's undocumented `__dunder__` methods as not public."""
+
+    def on_class(self, *, cls: griffe.Class, **kwargs: Any) -> None:
+        """Runs once the object tree is complete, so every member and docstring is known."""
+        for member in cls.members.values():
+            if member.is_special and not member.is_alias and member.docstring is None:
+                member.public = False
+
+
+def _shown(module: griffe.Module) -> Iterator[griffe.Object]:
+    """What the reference shows of a module with `__all__`: its exports, and their members."""
+    for name in module.exports or ():
+        member = module.members.get(name)
+        if member is None or member.is_alias or member.is_module:
+            continue  # a re-export is documented where it is defined
+        yield member
+        if member.is_class:
+            for inner in member.members.values():
+                if not inner.is_alias and inner.is_public and not inner.name.startswith("_"):
+                    yield inner
+
+
+def _modules(module: griffe.Module) -> Iterator[griffe.Module]:
+    """`module` and every module under it (subpackages included)."""
+    yield module
+    for sub in module.modules.values():
+        if not sub.is_alias:
+            yield from _modules(sub)
+
+
+class RequireDocstrings(griffe.Extension):
+    """Warn (so a strict build fails) about a public name that has no docstring."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """Runs once the package is loaded: every module with `__all__` is checked."""
+        for module in _modules(pkg):
+            for obj in _shown(module):
+                if obj.docstring is None:
+                    where = f"{module.relative_filepath}:{obj.lineno}"
+                    griffe.logger.warning(f"{where}: public {obj.path} has no docstring")

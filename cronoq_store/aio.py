@@ -3,8 +3,9 @@
 There is no second copy of SQL here. Every transaction body is a plain function of a sync
 `Connection` made of the repository and lease functions `SqlStore` uses, run through
 `AsyncConnection.run_sync` (SQLAlchemy drives the async driver underneath on a greenlet), and
-every error is translated as `SqlStore` translates it. What is left is what differs by nature:
-awaiting instead of blocking, and a keeper that is an asyncio task instead of a thread.
+every error is translated as `SqlStore` translates it. There is no second copy of leadership's
+rules either: both faces drive `leadership`'s decisions. What is left is what differs by nature:
+awaiting instead of blocking, and a keeper that is an asyncio task instead of threads.
 
 A store belongs to the event loop that first uses it; share it between that loop's tasks.
 """
@@ -28,6 +29,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
+from .leadership import GiveUp, Keeping, Leadership, Note, Renew, Retry, StepDown, due
 from .model import (
     ById,
     ByKey,
@@ -40,12 +42,13 @@ from .model import (
     TimeBase,
 )
 from .store import (
-    MAX_RETRY_DELAY,
     StoreConfig,
     _create_private,
     _ns,
     _sqlite_path,
+    acquiring_for,
     commit_work,
+    keeper_timing,
     sqlite_file,
     translated,
 )
@@ -71,9 +74,6 @@ SYNC_DRIVERS: Final = {
 
 LeadershipLostCallback = Callable[[], object]
 """Called on leadership loss; a coroutine it returns is awaited."""
-
-
-# Engine-independent parts: they mirror `SqlStore`'s and belong in store.py, shared by both faces.
 
 
 def async_url(target: str | os.PathLike[str] | URL) -> URL:
@@ -122,6 +122,11 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
         raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
 
+def _note(note: Note | None) -> None:
+    if note is not None:
+        log.log(*note)
+
+
 async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     """Whether `event` was set within `timeout` seconds (forever if None)."""
     if timeout is None:
@@ -136,14 +141,14 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
 
 
 class AsyncKeeper:
-    """`lease.Keeper`'s contract on an event loop: keeps one lease alive from one task.
+    """`lease.Keeper`'s contract on an event loop, around `leadership.Keeping`'s decisions.
 
-    Every `every` seconds it awaits `renew()`: True means renewed, False that the lease was taken
-    over, a `StoreError` a failed attempt (retried). It calls `lost(reason)` once the lease has
-    not been renewed within `ttl` seconds of the START of the last successful renewal, on the
-    monotonic clock: the wait for each renewal is bounded by that deadline, so a renewal hung on
-    a row lock or a dead connection cannot postpone stepping down (it is left to finish on its
-    own). `lost` is awaited at most once; `stop` ends the keeper without calling it.
+    One task awaits what the core decides: it starts each renewal (`renew()`: True renewed,
+    False taken over, a `StoreError` a failed attempt, retried) as a task of its own, and awaits
+    `lost(reason)` once the lease has not been renewed within `ttl` seconds of the START of the
+    last successful renewal, on the monotonic clock. A renewal hung on a row lock or a dead
+    connection cannot postpone stepping down (it is left to finish on its own). `lost` is
+    awaited at most once; `stop` ends the keeper without calling it.
     """
 
     def __init__(
@@ -159,25 +164,24 @@ class AsyncKeeper:
         """`renewed_at`: the monotonic time at which the lease was taken (or last renewed)."""
         self._renew = renew
         self._lost = lost
-        self._every = every
-        self._ttl = ttl
-        self._deadline = renewed_at + ttl
+        self._core = Keeping(every=every, ttl=ttl, renewed_at=renewed_at)
         self._name = name
-        self._stopped = asyncio.Event()
+        self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._abandoned: set[asyncio.Future[bool]] = set()
+        self._renewals: set[asyncio.Future[bool]] = set()
 
     @property
     def deadline(self) -> float:
         """The monotonic time at which the holder steps down unless renewed before."""
-        return self._deadline
+        return self._core.deadline
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._keep(), name=self._name)
+        self._task = asyncio.create_task(self._drive(), name=self._name)
 
     def stop(self) -> None:
         """Stop renewing, without reporting a loss; returns at once."""
-        self._stopped.set()
+        self._core.stop()
+        self._changed.set()
 
     async def join(self, timeout: float | None = None) -> None:
         """Wait up to `timeout` seconds for the keeper to end (a hung renewal may outlive it)."""
@@ -185,67 +189,45 @@ class AsyncKeeper:
         if task is not None and task is not asyncio.current_task():
             await asyncio.wait({task}, timeout=timeout)
 
-    async def _finish(self, why: str) -> None:
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        await self._lost(why)
+    def renewed(self, started: float) -> None:
+        """Count a successful renewal that started at monotonic time `started` (a committed
+        fence check extends the lease too)."""
+        self._core.renewed(started)
+        self._changed.set()
 
-    def _abandon(self, renewal: asyncio.Future[bool]) -> None:
-        """Let a hung renewal finish on its own, keeping a reference and consuming its error."""
-        self._abandoned.add(renewal)
+    def _ended(self, renewal: asyncio.Future[bool]) -> None:
+        """A renewal task ended (perhaps long after the keeper stopped): tell the core."""
+        self._renewals.discard(renewal)
+        result: bool | BaseException
+        if renewal.cancelled():
+            result = asyncio.CancelledError()
+        else:
+            result = renewal.exception() or renewal.result()
+        note = self._core.ended(time.monotonic(), result)
+        if note is not None:
+            log.log(*note)
+        self._changed.set()
 
-        def done(f: asyncio.Future[bool]) -> None:
-            self._abandoned.discard(f)
-            if not f.cancelled() and f.exception() is not None:
-                log.warning("an abandoned cronoq lease renewal failed: %s", f.exception())
-
-        renewal.add_done_callback(done)
-
-    async def _keep(self) -> None:
-        stopper = asyncio.ensure_future(self._stopped.wait())
-        failure = ""
+    async def _drive(self) -> None:
         try:
-            while True:
-                left = self._deadline - time.monotonic()
-                if left <= 0:
-                    await self._finish(f"could not renew the lease within its TTL{failure}")
+            while not isinstance(decision := self._core.next(now := time.monotonic()), StepDown):
+                if decision is None:
                     return
-                if await _wait(self._stopped, min(self._every, left)):
-                    return
-                if self._deadline <= time.monotonic():
-                    continue  # waited out the deadline after failed renewals
-                started = time.monotonic()
-                renewal = asyncio.ensure_future(self._renew())
-                await asyncio.wait(
-                    {renewal, stopper},
-                    timeout=self._deadline - started,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if not renewal.done():
-                    self._abandon(renewal)
-                    failure = ": a renewal hung"
-                    continue  # stopped (the loop ends) or past the deadline (steps down)
-                error = renewal.exception()
-                if isinstance(error, StoreError):
-                    log.warning("renewing the cronoq lease failed, retrying: %s", error)
-                    failure = f": {error}"
-                    continue
-                if error is not None:
-                    log.error("renewing the cronoq lease failed unexpectedly, retrying: %r", error)
-                    failure = f": {error!r}"
-                    continue
-                if not renewal.result():
-                    await self._finish("the lease was taken over")
-                    return
-                failure = ""
-                self._deadline = max(self._deadline, started + self._ttl)
+                if isinstance(decision, Renew) and decision.at <= now:
+                    self._core.started(now)
+                    renewal = asyncio.ensure_future(self._renew())
+                    self._renewals.add(renewal)  # kept referenced until it ends
+                    renewal.add_done_callback(self._ended)
+                else:
+                    self._changed.clear()  # no await since `next`: no event is missed
+                    await _wait(self._changed, due(decision) - now)
+            reason = decision.reason
         except Exception as exc:
             # A keeper that died silently would leave its holder believing it leads.
             log.exception("the cronoq lease keeper failed")
-            await self._finish(f"the lease keeper failed: {exc!r}")
-        finally:
-            stopper.cancel()
+            self._core.stop()
+            reason = f"the lease keeper failed: {exc!r}"
+        await self._lost(reason)
 
 
 class AsyncSqlStore:
@@ -262,10 +244,9 @@ class AsyncSqlStore:
             else engine
         )
         self.holder = lease.new_holder()
-        self._epoch: int | None = None
+        self._leadership: Leadership[AsyncKeeper] = Leadership()
         self._lost = asyncio.Event()
         self._lost.set()
-        self._keeper: AsyncKeeper | None = None
         self._callbacks: list[LeadershipLostCallback] = []
 
     @classmethod
@@ -297,7 +278,7 @@ class AsyncSqlStore:
 
     async def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             await self.release_leadership()
         await self._stop()
         if self._owns_engine:
@@ -329,7 +310,7 @@ class AsyncSqlStore:
     @property
     def epoch(self) -> int | None:
         """The fencing epoch while this instance leads."""
-        return None if self._lost.is_set() else self._epoch
+        return self._leadership.leading
 
     @property
     def is_leader(self) -> bool:
@@ -356,26 +337,29 @@ class AsyncSqlStore:
         keeper: AsyncKeeper | None = None,
         epoch: int | None = None,
     ) -> None:
-        """Step down (once): commits raise `Fenced` from here on. A `keeper` that no longer
-        keeps the current lease (a stale one), or a commit fenced under an epoch that is no
-        longer ours, changes nothing."""
-        # No await before set(): on one loop the check and the set are one step.
-        stale = (keeper is not None and keeper is not self._keeper) or (
-            epoch is not None and epoch != self._epoch
-        )
-        if self._lost.is_set() or stale:
+        """Step down (once), as `SqlStore._lose`; callbacks' coroutines are awaited."""
+        # No await before set(): on one loop the decision and the set are one step.
+        lost = self._leadership.lose(keeper=keeper, epoch=epoch)
+        if lost is None:
             return
         self._lost.set()
-        if self._keeper is not None:
-            self._keeper.stop()
-        log.log(level, "cronoq leadership lost (epoch %s): %s", self._epoch, why)
+        if lost.keeper is not None:
+            lost.keeper.stop()
+        log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
         for callback in list(self._callbacks):
             try:
-                result = callback()
-                if inspect.isawaitable(result):
+                if inspect.isawaitable(result := callback()):
                     await result
             except Exception:
                 log.exception("leadership-lost callback failed")
+
+    async def _try_take(self, ttl_ns: int) -> tuple[int, float] | StoreUnavailable | None:
+        """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
+        holder = self.holder
+        try:
+            return await self._run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns))
+        except StoreUnavailable as exc:
+            return exc
 
     async def acquire_leadership(self, timeout: float | None = None) -> int:
         """Wait until this instance leads; returns the new fencing epoch.
@@ -386,35 +370,18 @@ class AsyncSqlStore:
         """
         await self._lose("taking the lease anew", logging.INFO)
         await self._stop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poll = self.config.lock_poll.total_seconds()
-        delay = poll
+        acquiring = acquiring_for(self.config, timeout, time.monotonic())
         ttl = _ns(self.config.lease_ttl)
-        holder = self.holder
-        unreachable: StoreUnavailable | None = None
         while True:
-            try:
-                taken = await self._run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl))
-            except StoreUnavailable as exc:
-                if unreachable is None:
-                    log.warning("cannot reach the database to acquire leadership: %s", exc)
-                unreachable, taken, wait = exc, None, delay
-                delay = min(delay * 2, max(MAX_RETRY_DELAY, poll))
-            else:
-                if unreachable is not None:
-                    log.info("the database is reachable again")
-                unreachable, wait, delay = None, poll, poll
-            if taken is not None:
+            taken = await self._try_take(ttl)
+            step = acquiring.attempted(time.monotonic(), taken)
+            _note(step.note)
+            if isinstance(step, GiveUp):
+                raise step.error
+            if isinstance(taken, tuple):
                 break
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    why = "another instance holds the lease"
-                    if unreachable is not None:
-                        why = f"the database is unreachable: {unreachable}"
-                    raise StoreUnavailable(f"not leader after {timeout} s: {why}")
-                wait = min(wait, left)
-            await asyncio.sleep(wait)
+            if isinstance(step, Retry):
+                await asyncio.sleep(max(0.0, step.at - time.monotonic()))
         epoch, started = taken
 
         async def lost(why: str) -> None:
@@ -423,13 +390,9 @@ class AsyncSqlStore:
         keeper = AsyncKeeper(
             renew=lambda: self._renew(epoch),
             lost=lost,
-            every=self.config.lease_renew.total_seconds(),
-            ttl=self.config.lease_ttl.total_seconds(),
-            renewed_at=started,
-            name=f"cronoq-lease-keeper-{epoch}",
+            **keeper_timing(self.config, epoch, started),
         )
-        self._keeper = keeper
-        self._epoch = epoch
+        self._leadership.acquired(epoch, keeper)
         self._lost.clear()
         keeper.start()
         log.info("cronoq leadership acquired (epoch %s)", epoch)
@@ -443,7 +406,7 @@ class AsyncSqlStore:
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
-        keeper, self._keeper = self._keeper, None
+        keeper = self._leadership.detach()
         if keeper is not None:
             keeper.stop()
             await keeper.join(self.config.lease_renew.total_seconds())
@@ -452,13 +415,13 @@ class AsyncSqlStore:
         """Give leadership up; a waiting standby can take over at once."""
         await self._lose("released", logging.INFO)
         await self._stop()
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             holder = self.holder
             try:
                 await self._run(lambda c: lease.release(c, holder=holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
-        self._epoch = None
+        self._leadership.released()
 
     # Commits and recovery.
 
@@ -473,7 +436,7 @@ class AsyncSqlStore:
 
         Idempotent: committing the same batch again (after a timeout, say) changes nothing.
         """
-        if self._lost.is_set() or epoch != self._epoch:
+        if not self._leadership.may_commit(epoch):
             raise Fenced(f"epoch {epoch} does not lead")
         work = commit_work(
             epoch=epoch,
@@ -484,11 +447,14 @@ class AsyncSqlStore:
             config=self.config,
             now_unix_ns=self._now(),
         )
+        started = time.monotonic()
         try:
             await self._run(work)
         except Fenced as exc:
             await self._lose(str(exc), epoch=epoch)
             raise
+        if (keeper := self._leadership.fence_renewed(epoch)) is not None:
+            keeper.renewed(started)  # the fence check extended the lease: a renewal
 
     async def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""

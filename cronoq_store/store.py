@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypedDict
 
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
-from . import dialects, lease, migrate, repository
+from . import dialects, leadership, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
 from .model import (
     INT64_MAX,
@@ -181,6 +181,34 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
 
+def _note(note: leadership.Note | None) -> None:
+    if note is not None:
+        log.log(*note)
+
+
+def acquiring_for(config: StoreConfig, timeout: float | None, now: float) -> leadership.Acquiring:
+    """The acquire loop's decisions under `config`, from monotonic time `now` (both faces)."""
+    poll = config.lock_poll.total_seconds()
+    return leadership.Acquiring(poll=poll, max_delay=MAX_RETRY_DELAY, timeout=timeout, now=now)
+
+
+class KeeperTiming(TypedDict):
+    every: float
+    ttl: float
+    renewed_at: float
+    name: str
+
+
+def keeper_timing(config: StoreConfig, epoch: int, started: float) -> KeeperTiming:
+    """A keeper's timing under `config`, for the lease taken under `epoch` at `started`."""
+    return KeeperTiming(
+        every=config.lease_renew.total_seconds(),
+        ttl=config.lease_ttl.total_seconds(),
+        renewed_at=started,
+        name=f"cronoq-lease-keeper-{epoch}",
+    )
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
     """Every database error leaves the store as a `StoreError` (sync and asyncio alike)."""
@@ -244,10 +272,9 @@ class SqlStore:
         )
         self.holder = lease.new_holder()
         self._lock = threading.Lock()
-        self._epoch: int | None = None
+        self._leadership: leadership.Leadership[lease.Keeper] = leadership.Leadership()
         self._lost = threading.Event()
         self._lost.set()
-        self._keeper: lease.Keeper | None = None
         self._callbacks: list[Callable[[], None]] = []
 
     @classmethod
@@ -273,7 +300,7 @@ class SqlStore:
 
     def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             self.release_leadership()
         if self._owns_engine:
             self._raw_engine.dispose()
@@ -313,7 +340,7 @@ class SqlStore:
     @property
     def epoch(self) -> int | None:
         """The fencing epoch while this instance leads."""
-        return None if self._lost.is_set() else self._epoch
+        return self._leadership.leading
 
     @property
     def is_leader(self) -> bool:
@@ -336,29 +363,33 @@ class SqlStore:
         keeper: lease.Keeper | None = None,
         epoch: int | None = None,
     ) -> None:
-        """Step down (once): commits raise `Fenced` from here on.
-
-        A `keeper` that no longer keeps the current lease (a stale one, still finishing a hung
-        renewal), or an `epoch` that is no longer ours (a commit fenced under the previous one),
-        changes nothing.
-        """
+        """Step down (once): commits raise `Fenced` from here on. What is stale (a keeper or
+        epoch no longer current) changes nothing: `leadership.Leadership.lose` decides."""
         with self._lock:
-            if (
-                self._lost.is_set()
-                or (keeper is not None and keeper is not self._keeper)
-                or (epoch is not None and epoch != self._epoch)
-            ):
+            lost = self._leadership.lose(keeper=keeper, epoch=epoch)
+            if lost is None:
                 return
             self._lost.set()
-            current = self._keeper
-        if current is not None:
-            current.stop()
-        log.log(level, "cronoq leadership lost (epoch %s): %s", self._epoch, why)
+        if lost.keeper is not None:
+            lost.keeper.stop()
+        log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
         for callback in list(self._callbacks):
             try:
                 callback()
             except Exception:
                 log.exception("leadership-lost callback failed")
+
+    def _try_take(self, ttl_ns: int) -> tuple[int, float] | StoreUnavailable | None:
+        """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
+        try:
+            if not self._read(lambda c: lease.may_take(c, holder=self.holder)):
+                return None
+            taken: tuple[int, float] | None = self._run(
+                lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl_ns)
+            )
+        except StoreUnavailable as exc:
+            return exc
+        return taken
 
     def acquire_leadership(self, timeout: float | None = None) -> int:
         """Block until this instance leads; returns the new fencing epoch.
@@ -370,49 +401,26 @@ class SqlStore:
         """
         self._lose("taking the lease anew", logging.INFO)
         self._stop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poll = self.config.lock_poll.total_seconds()
-        delay = poll
+        acquiring = acquiring_for(self.config, timeout, time.monotonic())
         ttl = _ns(self.config.lease_ttl)
-        unreachable: StoreUnavailable | None = None
-        taken: tuple[int, float] | None
         while True:
-            try:
-                taken = None
-                if self._read(lambda c: lease.may_take(c, holder=self.holder)):
-                    taken = self._run(lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl))
-            except StoreUnavailable as exc:
-                if unreachable is None:
-                    log.warning("cannot reach the database to acquire leadership: %s", exc)
-                unreachable, taken, wait = exc, None, delay
-                delay = min(delay * 2, max(MAX_RETRY_DELAY, poll))
-            else:
-                if unreachable is not None:
-                    log.info("the database is reachable again")
-                unreachable, wait, delay = None, poll, poll
-            if taken is not None:
+            taken = self._try_take(ttl)
+            step = acquiring.attempted(time.monotonic(), taken)
+            _note(step.note)
+            if isinstance(step, leadership.GiveUp):
+                raise step.error
+            if isinstance(taken, tuple):
                 break
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    why = "another instance holds the lease"
-                    if unreachable is not None:
-                        why = f"the database is unreachable: {unreachable}"
-                    raise StoreUnavailable(f"not leader after {timeout} s: {why}")
-                wait = min(wait, left)
-            time.sleep(wait)
+            if isinstance(step, leadership.Retry):
+                time.sleep(max(0.0, step.at - time.monotonic()))
         epoch, started = taken
         with self._lock:
             keeper = lease.Keeper(
                 renew=lambda: self._renew(epoch),
                 lost=lambda why: self._lose(why, keeper=keeper),
-                every=self.config.lease_renew.total_seconds(),
-                ttl=self.config.lease_ttl.total_seconds(),
-                renewed_at=started,
-                name=f"cronoq-lease-keeper-{epoch}",
+                **keeper_timing(self.config, epoch, started),
             )
-            self._keeper = keeper
-            self._epoch = epoch
+            self._leadership.acquired(epoch, keeper)
             self._lost.clear()
         keeper.start()
         log.info("cronoq leadership acquired (epoch %s)", epoch)
@@ -431,14 +439,14 @@ class SqlStore:
         extended the lease, so it counts as a renewal. (A commit holds the leader row to its
         end, so the keeper's own renewal waits behind a long one.)"""
         with self._lock:
-            keeper = self._keeper if epoch == self._epoch and not self._lost.is_set() else None
+            keeper = self._leadership.fence_renewed(epoch)
         if keeper is not None:
             keeper.renewed(started)
 
     def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
         with self._lock:
-            keeper, self._keeper = self._keeper, None
+            keeper = self._leadership.detach()
         if keeper is not None:
             keeper.stop()
             keeper.join(self.config.lease_renew.total_seconds())
@@ -447,12 +455,12 @@ class SqlStore:
         """Give leadership up; a waiting standby can take over at once."""
         self._lose("released", logging.INFO)
         self._stop()
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             try:
                 self._run(lambda c: lease.release(c, holder=self.holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
-        self._epoch = None
+        self._leadership.released()
 
     # Commits and recovery.
 
@@ -467,7 +475,7 @@ class SqlStore:
 
         Idempotent: committing the same batch again (after a timeout, say) changes nothing.
         """
-        if self._lost.is_set() or epoch != self._epoch:
+        if not self._leadership.may_commit(epoch):
             raise Fenced(f"epoch {epoch} does not lead")
         work = commit_work(
             epoch=epoch,

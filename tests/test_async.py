@@ -261,7 +261,7 @@ def test_steps_down_on_time_while_a_renewal_hangs(
                 await asyncio.to_thread(held.wait, 5)
                 assert await store.wait_leadership_lost(3)
                 assert time.monotonic() - taken < 1.0 + 0.5
-                assert "within its TTL: a renewal hung" in caplog.text
+                assert "within its TTL (1 s): a renewal hung" in caplog.text
                 with pytest.raises(Fenced):
                     await store.commit(epoch, BASE, [submit(1)])
             finally:
@@ -395,10 +395,10 @@ def test_keeper_retries_then_steps_down_by_its_deadline() -> None:
         lost, at = await run(["ok", "taken"], 0.5)
         assert lost == ["the lease was taken over"] and at is not None and at < 0.2
         lost, at = await run(["fail"] * 100, 0.5)
-        assert lost == ["could not renew the lease within its TTL: down"]
+        assert lost == ["the lease was not renewed within its TTL (0.2 s): down"]
         assert at is not None and 0.15 < at < 0.45
         lost, at = await run(["hang"], 0.5)
-        assert lost == ["could not renew the lease within its TTL: a renewal hung"]
+        assert lost == ["the lease was not renewed within its TTL (0.2 s): a renewal hung"]
         assert at is not None and 0.15 < at < 0.45
 
     asyncio.run(main())

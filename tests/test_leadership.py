@@ -620,7 +620,8 @@ def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
         store.commit(epoch, BASE, [submit(1)])
     assert watcher.calls == 1
     assert transitions(caplog)[-1] == (
-        f"cronoq leadership lost (epoch {epoch}): the lease was not renewed within its TTL (2 s)"
+        f"cronoq leadership lost (epoch {epoch}): "
+        "the lease was not renewed within its TTL (2 s): a renewal hung"
     )
 
     row_lock.unlock()
@@ -658,7 +659,7 @@ def test_keeper_deadline_runs_from_the_start_of_the_last_renewal() -> None:
             assert not gone.wait(0.05), reasons
         assert gone.wait(ttl + SLACK), "the keeper did not step down with its renewal hung"
         assert time.monotonic() - last >= ttl  # and not before the TTL ran out
-        assert reasons == [f"the lease was not renewed within its TTL ({ttl:g} s)"]
+        assert reasons == [f"the lease was not renewed within its TTL ({ttl:g} s): a renewal hung"]
     finally:
         hang.set()
         keeper.stop()

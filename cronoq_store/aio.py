@@ -13,14 +13,14 @@ A store belongs to the event loop that first uses it; share it between that loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from types import TracebackType
-from typing import Final, Self, TypeVar
+from typing import TYPE_CHECKING, Final, Self, TypeVar
 
 from sqlalchemy import URL, Connection, make_url
 from sqlalchemy import exc as sa_exc
@@ -29,25 +29,19 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
-from .leadership import GiveUp, Keeping, Leadership, Note, Renew, Retry, StepDown, due
-from .model import (
-    ById,
-    ByKey,
-    Mutation,
-    Recovered,
-    TaskId,
-    TaskRecord,
-    TaskRef,
-    TaskStatus,
-    TimeBase,
-)
+from .leadership import GiveUp, KeeperShell, Note, Retry, Wait
+from .model import ById, ByKey
+
+if TYPE_CHECKING:
+    from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
 from .store import (
+    Outputs,
     StoreConfig,
     _create_private,
+    _Face,
     _ns,
     _sqlite_path,
     acquiring_for,
-    commit_work,
     keeper_timing,
     sqlite_file,
     translated,
@@ -140,7 +134,7 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     return True
 
 
-class AsyncKeeper:
+class AsyncKeeper(KeeperShell[Callable[[], Awaitable[bool]], Callable[[str], Awaitable[None]]]):
     """`lease.Keeper`'s contract on an event loop, around `leadership.Keeping`'s decisions.
 
     One task awaits what the core decides: it starts each renewal (`renew()`: True renewed,
@@ -151,37 +145,22 @@ class AsyncKeeper:
     awaited at most once; `stop` ends the keeper without calling it.
     """
 
-    def __init__(
-        self,
-        *,
-        renew: Callable[[], Awaitable[bool]],
-        lost: Callable[[str], Awaitable[None]],
-        every: float,
-        ttl: float,
-        renewed_at: float,
-        name: str = "cronoq-lease-keeper",
-    ) -> None:
-        """`renewed_at`: the monotonic time at which the lease was taken (or last renewed)."""
-        self._renew = renew
-        self._lost = lost
-        self._core = Keeping(every=every, ttl=ttl, renewed_at=renewed_at)
-        self._name = name
+    def _setup(self) -> None:
+        self._guard = contextlib.nullcontext()  # one loop: no await inside, no interleaving
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._renewals: set[asyncio.Future[bool]] = set()
 
-    @property
-    def deadline(self) -> float:
-        """The monotonic time at which the holder steps down unless renewed before."""
-        return self._core.deadline
+    def _wake(self) -> None:
+        self._changed.set()
+
+    def _start(self) -> None:
+        renewal = asyncio.ensure_future(self._renew())
+        self._renewals.add(renewal)  # kept referenced until it ends
+        renewal.add_done_callback(self._settle)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._drive(), name=self._name)
-
-    def stop(self) -> None:
-        """Stop renewing, without reporting a loss; returns at once."""
-        self._core.stop()
-        self._changed.set()
+        self._task = asyncio.create_task(self._watch(), name=self._name)
 
     async def join(self, timeout: float | None = None) -> None:
         """Wait up to `timeout` seconds for the keeper to end (a hung renewal may outlive it)."""
@@ -189,13 +168,7 @@ class AsyncKeeper:
         if task is not None and task is not asyncio.current_task():
             await asyncio.wait({task}, timeout=timeout)
 
-    def renewed(self, started: float) -> None:
-        """Count a successful renewal that started at monotonic time `started` (a committed
-        fence check extends the lease too)."""
-        self._core.renewed(started)
-        self._changed.set()
-
-    def _ended(self, renewal: asyncio.Future[bool]) -> None:
+    def _settle(self, renewal: asyncio.Future[bool]) -> None:
         """A renewal task ended (perhaps long after the keeper stopped): tell the core."""
         self._renewals.discard(renewal)
         result: bool | BaseException
@@ -203,25 +176,17 @@ class AsyncKeeper:
             result = asyncio.CancelledError()
         else:
             result = renewal.exception() or renewal.result()
-        note = self._core.ended(time.monotonic(), result)
-        if note is not None:
+        if (note := self._ended(time.monotonic(), result)) is not None:
             log.log(*note)
-        self._changed.set()
 
-    async def _drive(self) -> None:
+    async def _watch(self) -> None:
         try:
-            while not isinstance(decision := self._core.next(now := time.monotonic()), StepDown):
-                if decision is None:
-                    return
-                if isinstance(decision, Renew) and decision.at <= now:
-                    self._core.started(now)
-                    renewal = asyncio.ensure_future(self._renew())
-                    self._renewals.add(renewal)  # kept referenced until it ends
-                    renewal.add_done_callback(self._ended)
-                else:
-                    self._changed.clear()  # no await since `next`: no event is missed
-                    await _wait(self._changed, due(decision) - now)
-            reason = decision.reason
+            while isinstance(step := self._due(time.monotonic()), Wait):
+                self._changed.clear()  # no await since `_due`: no event is missed
+                await _wait(self._changed, step.until - time.monotonic())
+            if step is None:
+                return
+            reason = step.reason
         except Exception as exc:
             # A keeper that died silently would leave its holder believing it leads.
             log.exception("the cronoq lease keeper failed")
@@ -230,24 +195,12 @@ class AsyncKeeper:
         await self._lost(reason)
 
 
-class AsyncSqlStore:
+class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     """`SqlStore`, awaitable: the durable state of one cronoq scheduler on an asyncio loop."""
 
-    def __init__(self, engine: AsyncEngine, config: StoreConfig | None = None) -> None:
-        """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
-        self.config = config or StoreConfig()
-        self._owns_engine = False
-        self._raw_engine = engine
-        self.engine = (
-            engine.execution_options(schema_translate_map={None: self.config.schema})
-            if self.config.schema
-            else engine
-        )
-        self.holder = lease.new_holder()
-        self._leadership: Leadership[AsyncKeeper] = Leadership()
-        self._lost = asyncio.Event()
-        self._lost.set()
-        self._callbacks: list[LeadershipLostCallback] = []
+    _log = log
+    _new_flag = asyncio.Event
+    _lost: asyncio.Event
 
     @classmethod
     async def open(
@@ -258,15 +211,13 @@ class AsyncSqlStore:
         Sync URLs are accepted and mapped to their async drivers (see `async_url`).
         """
         config = config or StoreConfig()
-        engine = create_engine_for(url_or_path, config)
-        store = cls(engine, config)
-        store._owns_engine = True
-        try:
-            if config.migrate:
+        store = cls._owning(create_engine_for(url_or_path, config), config)
+        if config.migrate:
+            try:
                 await store.migrate()
-        except BaseException:
-            await engine.dispose()
-            raise
+            except BaseException:
+                await store._raw_engine.dispose()
+                raise
         return store
 
     async def migrate(self) -> None:
@@ -287,12 +238,7 @@ class AsyncSqlStore:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     async def _run(self, fn: Callable[[Connection], T]) -> T:
@@ -301,25 +247,7 @@ class AsyncSqlStore:
             async with self.engine.begin() as conn:
                 return await conn.run_sync(fn)
 
-    @staticmethod
-    def _now() -> int:
-        return time.time_ns()
-
     # Leadership.
-
-    @property
-    def epoch(self) -> int | None:
-        """The fencing epoch while this instance leads."""
-        return self._leadership.leading
-
-    @property
-    def is_leader(self) -> bool:
-        return self.epoch is not None
-
-    def on_leadership_lost(self, callback: LeadershipLostCallback) -> None:
-        """Call `callback` once each time leadership ends (taken over, not renewable in time,
-        fenced, released); a coroutine it returns is awaited. It must not block the loop."""
-        self._callbacks.append(callback)
 
     async def leadership_lost(self) -> None:
         """Return once leadership is lost (at once if this instance does not lead)."""
@@ -330,23 +258,10 @@ class AsyncSqlStore:
         return await _wait(self._lost, timeout)
 
     async def _lose(
-        self,
-        why: str,
-        level: int = logging.ERROR,
-        *,
-        keeper: AsyncKeeper | None = None,
-        epoch: int | None = None,
+        self, why: str, level: int = logging.ERROR, *, about: AsyncKeeper | int | None = None
     ) -> None:
-        """Step down (once), as `SqlStore._lose`; callbacks' coroutines are awaited."""
-        # No await before set(): on one loop the decision and the set are one step.
-        lost = self._leadership.lose(keeper=keeper, epoch=epoch)
-        if lost is None:
-            return
-        self._lost.set()
-        if lost.keeper is not None:
-            lost.keeper.stop()
-        log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
-        for callback in list(self._callbacks):
+        """Step down (once), then await the callbacks (`_step_down` decides, with no await)."""
+        for callback in self._step_down(why, level, about):
             try:
                 if inspect.isawaitable(result := callback()):
                     await result
@@ -385,18 +300,14 @@ class AsyncSqlStore:
         epoch, started = taken
 
         async def lost(why: str) -> None:
-            await self._lose(why, keeper=keeper)
+            await self._lose(why, about=keeper)
 
         keeper = AsyncKeeper(
             renew=lambda: self._renew(epoch),
             lost=lost,
             **keeper_timing(self.config, epoch, started),
         )
-        self._leadership.acquired(epoch, keeper)
-        self._lost.clear()
-        keeper.start()
-        log.info("cronoq leadership acquired (epoch %s)", epoch)
-        return epoch
+        return self._lead(epoch, keeper)
 
     async def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
@@ -406,8 +317,7 @@ class AsyncSqlStore:
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
-        keeper = self._leadership.detach()
-        if keeper is not None:
+        if (keeper := self._detach()) is not None:
             keeper.stop()
             await keeper.join(self.config.lease_renew.total_seconds())
 
@@ -426,35 +336,18 @@ class AsyncSqlStore:
     # Commits and recovery.
 
     async def commit(
-        self,
-        epoch: int,
-        base: TimeBase,
-        batch: Sequence[Mutation],
-        outputs: Sequence[tuple[TaskId, bytes]] = (),
+        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs = ()
     ) -> None:
-        """Make `batch` durable in one transaction, or raise and write nothing.
-
-        Idempotent: committing the same batch again (after a timeout, say) changes nothing.
-        """
-        if not self._leadership.may_commit(epoch):
-            raise Fenced(f"epoch {epoch} does not lead")
-        work = commit_work(
-            epoch=epoch,
-            holder=self.holder,
-            base=base,
-            batch=batch,
-            outputs=outputs,
-            config=self.config,
-            now_unix_ns=self._now(),
-        )
+        """As `SqlStore.commit`: make `batch` durable in one transaction, or raise and write
+        nothing; committing the same batch again changes nothing."""
+        work = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
             await self._run(work)
         except Fenced as exc:
-            await self._lose(str(exc), epoch=epoch)
+            await self._lose(str(exc), about=epoch)
             raise
-        if (keeper := self._leadership.fence_renewed(epoch)) is not None:
-            keeper.renewed(started)  # the fence check extended the lease: a renewal
+        self._fence_renewed(epoch, started)
 
     async def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""

@@ -13,6 +13,8 @@ await (`AsyncSqlStore`, `aio.AsyncKeeper`) around them, in the manner of h11:
   The deadline is the start of the last successful renewal plus the TTL, which is never later
   than the lease's expiry on the database's clock: the holder steps down before any standby
   may take over, even while its renewal hangs.
+- `KeeperShell`: what both keepers share around `Keeping`: their arguments, and acting on its
+  decisions; a face adds only how it waits and how it runs a renewal.
 - `Leadership`: who leads. Events: acquired (epoch and keeper), lost (from a keeper, a fenced
   commit, or the store itself), released. It tells which keeper or epoch is stale.
 
@@ -22,12 +24,15 @@ Log lines are returned as `Note`s, so that each face writes them under its own l
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .errors import StoreError, StoreUnavailable
 
 K = TypeVar("K")
+R = TypeVar("R")
+L = TypeVar("L")
 
 Note = tuple[int, str]
 """A line for the log: its level and its message."""
@@ -118,11 +123,6 @@ class StepDown:
     reason: str
 
 
-def due(decision: Renew | Wait) -> float:
-    """The monotonic time a driver waits for before asking `Keeping.next` again."""
-    return decision.at if isinstance(decision, Renew) else decision.until
-
-
 class Keeping:
     """One lease's keeper: renew every `every` seconds, step down once it was taken over or
     `ttl` seconds have passed since the start of the last successful renewal.
@@ -198,6 +198,79 @@ class Keeping:
     def stop(self) -> None:
         """Finish without stepping down: `next` says None from now on."""
         self.finished = True
+
+
+class KeeperShell(Generic[R, L]):
+    """The part of a keeper that is the same on both faces; `renew` and `lost` are the face's
+    callables, `renewed_at` the monotonic time at which the lease was taken (or last renewed).
+
+    A face sets `_guard` (what serializes access to the core: a lock, or nothing on one event
+    loop) in `_setup`, and implements `_wake` (re-evaluate: an event changed the core's answer)
+    and `_start` (run one renewal, then report it with `_ended`).
+    """
+
+    _guard: AbstractContextManager[object]
+
+    def __init__(
+        self,
+        *,
+        renew: R,
+        lost: L,
+        every: float,
+        ttl: float,
+        renewed_at: float,
+        name: str = "cronoq-lease-keeper",
+    ) -> None:
+        """`renewed_at`: the monotonic time at which the lease was taken (or last renewed)."""
+        self._renew = renew
+        self._lost = lost
+        self._name = name
+        self._core = Keeping(every=every, ttl=ttl, renewed_at=renewed_at)
+        self._setup()
+
+    @property
+    def deadline(self) -> float:
+        """The monotonic time at which the holder steps down unless renewed before."""
+        return self._core.deadline
+
+    def stop(self) -> None:
+        """Stop renewing and watching, without reporting a loss; returns at once."""
+        with self._guard:
+            self._core.stop()
+            self._wake()
+
+    def renewed(self, started: float) -> None:
+        """Count a successful renewal that started at monotonic time `started` (a committed
+        fence check extends the lease too): the deadline moves to `started` plus the TTL."""
+        with self._guard:
+            self._core.renewed(started)
+            self._wake()
+
+    def _due(self, now: float) -> Wait | StepDown | None:
+        """Act on the core's decision at `now` (call under `_guard`): start a renewal that is
+        due; then wait (for an event, or until a time), step down, or end (None)."""
+        decision = self._core.next(now)
+        if isinstance(decision, Renew) and decision.at <= now:
+            self._core.started(now)
+            self._start()
+            decision = self._core.next(now)
+        return Wait(decision.at) if isinstance(decision, Renew) else decision
+
+    def _ended(self, now: float, result: bool | BaseException) -> Note | None:
+        """A renewal ended at `now` with `result` (see `Keeping.ended`)."""
+        with self._guard:
+            note = self._core.ended(now, result)
+            self._wake()
+        return note
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,8 @@ from typing import Any, Final
 from sqlalchemy import Connection, Select, Update, and_, bindparam, case, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from . import codec
+from . import codec, leadership
 from .dialects import db_now_ns
-from .leadership import Keeping, Renew, StepDown, due
 from .schema import leader
 
 log = logging.getLogger(__name__)
@@ -200,11 +199,11 @@ def release(conn: Connection, *, holder: str) -> None:
     conn.execute(release_stmt(), {"b_holder": holder})
 
 
-class Keeper:
+class Keeper(leadership.KeeperShell[Callable[[], bool], Callable[[str], None]]):
     """Keeps one lease alive from two daemon threads, around `leadership.Keeping`'s decisions.
 
     The renewer calls `renew`: True means renewed, False that the lease was taken over, a
-    `StoreError` a failed attempt (retried after `every` seconds). The driver thread waits for
+    `StoreError` a failed attempt (retried after `every` seconds). The watchdog thread waits for
     what the core decides (the next renewal, or the deadline while a renewal runs) and calls
     `lost` once the lease has not been renewed within `ttl` seconds of the START of the last
     successful renewal, on the monotonic clock, even while a renewal hangs (on a row lock, on a
@@ -216,35 +215,22 @@ class Keeper:
     without calling it.
     """
 
-    def __init__(
-        self,
-        *,
-        renew: Callable[[], bool],
-        lost: Callable[[str], None],
-        every: float,
-        ttl: float,
-        renewed_at: float,
-        name: str = "cronoq-lease-keeper",
-    ) -> None:
-        """`renewed_at`: the monotonic time at which the lease was taken (or last renewed)."""
-        self._renew = renew
-        self._lost = lost
-        self._core = Keeping(every=every, ttl=ttl, renewed_at=renewed_at)
+    def _setup(self) -> None:
         self._cond = threading.Condition()
+        self._guard = self._cond
         self._threads = (
-            threading.Thread(target=self._renew_loop, name=f"{name}-renew", daemon=True),
-            threading.Thread(target=self._drive, name=f"{name}-watchdog", daemon=True),
+            threading.Thread(target=self._renew_loop, name=f"{self._name}-renew", daemon=True),
+            threading.Thread(target=self._watch, name=f"{self._name}-watchdog", daemon=True),
         )
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
+
+    _start = _wake  # the renewer thread picks up the renewal the core started
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
-
-    def stop(self) -> None:
-        """Stop renewing and watching, without reporting a loss; returns at once."""
-        with self._cond:
-            self._core.stop()
-            self._cond.notify_all()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait up to `timeout` seconds for each thread to end (a hung renewal may outlive it)."""
@@ -252,28 +238,16 @@ class Keeper:
             if thread.ident is not None and thread is not threading.current_thread():
                 thread.join(timeout)
 
-    def renewed(self, started: float) -> None:
-        """Count a successful renewal that started at monotonic time `started` (a committed
-        fence check extends the lease too): the deadline moves to `started` plus the TTL."""
+    def _watch(self) -> None:
+        """Block until the core's next decision is due; report the step-down."""
         with self._cond:
-            self._core.renewed(started)
-            self._cond.notify_all()
-
-    def _drive(self) -> None:
-        """Block until the core's next decision is due; start renewals, report the step-down."""
-        with self._cond:
-            while not isinstance(decision := self._core.next(now := time.monotonic()), StepDown):
-                if decision is None:
-                    return
-                if isinstance(decision, Renew) and decision.at <= now:
-                    self._core.started(now)
-                    self._cond.notify_all()  # the renewer starts it
-                else:
-                    self._cond.wait(due(decision) - now)
-        self._lost(decision.reason)
+            while isinstance(step := self._due(time.monotonic()), leadership.Wait):
+                self._cond.wait(step.until - time.monotonic())
+        if step is not None:
+            self._lost(step.reason)
 
     def _renew_loop(self) -> None:
-        """Run each renewal the core started (blocking as long as it takes) and report its end."""
+        """Run each renewal the core started (blocking as long as it takes), report its end."""
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._core.finished or self._core.running)
@@ -284,8 +258,5 @@ class Keeper:
                 result = self._renew()
             except Exception as exc:
                 result = exc
-            with self._cond:
-                note = self._core.ended(time.monotonic(), result)
-                self._cond.notify_all()
-            if note is not None:
+            if (note := self._ended(time.monotonic(), result)) is not None:
                 log.log(*note)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self, TypedDict
+from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypedDict, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
@@ -38,6 +38,9 @@ from .model import (
 from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
+
+Outputs = Sequence[tuple[TaskId, bytes]]
+"""Outputs of tasks that succeeded, by id, committed with a batch."""
 
 MAX_RETRY_DELAY: Final = 5.0
 """Longest wait, in seconds, between attempts to reach the database while acquiring."""
@@ -257,11 +260,38 @@ def commit_work(
     return work
 
 
-class SqlStore:
-    """The durable state of one cronoq scheduler; cheap to share between threads."""
+class _Engine(Protocol):
+    def execution_options(self, **opt: Any) -> Self: ...
 
-    def __init__(self, engine: Engine, config: StoreConfig | None = None) -> None:
-        """Wrap an app's own engine (no side effects: call `migrate()` or use `open`)."""
+
+class _Flag(Protocol):
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+class _Keeper(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def renewed(self, started: float) -> None: ...
+
+
+E = TypeVar("E", bound=_Engine)
+K = TypeVar("K", bound=_Keeper)
+C = TypeVar("C")
+
+
+class _Face(Generic[E, K, C]):
+    """What `SqlStore` and `aio.AsyncSqlStore` share, none of it blocking or awaiting: the
+    configuration, the engine, the holder's name, and who leads (`leadership.Leadership`)."""
+
+    _log: ClassVar[logging.Logger]
+    _new_flag: ClassVar[Callable[[], _Flag]]
+    _lost: _Flag
+    """`threading.Event` or `asyncio.Event`: set while this instance does not lead."""
+
+    def __init__(self, engine: E, config: StoreConfig | None = None) -> None:
+        """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
         self.config = config or StoreConfig()
         self._owns_engine = False
         self._raw_engine = engine
@@ -272,10 +302,101 @@ class SqlStore:
         )
         self.holder = lease.new_holder()
         self._lock = threading.Lock()
-        self._leadership: leadership.Leadership[lease.Keeper] = leadership.Leadership()
-        self._lost = threading.Event()
+        self._leadership: leadership.Leadership[K] = leadership.Leadership()
+        self._lost = type(self)._new_flag()
         self._lost.set()
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[C] = []
+
+    @classmethod
+    def _owning(cls, engine: E, config: StoreConfig) -> Self:
+        """A store on an engine it created, and disposes of on `close`."""
+        store = cls(engine, config)
+        store._owns_engine = True
+        return store
+
+    @staticmethod
+    def _now() -> int:
+        return time.time_ns()
+
+    @property
+    def epoch(self) -> int | None:
+        """The fencing epoch while this instance leads."""
+        return self._leadership.leading
+
+    @property
+    def is_leader(self) -> bool:
+        return self.epoch is not None
+
+    def on_leadership_lost(self, callback: C) -> None:
+        """Call `callback` once each time leadership ends (taken over, not renewable in time,
+        fenced, released). `SqlStore` calls it from whichever thread noticed; `AsyncSqlStore`
+        awaits a coroutine it returns. It must not block for long."""
+        self._callbacks.append(callback)
+
+    def _step_down(self, why: str, level: int, about: K | int | None) -> list[C]:
+        """Step down (once): commits raise `Fenced` from here on; the callbacks to run.
+
+        News `about` a keeper that no longer keeps the current lease (a stale one, still
+        finishing a hung renewal), or about an epoch that is no longer ours (a commit fenced
+        under the previous one), changes nothing: no callbacks.
+        """
+        keeper, epoch = (None, about) if isinstance(about, int) else (about, None)
+        with self._lock:
+            lost = self._leadership.lose(keeper=keeper, epoch=epoch)
+            if lost is None:
+                return []
+            self._lost.set()
+        if lost.keeper is not None:
+            lost.keeper.stop()
+        self._log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
+        return list(self._callbacks)
+
+    def _lead(self, epoch: int, keeper: K) -> int:
+        """Lead under `epoch`, kept by `keeper` (started here)."""
+        with self._lock:
+            self._leadership.acquired(epoch, keeper)
+            self._lost.clear()
+        keeper.start()
+        self._log.info("cronoq leadership acquired (epoch %s)", epoch)
+        return epoch
+
+    def _detach(self) -> K | None:
+        """The keeper, to be stopped and joined: none keeps the lease from here on."""
+        with self._lock:
+            return self._leadership.detach()
+
+    def _commit_work(
+        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs
+    ) -> Callable[[Connection], None]:
+        """The body of a commit under `epoch`; `Fenced` at once if it does not lead."""
+        if not self._leadership.may_commit(epoch):
+            raise Fenced(f"epoch {epoch} does not lead")
+        return commit_work(
+            epoch=epoch,
+            holder=self.holder,
+            base=base,
+            batch=batch,
+            outputs=outputs,
+            config=self.config,
+            now_unix_ns=self._now(),
+        )
+
+    def _fence_renewed(self, epoch: int, started: float) -> None:
+        """A commit under `epoch`, begun at monotonic time `started`, landed: its fence check
+        extended the lease, so it counts as a renewal. (A commit holds the leader row to its
+        end, so the keeper's own renewal waits behind a long one.)"""
+        with self._lock:
+            keeper = self._leadership.fence_renewed(epoch)
+        if keeper is not None:
+            keeper.renewed(started)
+
+
+class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
+    """The durable state of one cronoq scheduler; cheap to share between threads."""
+
+    _log = log
+    _new_flag = threading.Event
+    _lost: threading.Event
 
     @classmethod
     def open(
@@ -283,15 +404,13 @@ class SqlStore:
     ) -> SqlStore:
         """Open a database (a bare path means a SQLite file), migrating it unless told not to."""
         config = config or StoreConfig()
-        engine = _engine_for(url_or_path, config)
-        store = cls(engine, config)
-        store._owns_engine = True
-        try:
-            if config.migrate:
+        store = cls._owning(_engine_for(url_or_path, config), config)
+        if config.migrate:
+            try:
                 store.migrate()
-        except BaseException:
-            engine.dispose()
-            raise
+            except BaseException:
+                store._raw_engine.dispose()
+                raise
         return store
 
     def migrate(self) -> None:
@@ -331,49 +450,17 @@ class SqlStore:
         ):
             return fn(conn)
 
-    @staticmethod
-    def _now() -> int:
-        return time.time_ns()
-
     # Leadership.
-
-    @property
-    def epoch(self) -> int | None:
-        """The fencing epoch while this instance leads."""
-        return self._leadership.leading
-
-    @property
-    def is_leader(self) -> bool:
-        return self.epoch is not None
-
-    def on_leadership_lost(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once each time leadership ends (taken over, not renewable in time,
-        fenced, released), from whichever thread noticed; it must not block for long."""
-        self._callbacks.append(callback)
 
     def wait_leadership_lost(self, timeout: float | None = None) -> bool:
         """Block until leadership is lost; False if `timeout` seconds passed first."""
         return self._lost.wait(timeout)
 
     def _lose(
-        self,
-        why: str,
-        level: int = logging.ERROR,
-        *,
-        keeper: lease.Keeper | None = None,
-        epoch: int | None = None,
+        self, why: str, level: int = logging.ERROR, *, about: lease.Keeper | int | None = None
     ) -> None:
-        """Step down (once): commits raise `Fenced` from here on. What is stale (a keeper or
-        epoch no longer current) changes nothing: `leadership.Leadership.lose` decides."""
-        with self._lock:
-            lost = self._leadership.lose(keeper=keeper, epoch=epoch)
-            if lost is None:
-                return
-            self._lost.set()
-        if lost.keeper is not None:
-            lost.keeper.stop()
-        log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
-        for callback in list(self._callbacks):
+        """Step down (once), then call the callbacks (`_step_down` decides)."""
+        for callback in self._step_down(why, level, about):
             try:
                 callback()
             except Exception:
@@ -414,17 +501,12 @@ class SqlStore:
             if isinstance(step, leadership.Retry):
                 time.sleep(max(0.0, step.at - time.monotonic()))
         epoch, started = taken
-        with self._lock:
-            keeper = lease.Keeper(
-                renew=lambda: self._renew(epoch),
-                lost=lambda why: self._lose(why, keeper=keeper),
-                **keeper_timing(self.config, epoch, started),
-            )
-            self._leadership.acquired(epoch, keeper)
-            self._lost.clear()
-        keeper.start()
-        log.info("cronoq leadership acquired (epoch %s)", epoch)
-        return epoch
+        keeper = lease.Keeper(
+            renew=lambda: self._renew(epoch),
+            lost=lambda why: self._lose(why, about=keeper),
+            **keeper_timing(self.config, epoch, started),
+        )
+        return self._lead(epoch, keeper)
 
     def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
@@ -434,20 +516,9 @@ class SqlStore:
         )
         return renewed
 
-    def _fence_renewed(self, epoch: int, started: float) -> None:
-        """A commit under `epoch`, begun at monotonic time `started`, landed: its fence check
-        extended the lease, so it counts as a renewal. (A commit holds the leader row to its
-        end, so the keeper's own renewal waits behind a long one.)"""
-        with self._lock:
-            keeper = self._leadership.fence_renewed(epoch)
-        if keeper is not None:
-            keeper.renewed(started)
-
     def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
-        with self._lock:
-            keeper = self._leadership.detach()
-        if keeper is not None:
+        if (keeper := self._detach()) is not None:
             keeper.stop()
             keeper.join(self.config.lease_renew.total_seconds())
 
@@ -465,32 +536,18 @@ class SqlStore:
     # Commits and recovery.
 
     def commit(
-        self,
-        epoch: int,
-        base: TimeBase,
-        batch: Sequence[Mutation],
-        outputs: Sequence[tuple[TaskId, bytes]] = (),
+        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs = ()
     ) -> None:
         """Make `batch` durable in one transaction, or raise and write nothing.
 
         Idempotent: committing the same batch again (after a timeout, say) changes nothing.
         """
-        if not self._leadership.may_commit(epoch):
-            raise Fenced(f"epoch {epoch} does not lead")
-        work = commit_work(
-            epoch=epoch,
-            holder=self.holder,
-            base=base,
-            batch=batch,
-            outputs=outputs,
-            config=self.config,
-            now_unix_ns=self._now(),
-        )
+        work = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
             self._run(work)
         except Fenced as exc:
-            self._lose(str(exc), epoch=epoch)
+            self._lose(str(exc), about=epoch)
             raise
         self._fence_renewed(epoch, started)
 

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from sqlalchemy import URL, Connection, make_url
 from sqlalchemy import exc as sa_exc
@@ -163,10 +163,13 @@ class AsyncKeeper(KeeperShell[Callable[[], Awaitable[bool]], Callable[[str], Awa
         self._task = asyncio.create_task(self._watch(), name=self._name)
 
     async def join(self, timeout: float | None = None) -> None:
-        """Wait up to `timeout` seconds for the keeper to end (a hung renewal may outlive it)."""
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            await asyncio.wait({task}, timeout=timeout)
+        """Wait up to `timeout` seconds for the keeper and a renewal in flight to end, as
+        `lease.Keeper.join` waits for its threads (a hung renewal may outlive it)."""
+        waits: set[asyncio.Future[Any]] = set(self._renewals)
+        if self._task is not None and self._task is not asyncio.current_task():
+            waits.add(self._task)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
 
     def _settle(self, renewal: asyncio.Future[bool]) -> None:
         """A renewal task ended (perhaps long after the keeper stopped): tell the core."""

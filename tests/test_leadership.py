@@ -714,6 +714,49 @@ def test_keeper_reports_a_takeover_once(face: str) -> None:
     assert reasons == ["the lease was taken over"]
 
 
+@pytest.mark.parametrize("face", FACES)
+def test_keeper_retries_a_failure_and_steps_down_after_a_streak(face: str) -> None:
+    """A failed renewal is retried; failures until the TTL runs out step down, with the last
+    failure as the reason, and not before the TTL (on the monotonic clock)."""
+    ttl = 0.6
+
+    def run(outcomes: list[str]) -> tuple[list[str], float | None]:
+        reasons: list[str] = []
+        gone = threading.Event()
+        calls = 0
+
+        def renew() -> bool:
+            nonlocal calls
+            calls += 1
+            outcome = outcomes.pop(0) if outcomes else "ok"
+            if outcome == "fail":
+                raise StoreUnavailable("down")
+            return True
+
+        def lost(why: str) -> None:
+            reasons.append(why)
+            gone.set()
+
+        started = time.monotonic()
+        kept = keeper(face, renew=renew, lost=lost, every=0.05, ttl=ttl, renewed_at=started)
+        kept.start()
+        try:
+            if gone.wait(4 * ttl):
+                return reasons, time.monotonic() - started
+            assert calls >= 3, "the keeper did not keep renewing"
+            return reasons, None
+        finally:
+            kept.stop()
+            kept.join(WAIT)
+
+    # One failure among successes: still leading.
+    assert run(["ok", "fail", "ok"]) == ([], None)
+    # Nothing but failures: steps down once the TTL ran out, saying why.
+    reasons, after = run(["fail"] * 1000)
+    assert reasons == [f"the lease was not renewed within its TTL ({ttl:g} s): down"]
+    assert after is not None and after >= ttl
+
+
 def test_release_hands_over_at_once(open_store: Callable[[StoreConfig], Store]) -> None:
     config = StoreConfig(
         lease_ttl=timedelta(seconds=30),

@@ -293,6 +293,7 @@ class _Face(Generic[E, K, C]):
     def __init__(self, engine: E, config: StoreConfig | None = None) -> None:
         """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
         self.config = config or StoreConfig()
+        """How this store behaves."""
         self._owns_engine = False
         self._raw_engine = engine
         self.engine = (
@@ -300,7 +301,9 @@ class _Face(Generic[E, K, C]):
             if self.config.schema
             else engine
         )
+        """The engine every transaction runs on (with `schema` applied, when set)."""
         self.holder = lease.new_holder()
+        """This instance's name in the lease row (host, process id and a random part)."""
         self._lock = threading.Lock()
         self._leadership: leadership.Leadership[K] = leadership.Leadership()
         self._lost = type(self)._new_flag()
@@ -325,6 +328,7 @@ class _Face(Generic[E, K, C]):
 
     @property
     def is_leader(self) -> bool:
+        """Whether this instance leads now: `epoch` is not None."""
         return self.epoch is not None
 
     def on_leadership_lost(self, callback: C) -> None:

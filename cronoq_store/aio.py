@@ -3,8 +3,9 @@
 There is no second copy of SQL here. Every transaction body is a plain function of a sync
 `Connection` made of the repository and lease functions `SqlStore` uses, run through
 `AsyncConnection.run_sync` (SQLAlchemy drives the async driver underneath on a greenlet), and
-every error is translated as `SqlStore` translates it. What is left is what differs by nature:
-awaiting instead of blocking, and a keeper that is an asyncio task instead of a thread.
+every error is translated as `SqlStore` translates it. There is no second copy of leadership's
+rules either: both faces drive `leadership`'s decisions. What is left is what differs by nature:
+awaiting instead of blocking, and a keeper that is an asyncio task instead of threads.
 
 A store belongs to the event loop that first uses it; share it between that loop's tasks.
 """
@@ -20,14 +21,14 @@ __all__ = [
 ]
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from types import TracebackType
-from typing import Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from sqlalchemy import URL, Connection, make_url
 from sqlalchemy import exc as sa_exc
@@ -36,24 +37,20 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
-from .model import (
-    ById,
-    ByKey,
-    Mutation,
-    Recovered,
-    TaskId,
-    TaskRecord,
-    TaskRef,
-    TaskStatus,
-    TimeBase,
-)
+from .leadership import GiveUp, KeeperShell, Note, Retry, Wait
+from .model import ById, ByKey
+
+if TYPE_CHECKING:
+    from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
 from .store import (
-    MAX_RETRY_DELAY,
+    Outputs,
     StoreConfig,
     _create_private,
+    _Face,
     _ns,
     _sqlite_path,
-    commit_work,
+    acquiring_for,
+    keeper_timing,
     sqlite_file,
     translated,
 )
@@ -79,9 +76,6 @@ SYNC_DRIVERS: Final = {
 
 LeadershipLostCallback = Callable[[], object]
 """Called on leadership loss; a coroutine it returns is awaited."""
-
-
-# Engine-independent parts: they mirror `SqlStore`'s and belong in store.py, shared by both faces.
 
 
 def async_url(target: str | os.PathLike[str] | URL) -> URL:
@@ -130,6 +124,11 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
         raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
 
+def _note(note: Note | None) -> None:
+    if note is not None:
+        log.log(*note)
+
+
 async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     """Whether `event` was set within `timeout` seconds (forever if None)."""
     if timeout is None:
@@ -143,141 +142,76 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     return True
 
 
-class AsyncKeeper:
-    """`lease.Keeper`'s contract on an event loop: keeps one lease alive from one task.
+class AsyncKeeper(KeeperShell[Callable[[], Awaitable[bool]], Callable[[str], Awaitable[None]]]):
+    """`lease.Keeper`'s contract on an event loop, around `leadership.Keeping`'s decisions.
 
-    Every `every` seconds it awaits `renew()`: True means renewed, False that the lease was taken
-    over, a `StoreError` a failed attempt (retried). It calls `lost(reason)` once the lease has
-    not been renewed within `ttl` seconds of the START of the last successful renewal, on the
-    monotonic clock: the wait for each renewal is bounded by that deadline, so a renewal hung on
-    a row lock or a dead connection cannot postpone stepping down (it is left to finish on its
-    own). `lost` is awaited at most once; `stop` ends the keeper without calling it.
+    One task awaits what the core decides: it starts each renewal (`renew()`: True renewed,
+    False taken over, a `StoreError` a failed attempt, retried) as a task of its own, and awaits
+    `lost(reason)` once the lease has not been renewed within `ttl` seconds of the START of the
+    last successful renewal, on the monotonic clock. A renewal hung on a row lock or a dead
+    connection cannot postpone stepping down (it is left to finish on its own). `lost` is
+    awaited at most once; `stop` ends the keeper without calling it.
     """
 
-    def __init__(
-        self,
-        *,
-        renew: Callable[[], Awaitable[bool]],
-        lost: Callable[[str], Awaitable[None]],
-        every: float,
-        ttl: float,
-        renewed_at: float,
-        name: str = "cronoq-lease-keeper",
-    ) -> None:
-        """`renewed_at`: the monotonic time at which the lease was taken (or last renewed)."""
-        self._renew = renew
-        self._lost = lost
-        self._every = every
-        self._ttl = ttl
-        self._deadline = renewed_at + ttl
-        self._name = name
-        self._stopped = asyncio.Event()
+    def _setup(self) -> None:
+        self._guard = contextlib.nullcontext()  # one loop: no await inside, no interleaving
+        self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._abandoned: set[asyncio.Future[bool]] = set()
+        self._renewals: set[asyncio.Future[bool]] = set()
 
-    @property
-    def deadline(self) -> float:
-        """The monotonic time at which the holder steps down unless renewed before."""
-        return self._deadline
+    def _wake(self) -> None:
+        self._changed.set()
+
+    def _start(self) -> None:
+        renewal = asyncio.ensure_future(self._renew())
+        self._renewals.add(renewal)  # kept referenced until it ends
+        renewal.add_done_callback(self._settle)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._keep(), name=self._name)
-
-    def stop(self) -> None:
-        """Stop renewing, without reporting a loss; returns at once."""
-        self._stopped.set()
+        self._task = asyncio.create_task(self._watch(), name=self._name)
 
     async def join(self, timeout: float | None = None) -> None:
-        """Wait up to `timeout` seconds for the keeper to end (a hung renewal may outlive it)."""
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            await asyncio.wait({task}, timeout=timeout)
+        """Wait up to `timeout` seconds for the keeper and a renewal in flight to end, as
+        `lease.Keeper.join` waits for its threads (a hung renewal may outlive it)."""
+        waits: set[asyncio.Future[Any]] = set(self._renewals)
+        if self._task is not None and self._task is not asyncio.current_task():
+            waits.add(self._task)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
 
-    async def _finish(self, why: str) -> None:
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        await self._lost(why)
+    def _settle(self, renewal: asyncio.Future[bool]) -> None:
+        """A renewal task ended (perhaps long after the keeper stopped): tell the core."""
+        self._renewals.discard(renewal)
+        result: bool | BaseException
+        if renewal.cancelled():
+            result = asyncio.CancelledError()
+        else:
+            result = renewal.exception() or renewal.result()
+        if (note := self._ended(time.monotonic(), result)) is not None:
+            log.log(*note)
 
-    def _abandon(self, renewal: asyncio.Future[bool]) -> None:
-        """Let a hung renewal finish on its own, keeping a reference and consuming its error."""
-        self._abandoned.add(renewal)
-
-        def done(f: asyncio.Future[bool]) -> None:
-            self._abandoned.discard(f)
-            if not f.cancelled() and f.exception() is not None:
-                log.warning("an abandoned cronoq lease renewal failed: %s", f.exception())
-
-        renewal.add_done_callback(done)
-
-    async def _keep(self) -> None:
-        stopper = asyncio.ensure_future(self._stopped.wait())
-        failure = ""
+    async def _watch(self) -> None:
         try:
-            while True:
-                left = self._deadline - time.monotonic()
-                if left <= 0:
-                    await self._finish(f"could not renew the lease within its TTL{failure}")
-                    return
-                if await _wait(self._stopped, min(self._every, left)):
-                    return
-                if self._deadline <= time.monotonic():
-                    continue  # waited out the deadline after failed renewals
-                started = time.monotonic()
-                renewal = asyncio.ensure_future(self._renew())
-                await asyncio.wait(
-                    {renewal, stopper},
-                    timeout=self._deadline - started,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if not renewal.done():
-                    self._abandon(renewal)
-                    failure = ": a renewal hung"
-                    continue  # stopped (the loop ends) or past the deadline (steps down)
-                error = renewal.exception()
-                if isinstance(error, StoreError):
-                    log.warning("renewing the cronoq lease failed, retrying: %s", error)
-                    failure = f": {error}"
-                    continue
-                if error is not None:
-                    log.error("renewing the cronoq lease failed unexpectedly, retrying: %r", error)
-                    failure = f": {error!r}"
-                    continue
-                if not renewal.result():
-                    await self._finish("the lease was taken over")
-                    return
-                failure = ""
-                self._deadline = max(self._deadline, started + self._ttl)
+            while isinstance(step := self._due(time.monotonic()), Wait):
+                self._changed.clear()  # no await since `_due`: no event is missed
+                await _wait(self._changed, step.until - time.monotonic())
+            if step is None:
+                return
+            reason = step.reason
         except Exception as exc:
             # A keeper that died silently would leave its holder believing it leads.
             log.exception("the cronoq lease keeper failed")
-            await self._finish(f"the lease keeper failed: {exc!r}")
-        finally:
-            stopper.cancel()
+            self._core.stop()
+            reason = f"the lease keeper failed: {exc!r}"
+        await self._lost(reason)
 
 
-class AsyncSqlStore:
+class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     """`SqlStore`, awaitable: the durable state of one cronoq scheduler on an asyncio loop."""
 
-    def __init__(self, engine: AsyncEngine, config: StoreConfig | None = None) -> None:
-        """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
-        self.config = config or StoreConfig()
-        """How this store behaves."""
-        self._owns_engine = False
-        self._raw_engine = engine
-        self.engine = (
-            engine.execution_options(schema_translate_map={None: self.config.schema})
-            if self.config.schema
-            else engine
-        )
-        """The engine every transaction runs on (with `schema` applied, when set)."""
-        self.holder = lease.new_holder()
-        """This instance's name in the lease row (host, process id and a random part)."""
-        self._epoch: int | None = None
-        self._lost = asyncio.Event()
-        self._lost.set()
-        self._keeper: AsyncKeeper | None = None
-        self._callbacks: list[LeadershipLostCallback] = []
+    _log = log
+    _new_flag = asyncio.Event
+    _lost: asyncio.Event
 
     @classmethod
     async def open(
@@ -288,15 +222,13 @@ class AsyncSqlStore:
         Sync URLs are accepted and mapped to their async drivers (see `async_url`).
         """
         config = config or StoreConfig()
-        engine = create_engine_for(url_or_path, config)
-        store = cls(engine, config)
-        store._owns_engine = True
-        try:
-            if config.migrate:
+        store = cls._owning(create_engine_for(url_or_path, config), config)
+        if config.migrate:
+            try:
                 await store.migrate()
-        except BaseException:
-            await engine.dispose()
-            raise
+            except BaseException:
+                await store._raw_engine.dispose()
+                raise
         return store
 
     async def migrate(self) -> None:
@@ -308,7 +240,7 @@ class AsyncSqlStore:
 
     async def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             await self.release_leadership()
         await self._stop()
         if self._owns_engine:
@@ -317,12 +249,7 @@ class AsyncSqlStore:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     async def _run(self, fn: Callable[[Connection], T]) -> T:
@@ -331,26 +258,7 @@ class AsyncSqlStore:
             async with self.engine.begin() as conn:
                 return await conn.run_sync(fn)
 
-    @staticmethod
-    def _now() -> int:
-        return time.time_ns()
-
     # Leadership.
-
-    @property
-    def epoch(self) -> int | None:
-        """The fencing epoch while this instance leads."""
-        return None if self._lost.is_set() else self._epoch
-
-    @property
-    def is_leader(self) -> bool:
-        """Whether this instance leads now: `epoch` is not None."""
-        return self.epoch is not None
-
-    def on_leadership_lost(self, callback: LeadershipLostCallback) -> None:
-        """Call `callback` once each time leadership ends (taken over, not renewable in time,
-        fenced, released); a coroutine it returns is awaited. It must not block the loop."""
-        self._callbacks.append(callback)
 
     async def leadership_lost(self) -> None:
         """Return once leadership is lost (at once if this instance does not lead)."""
@@ -361,33 +269,23 @@ class AsyncSqlStore:
         return await _wait(self._lost, timeout)
 
     async def _lose(
-        self,
-        why: str,
-        level: int = logging.ERROR,
-        *,
-        keeper: AsyncKeeper | None = None,
-        epoch: int | None = None,
+        self, why: str, level: int = logging.ERROR, *, about: AsyncKeeper | int | None = None
     ) -> None:
-        """Step down (once): commits raise `Fenced` from here on. A `keeper` that no longer
-        keeps the current lease (a stale one), or a commit fenced under an epoch that is no
-        longer ours, changes nothing."""
-        # No await before set(): on one loop the check and the set are one step.
-        stale = (keeper is not None and keeper is not self._keeper) or (
-            epoch is not None and epoch != self._epoch
-        )
-        if self._lost.is_set() or stale:
-            return
-        self._lost.set()
-        if self._keeper is not None:
-            self._keeper.stop()
-        log.log(level, "cronoq leadership lost (epoch %s): %s", self._epoch, why)
-        for callback in list(self._callbacks):
+        """Step down (once), then await the callbacks (`_step_down` decides, with no await)."""
+        for callback in self._step_down(why, level, about):
             try:
-                result = callback()
-                if inspect.isawaitable(result):
+                if inspect.isawaitable(result := callback()):
                     await result
             except Exception:
                 log.exception("leadership-lost callback failed")
+
+    async def _try_take(self, ttl_ns: int) -> tuple[int, float] | StoreUnavailable | None:
+        """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
+        holder = self.holder
+        try:
+            return await self._run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns))
+        except StoreUnavailable as exc:
+            return exc
 
     async def acquire_leadership(self, timeout: float | None = None) -> int:
         """Wait until this instance leads; returns the new fencing epoch.
@@ -398,54 +296,29 @@ class AsyncSqlStore:
         """
         await self._lose("taking the lease anew", logging.INFO)
         await self._stop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poll = self.config.lock_poll.total_seconds()
-        delay = poll
+        acquiring = acquiring_for(self.config, timeout, time.monotonic())
         ttl = _ns(self.config.lease_ttl)
-        holder = self.holder
-        unreachable: StoreUnavailable | None = None
         while True:
-            try:
-                taken = await self._run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl))
-            except StoreUnavailable as exc:
-                if unreachable is None:
-                    log.warning("cannot reach the database to acquire leadership: %s", exc)
-                unreachable, taken, wait = exc, None, delay
-                delay = min(delay * 2, max(MAX_RETRY_DELAY, poll))
-            else:
-                if unreachable is not None:
-                    log.info("the database is reachable again")
-                unreachable, wait, delay = None, poll, poll
-            if taken is not None:
+            taken = await self._try_take(ttl)
+            step = acquiring.attempted(time.monotonic(), taken)
+            _note(step.note)
+            if isinstance(step, GiveUp):
+                raise step.error
+            if isinstance(taken, tuple):
                 break
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    why = "another instance holds the lease"
-                    if unreachable is not None:
-                        why = f"the database is unreachable: {unreachable}"
-                    raise StoreUnavailable(f"not leader after {timeout} s: {why}")
-                wait = min(wait, left)
-            await asyncio.sleep(wait)
+            if isinstance(step, Retry):
+                await asyncio.sleep(max(0.0, step.at - time.monotonic()))
         epoch, started = taken
 
         async def lost(why: str) -> None:
-            await self._lose(why, keeper=keeper)
+            await self._lose(why, about=keeper)
 
         keeper = AsyncKeeper(
             renew=lambda: self._renew(epoch),
             lost=lost,
-            every=self.config.lease_renew.total_seconds(),
-            ttl=self.config.lease_ttl.total_seconds(),
-            renewed_at=started,
-            name=f"cronoq-lease-keeper-{epoch}",
+            **keeper_timing(self.config, epoch, started),
         )
-        self._keeper = keeper
-        self._epoch = epoch
-        self._lost.clear()
-        keeper.start()
-        log.info("cronoq leadership acquired (epoch %s)", epoch)
-        return epoch
+        return self._lead(epoch, keeper)
 
     async def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
@@ -455,8 +328,7 @@ class AsyncSqlStore:
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
-        keeper, self._keeper = self._keeper, None
-        if keeper is not None:
+        if (keeper := self._detach()) is not None:
             keeper.stop()
             await keeper.join(self.config.lease_renew.total_seconds())
 
@@ -464,43 +336,29 @@ class AsyncSqlStore:
         """Give leadership up; a waiting standby can take over at once."""
         await self._lose("released", logging.INFO)
         await self._stop()
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             holder = self.holder
             try:
                 await self._run(lambda c: lease.release(c, holder=holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
-        self._epoch = None
+        self._leadership.released()
 
     # Commits and recovery.
 
     async def commit(
-        self,
-        epoch: int,
-        base: TimeBase,
-        batch: Sequence[Mutation],
-        outputs: Sequence[tuple[TaskId, bytes]] = (),
+        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs = ()
     ) -> None:
-        """Make `batch` durable in one transaction, or raise and write nothing.
-
-        Idempotent: committing the same batch again (after a timeout, say) changes nothing.
-        """
-        if self._lost.is_set() or epoch != self._epoch:
-            raise Fenced(f"epoch {epoch} does not lead")
-        work = commit_work(
-            epoch=epoch,
-            holder=self.holder,
-            base=base,
-            batch=batch,
-            outputs=outputs,
-            config=self.config,
-            now_unix_ns=self._now(),
-        )
+        """As `SqlStore.commit`: make `batch` durable in one transaction, or raise and write
+        nothing; committing the same batch again changes nothing."""
+        work = self._commit_work(epoch, base, batch, outputs)
+        started = time.monotonic()
         try:
             await self._run(work)
         except Fenced as exc:
-            await self._lose(str(exc), epoch=epoch)
+            await self._lose(str(exc), about=epoch)
             raise
+        self._fence_renewed(epoch, started)
 
     async def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""

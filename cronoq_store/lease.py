@@ -21,9 +21,8 @@ from typing import Any, Final
 from sqlalchemy import Connection, Select, Update, and_, bindparam, case, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from . import codec
+from . import codec, leadership
 from .dialects import db_now_ns
-from .errors import StoreError
 from .schema import leader
 
 log = logging.getLogger(__name__)
@@ -200,52 +199,38 @@ def release(conn: Connection, *, holder: str) -> None:
     conn.execute(release_stmt(), {"b_holder": holder})
 
 
-class Keeper:
-    """Keeps one lease alive from two daemon threads: a renewer and a watchdog.
+class Keeper(leadership.KeeperShell[Callable[[], bool], Callable[[str], None]]):
+    """Keeps one lease alive from two daemon threads, around `leadership.Keeping`'s decisions.
 
-    The renewer calls `renew` every `every` seconds: True means renewed, False that the lease was
-    taken over, a `StoreError` a failed attempt (retried). The watchdog calls `lost` once the lease
-    has not been renewed within `ttl` seconds of the START of the last successful renewal, on the
-    monotonic clock, even while a renewal hangs (on a row lock, on a dead connection): a blocked
-    call cannot postpone stepping down. The database clock sets each new expiry no earlier than
-    that start plus the TTL, so the holder steps down before any standby may take over.
+    The renewer calls `renew`: True means renewed, False that the lease was taken over, a
+    `StoreError` a failed attempt (retried after `every` seconds). The watchdog thread waits for
+    what the core decides (the next renewal, or the deadline while a renewal runs) and calls
+    `lost` once the lease has not been renewed within `ttl` seconds of the START of the last
+    successful renewal, on the monotonic clock, even while a renewal hangs (on a row lock, on a
+    dead connection): a blocked call cannot postpone stepping down. The database clock sets each
+    new expiry no earlier than that start plus the TTL, so the holder steps down before any
+    standby may take over.
 
     `lost(reason)` is called at most once, from one of the threads; `stop` ends both threads
     without calling it.
     """
 
-    def __init__(
-        self,
-        *,
-        renew: Callable[[], bool],
-        lost: Callable[[str], None],
-        every: float,
-        ttl: float,
-        renewed_at: float,
-        name: str = "cronoq-lease-keeper",
-    ) -> None:
-        """`renewed_at`: the monotonic time at which the lease was taken (or last renewed)."""
-        self._renew = renew
-        self._lost = lost
-        self._every = every
-        self._ttl = ttl
-        self._deadline = renewed_at + ttl
+    def _setup(self) -> None:
         self._cond = threading.Condition()
-        self._done = False
+        self._guard = self._cond
         self._threads = (
-            threading.Thread(target=self._renew_loop, name=f"{name}-renew", daemon=True),
-            threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True),
+            threading.Thread(target=self._renew_loop, name=f"{self._name}-renew", daemon=True),
+            threading.Thread(target=self._watch, name=f"{self._name}-watchdog", daemon=True),
         )
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
+
+    _start = _wake  # the renewer thread picks up the renewal the core started
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
-
-    def stop(self) -> None:
-        """Stop renewing and watching, without reporting a loss; returns at once."""
-        with self._cond:
-            self._done = True
-            self._cond.notify_all()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait up to `timeout` seconds for each thread to end (a hung renewal may outlive it)."""
@@ -253,47 +238,25 @@ class Keeper:
             if thread.ident is not None and thread is not threading.current_thread():
                 thread.join(timeout)
 
-    def _finish(self, why: str) -> None:
+    def _watch(self) -> None:
+        """Block until the core's next decision is due; report the step-down."""
         with self._cond:
-            if self._done:
-                return
-            self._done = True
-            self._cond.notify_all()
-        self._lost(why)
-
-    def _stopped_within(self, seconds: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._done, seconds)
+            while isinstance(step := self._due(time.monotonic()), leadership.Wait):
+                self._cond.wait(step.until - time.monotonic())
+        if step is not None:
+            self._lost(step.reason)
 
     def _renew_loop(self) -> None:
-        while not self._stopped_within(self._every):
-            started = time.monotonic()
+        """Run each renewal the core started (blocking as long as it takes), report its end."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._core.finished or self._core.running)
+                if self._core.finished:
+                    return
+            result: bool | BaseException
             try:
-                renewed = self._renew()
-            except StoreError as exc:
-                log.warning("renewing the cronoq lease failed, retrying: %s", exc)
-                continue
-            except Exception:
-                log.exception("renewing the cronoq lease failed unexpectedly, retrying")
-                continue
-            if not renewed:
-                self._finish("the lease was taken over")
-                return
-            self.renewed(started)
-
-    def renewed(self, started: float) -> None:
-        """Count a successful renewal that started at monotonic time `started` (a committed
-        fence check extends the lease too): the deadline moves to `started` plus the TTL."""
-        with self._cond:
-            self._deadline = max(self._deadline, started + self._ttl)
-
-    def _watch(self) -> None:
-        with self._cond:
-            while not self._done:
-                left = self._deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            else:
-                return
-        self._finish(f"the lease was not renewed within its TTL ({self._ttl:g} s)")
+                result = self._renew()
+            except Exception as exc:
+                result = exc
+            if (note := self._ended(time.monotonic(), result)) is not None:
+                log.log(*note)

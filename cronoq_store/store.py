@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypedDict, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
-from . import dialects, lease, migrate, repository
+from . import dialects, leadership, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
 from .model import (
     INT64_MAX,
@@ -44,6 +44,9 @@ from .model import (
 from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
+
+Outputs = Sequence[tuple[TaskId, bytes]]
+"""Outputs of tasks that succeeded, by id, committed with a batch."""
 
 MAX_RETRY_DELAY: Final = 5.0
 """Longest wait, in seconds, between attempts to reach the database while acquiring."""
@@ -188,6 +191,34 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
 
 
+def _note(note: leadership.Note | None) -> None:
+    if note is not None:
+        log.log(*note)
+
+
+def acquiring_for(config: StoreConfig, timeout: float | None, now: float) -> leadership.Acquiring:
+    """The acquire loop's decisions under `config`, from monotonic time `now` (both faces)."""
+    poll = config.lock_poll.total_seconds()
+    return leadership.Acquiring(poll=poll, max_delay=MAX_RETRY_DELAY, timeout=timeout, now=now)
+
+
+class KeeperTiming(TypedDict):
+    every: float
+    ttl: float
+    renewed_at: float
+    name: str
+
+
+def keeper_timing(config: StoreConfig, epoch: int, started: float) -> KeeperTiming:
+    """A keeper's timing under `config`, for the lease taken under `epoch` at `started`."""
+    return KeeperTiming(
+        every=config.lease_renew.total_seconds(),
+        ttl=config.lease_ttl.total_seconds(),
+        renewed_at=started,
+        name=f"cronoq-lease-keeper-{epoch}",
+    )
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
     """Every database error leaves the store as a `StoreError` (sync and asyncio alike)."""
@@ -236,11 +267,38 @@ def commit_work(
     return work
 
 
-class SqlStore:
-    """The durable state of one cronoq scheduler; cheap to share between threads."""
+class _Engine(Protocol):
+    def execution_options(self, **opt: Any) -> Self: ...
 
-    def __init__(self, engine: Engine, config: StoreConfig | None = None) -> None:
-        """Wrap an app's own engine (no side effects: call `migrate()` or use `open`)."""
+
+class _Flag(Protocol):
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+class _Keeper(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def renewed(self, started: float) -> None: ...
+
+
+E = TypeVar("E", bound=_Engine)
+K = TypeVar("K", bound=_Keeper)
+C = TypeVar("C")
+
+
+class _Face(Generic[E, K, C]):
+    """What `SqlStore` and `aio.AsyncSqlStore` share, none of it blocking or awaiting: the
+    configuration, the engine, the holder's name, and who leads (`leadership.Leadership`)."""
+
+    _log: ClassVar[logging.Logger]
+    _new_flag: ClassVar[Callable[[], _Flag]]
+    _lost: _Flag
+    """`threading.Event` or `asyncio.Event`: set while this instance does not lead."""
+
+    def __init__(self, engine: E, config: StoreConfig | None = None) -> None:
+        """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
         self.config = config or StoreConfig()
         """How this store behaves."""
         self._owns_engine = False
@@ -254,11 +312,102 @@ class SqlStore:
         self.holder = lease.new_holder()
         """This instance's name in the lease row (host, process id and a random part)."""
         self._lock = threading.Lock()
-        self._epoch: int | None = None
-        self._lost = threading.Event()
+        self._leadership: leadership.Leadership[K] = leadership.Leadership()
+        self._lost = type(self)._new_flag()
         self._lost.set()
-        self._keeper: lease.Keeper | None = None
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[C] = []
+
+    @classmethod
+    def _owning(cls, engine: E, config: StoreConfig) -> Self:
+        """A store on an engine it created, and disposes of on `close`."""
+        store = cls(engine, config)
+        store._owns_engine = True
+        return store
+
+    @staticmethod
+    def _now() -> int:
+        return time.time_ns()
+
+    @property
+    def epoch(self) -> int | None:
+        """The fencing epoch while this instance leads."""
+        return self._leadership.leading
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this instance leads now: `epoch` is not None."""
+        return self.epoch is not None
+
+    def on_leadership_lost(self, callback: C) -> None:
+        """Call `callback` once each time leadership ends (taken over, not renewable in time,
+        fenced, released). `SqlStore` calls it from whichever thread noticed; `AsyncSqlStore`
+        awaits a coroutine it returns. It must not block for long."""
+        self._callbacks.append(callback)
+
+    def _step_down(self, why: str, level: int, about: K | int | None) -> list[C]:
+        """Step down (once): commits raise `Fenced` from here on; the callbacks to run.
+
+        News `about` a keeper that no longer keeps the current lease (a stale one, still
+        finishing a hung renewal), or about an epoch that is no longer ours (a commit fenced
+        under the previous one), changes nothing: no callbacks.
+        """
+        keeper, epoch = (None, about) if isinstance(about, int) else (about, None)
+        with self._lock:
+            lost = self._leadership.lose(keeper=keeper, epoch=epoch)
+            if lost is None:
+                return []
+            self._lost.set()
+        if lost.keeper is not None:
+            lost.keeper.stop()
+        self._log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
+        return list(self._callbacks)
+
+    def _lead(self, epoch: int, keeper: K) -> int:
+        """Lead under `epoch`, kept by `keeper` (started here)."""
+        with self._lock:
+            self._leadership.acquired(epoch, keeper)
+            self._lost.clear()
+        keeper.start()
+        self._log.info("cronoq leadership acquired (epoch %s)", epoch)
+        return epoch
+
+    def _detach(self) -> K | None:
+        """The keeper, to be stopped and joined: none keeps the lease from here on."""
+        with self._lock:
+            return self._leadership.detach()
+
+    def _commit_work(
+        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs
+    ) -> Callable[[Connection], None]:
+        """The body of a commit under `epoch`; `Fenced` at once if it does not lead."""
+        if not self._leadership.may_commit(epoch):
+            raise Fenced(f"epoch {epoch} does not lead")
+        return commit_work(
+            epoch=epoch,
+            holder=self.holder,
+            base=base,
+            batch=batch,
+            outputs=outputs,
+            config=self.config,
+            now_unix_ns=self._now(),
+        )
+
+    def _fence_renewed(self, epoch: int, started: float) -> None:
+        """A commit under `epoch`, begun at monotonic time `started`, landed: its fence check
+        extended the lease, so it counts as a renewal. (A commit holds the leader row to its
+        end, so the keeper's own renewal waits behind a long one.)"""
+        with self._lock:
+            keeper = self._leadership.fence_renewed(epoch)
+        if keeper is not None:
+            keeper.renewed(started)
+
+
+class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
+    """The durable state of one cronoq scheduler; cheap to share between threads."""
+
+    _log = log
+    _new_flag = threading.Event
+    _lost: threading.Event
 
     @classmethod
     def open(
@@ -266,15 +415,13 @@ class SqlStore:
     ) -> SqlStore:
         """Open a database (a bare path means a SQLite file), migrating it unless told not to."""
         config = config or StoreConfig()
-        engine = _engine_for(url_or_path, config)
-        store = cls(engine, config)
-        store._owns_engine = True
-        try:
-            if config.migrate:
+        store = cls._owning(_engine_for(url_or_path, config), config)
+        if config.migrate:
+            try:
                 store.migrate()
-        except BaseException:
-            engine.dispose()
-            raise
+            except BaseException:
+                store._raw_engine.dispose()
+                raise
         return store
 
     def migrate(self) -> None:
@@ -283,7 +430,7 @@ class SqlStore:
 
     def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             self.release_leadership()
         if self._owns_engine:
             self._raw_engine.dispose()
@@ -314,62 +461,33 @@ class SqlStore:
         ):
             return fn(conn)
 
-    @staticmethod
-    def _now() -> int:
-        return time.time_ns()
-
     # Leadership.
-
-    @property
-    def epoch(self) -> int | None:
-        """The fencing epoch while this instance leads."""
-        return None if self._lost.is_set() else self._epoch
-
-    @property
-    def is_leader(self) -> bool:
-        """Whether this instance leads now: `epoch` is not None."""
-        return self.epoch is not None
-
-    def on_leadership_lost(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once each time leadership ends (taken over, not renewable in time,
-        fenced, released), from whichever thread noticed; it must not block for long."""
-        self._callbacks.append(callback)
 
     def wait_leadership_lost(self, timeout: float | None = None) -> bool:
         """Block until leadership is lost; False if `timeout` seconds passed first."""
         return self._lost.wait(timeout)
 
     def _lose(
-        self,
-        why: str,
-        level: int = logging.ERROR,
-        *,
-        keeper: lease.Keeper | None = None,
-        epoch: int | None = None,
+        self, why: str, level: int = logging.ERROR, *, about: lease.Keeper | int | None = None
     ) -> None:
-        """Step down (once): commits raise `Fenced` from here on.
-
-        A `keeper` that no longer keeps the current lease (a stale one, still finishing a hung
-        renewal), or an `epoch` that is no longer ours (a commit fenced under the previous one),
-        changes nothing.
-        """
-        with self._lock:
-            if (
-                self._lost.is_set()
-                or (keeper is not None and keeper is not self._keeper)
-                or (epoch is not None and epoch != self._epoch)
-            ):
-                return
-            self._lost.set()
-            current = self._keeper
-        if current is not None:
-            current.stop()
-        log.log(level, "cronoq leadership lost (epoch %s): %s", self._epoch, why)
-        for callback in list(self._callbacks):
+        """Step down (once), then call the callbacks (`_step_down` decides)."""
+        for callback in self._step_down(why, level, about):
             try:
                 callback()
             except Exception:
                 log.exception("leadership-lost callback failed")
+
+    def _try_take(self, ttl_ns: int) -> tuple[int, float] | StoreUnavailable | None:
+        """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
+        try:
+            if not self._read(lambda c: lease.may_take(c, holder=self.holder)):
+                return None
+            taken: tuple[int, float] | None = self._run(
+                lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl_ns)
+            )
+        except StoreUnavailable as exc:
+            return exc
+        return taken
 
     def acquire_leadership(self, timeout: float | None = None) -> int:
         """Block until this instance leads; returns the new fencing epoch.
@@ -381,53 +499,25 @@ class SqlStore:
         """
         self._lose("taking the lease anew", logging.INFO)
         self._stop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poll = self.config.lock_poll.total_seconds()
-        delay = poll
+        acquiring = acquiring_for(self.config, timeout, time.monotonic())
         ttl = _ns(self.config.lease_ttl)
-        unreachable: StoreUnavailable | None = None
-        taken: tuple[int, float] | None
         while True:
-            try:
-                taken = None
-                if self._read(lambda c: lease.may_take(c, holder=self.holder)):
-                    taken = self._run(lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl))
-            except StoreUnavailable as exc:
-                if unreachable is None:
-                    log.warning("cannot reach the database to acquire leadership: %s", exc)
-                unreachable, taken, wait = exc, None, delay
-                delay = min(delay * 2, max(MAX_RETRY_DELAY, poll))
-            else:
-                if unreachable is not None:
-                    log.info("the database is reachable again")
-                unreachable, wait, delay = None, poll, poll
-            if taken is not None:
+            taken = self._try_take(ttl)
+            step = acquiring.attempted(time.monotonic(), taken)
+            _note(step.note)
+            if isinstance(step, leadership.GiveUp):
+                raise step.error
+            if isinstance(taken, tuple):
                 break
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    why = "another instance holds the lease"
-                    if unreachable is not None:
-                        why = f"the database is unreachable: {unreachable}"
-                    raise StoreUnavailable(f"not leader after {timeout} s: {why}")
-                wait = min(wait, left)
-            time.sleep(wait)
+            if isinstance(step, leadership.Retry):
+                time.sleep(max(0.0, step.at - time.monotonic()))
         epoch, started = taken
-        with self._lock:
-            keeper = lease.Keeper(
-                renew=lambda: self._renew(epoch),
-                lost=lambda why: self._lose(why, keeper=keeper),
-                every=self.config.lease_renew.total_seconds(),
-                ttl=self.config.lease_ttl.total_seconds(),
-                renewed_at=started,
-                name=f"cronoq-lease-keeper-{epoch}",
-            )
-            self._keeper = keeper
-            self._epoch = epoch
-            self._lost.clear()
-        keeper.start()
-        log.info("cronoq leadership acquired (epoch %s)", epoch)
-        return epoch
+        keeper = lease.Keeper(
+            renew=lambda: self._renew(epoch),
+            lost=lambda why: self._lose(why, about=keeper),
+            **keeper_timing(self.config, epoch, started),
+        )
+        return self._lead(epoch, keeper)
 
     def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
@@ -437,20 +527,9 @@ class SqlStore:
         )
         return renewed
 
-    def _fence_renewed(self, epoch: int, started: float) -> None:
-        """A commit under `epoch`, begun at monotonic time `started`, landed: its fence check
-        extended the lease, so it counts as a renewal. (A commit holds the leader row to its
-        end, so the keeper's own renewal waits behind a long one.)"""
-        with self._lock:
-            keeper = self._keeper if epoch == self._epoch and not self._lost.is_set() else None
-        if keeper is not None:
-            keeper.renewed(started)
-
     def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
-        with self._lock:
-            keeper, self._keeper = self._keeper, None
-        if keeper is not None:
+        if (keeper := self._detach()) is not None:
             keeper.stop()
             keeper.join(self.config.lease_renew.total_seconds())
 
@@ -458,42 +537,28 @@ class SqlStore:
         """Give leadership up; a waiting standby can take over at once."""
         self._lose("released", logging.INFO)
         self._stop()
-        if self._epoch is not None:
+        if self._leadership.epoch is not None:
             try:
                 self._run(lambda c: lease.release(c, holder=self.holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
-        self._epoch = None
+        self._leadership.released()
 
     # Commits and recovery.
 
     def commit(
-        self,
-        epoch: int,
-        base: TimeBase,
-        batch: Sequence[Mutation],
-        outputs: Sequence[tuple[TaskId, bytes]] = (),
+        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs = ()
     ) -> None:
         """Make `batch` durable in one transaction, or raise and write nothing.
 
         Idempotent: committing the same batch again (after a timeout, say) changes nothing.
         """
-        if self._lost.is_set() or epoch != self._epoch:
-            raise Fenced(f"epoch {epoch} does not lead")
-        work = commit_work(
-            epoch=epoch,
-            holder=self.holder,
-            base=base,
-            batch=batch,
-            outputs=outputs,
-            config=self.config,
-            now_unix_ns=self._now(),
-        )
+        work = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
             self._run(work)
         except Fenced as exc:
-            self._lose(str(exc), epoch=epoch)
+            self._lose(str(exc), about=epoch)
             raise
         self._fence_renewed(epoch, started)
 

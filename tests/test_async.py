@@ -1,9 +1,10 @@
 """`AsyncSqlStore` on every dialect: SqlStore's own behaviour checks, then what only async has.
 
-The checks of test_store.py run unchanged against the async store through `Blocking`, which
-gives it SqlStore's blocking interface by running each call on an event loop in a thread (so
-the async keeper keeps renewing between calls, as it would in an app). pytest-asyncio is not
-needed: the async-only tests drive their coroutine with `asyncio.run`.
+The checks of test_store.py run unchanged against the async store through `faces.Blocking`,
+which gives it SqlStore's blocking interface by running each call on an event loop in a thread
+(so the async keeper keeps renewing between calls, as it would in an app); test_leadership.py
+runs every leadership test on both faces the same way. pytest-asyncio is not needed: the
+async-only tests drive their coroutine with `asyncio.run`.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 import test_store as sync_checks
-from sqlalchemy import URL, Engine, create_engine, update
+from faces import Blocking, LoopThread
+from sqlalchemy import URL, create_engine, update
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool, Pool
 
@@ -42,47 +43,7 @@ from cronoq_store import (
 from cronoq_store.aio import AsyncKeeper, AsyncSqlStore, async_url
 from cronoq_store.schema import leader
 
-T = TypeVar("T")
 BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
-CALL_TIMEOUT = 60.0
-
-
-class LoopThread:
-    """An event loop running in a thread; `run` blocks the caller until a coroutine is done."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="async-store-loop")
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(CALL_TIMEOUT)
-
-    def close(self) -> None:
-        self.run(self.loop.shutdown_asyncgens())
-        self.run(self.loop.shutdown_default_executor())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
-class Blocking:
-    """SqlStore's blocking interface over an `AsyncSqlStore`, for test_store.py's checks.
-
-    `engine` is a plain sync engine on the same database, for the checks that inspect or damage
-    rows behind the store's back.
-    """
-
-    def __init__(self, store: AsyncSqlStore, loop: LoopThread, engine: Engine) -> None:
-        self._store = store
-        self._loop = loop
-        self.engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if inspect.iscoroutinefunction(attr):
-            return lambda *args, **kwargs: self._loop.run(attr(*args, **kwargs))
-        return attr
 
 
 @pytest.fixture
@@ -261,7 +222,7 @@ def test_steps_down_on_time_while_a_renewal_hangs(
                 await asyncio.to_thread(held.wait, 5)
                 assert await store.wait_leadership_lost(3)
                 assert time.monotonic() - taken < 1.0 + 0.5
-                assert "within its TTL: a renewal hung" in caplog.text
+                assert "within its TTL (1 s): a renewal hung" in caplog.text
                 with pytest.raises(Fenced):
                     await store.commit(epoch, BASE, [submit(1)])
             finally:
@@ -395,10 +356,10 @@ def test_keeper_retries_then_steps_down_by_its_deadline() -> None:
         lost, at = await run(["ok", "taken"], 0.5)
         assert lost == ["the lease was taken over"] and at is not None and at < 0.2
         lost, at = await run(["fail"] * 100, 0.5)
-        assert lost == ["could not renew the lease within its TTL: down"]
+        assert lost == ["the lease was not renewed within its TTL (0.2 s): down"]
         assert at is not None and 0.15 < at < 0.45
         lost, at = await run(["hang"], 0.5)
-        assert lost == ["could not renew the lease within its TTL: a renewal hung"]
+        assert lost == ["the lease was not renewed within its TTL (0.2 s): a renewal hung"]
         assert at is not None and 0.15 < at < 0.45
 
     asyncio.run(main())

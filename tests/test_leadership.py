@@ -1,6 +1,10 @@
 """Leadership: lease transitions, fencing against a racing takeover, clock skew, a connection cut
 inside a commit, and a keeper that steps down on time.
 
+Every test runs on both faces (`face`: `SqlStore` with `lease.Keeper`, and `AsyncSqlStore` with
+`aio.AsyncKeeper` behind `faces.Blocking`), which drive the same core (`leadership`; its
+decisions alone: test_leadership_core.py).
+
 Every wait is for a condition, bounded by `WAIT` (or by the deadline under test), never a sleep
 tuned to pass. Leases are short (about a second) so the whole file stays quick.
 """
@@ -18,12 +22,23 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, Connection, Engine, create_engine, event, select, text, update
+from faces import (
+    FACES,
+    Store,
+    backend_pid,
+    count_attempts,
+    keeper,
+    open_face,
+    statement_thread,
+    store_engine,
+    transactions,
+    wrap_engine,
+)
+from sqlalchemy import URL, Connection, Engine, event, select, text, update
 
 from cronoq_store import (
     Fenced,
     InvalidValue,
-    SqlStore,
     StoreConfig,
     StoreUnavailable,
     Submitted,
@@ -89,19 +104,33 @@ def migrated(engine: Engine) -> Engine:
     return engine
 
 
+@pytest.fixture(params=FACES)
+def face(request: pytest.FixtureRequest) -> str:
+    """The store's face under test: "sync" (`SqlStore`) or "async" (`AsyncSqlStore`)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def open_store(db_url: URL) -> Iterator[Callable[[StoreConfig], SqlStore]]:
-    """Open stores on the test database (each its own engine and holder); closed afterwards."""
-    opened: list[SqlStore] = []
+def cleanup() -> Iterator[list[Callable[[], None]]]:
+    """What closes the stores a test opened, run last-opened first."""
+    done: list[Callable[[], None]] = []
+    yield done
+    for close in reversed(done):
+        close()
 
-    def open_(config: StoreConfig) -> SqlStore:
-        store = SqlStore.open(db_url, config)
-        opened.append(store)
-        return store
 
-    yield open_
-    for store in reversed(opened):
-        store.close()
+@pytest.fixture
+def open_store(
+    db_url: URL, face: str, cleanup: list[Callable[[], None]]
+) -> Callable[[StoreConfig], Store]:
+    """Open stores of `face` on the test database (each its own engine and holder)."""
+    return lambda config: open_face(face, db_url, config, cleanup)
+
+
+@pytest.fixture
+def tx(migrated: Engine, db_url: URL, face: str) -> Iterator[Callable[..., Any]]:
+    """One transaction per call on the test database, through `face`'s engine."""
+    yield from transactions(face, db_url)
 
 
 # 1. Lease transitions, on an injectable clock.
@@ -135,21 +164,20 @@ class LeaseClock:
                 )
 
 
-def test_lease_transitions(migrated: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lease_transitions(
+    migrated: Engine, tx: Callable[..., Any], dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = LeaseClock(migrated, dialect, monkeypatch)
     ttl = 10 * SECOND
 
     def take(holder: str) -> int | None:
-        with migrated.begin() as conn:
-            return lease.try_take(conn, holder=holder, ttl_ns=ttl)
+        return tx(lambda conn: lease.try_take(conn, holder=holder, ttl_ns=ttl))
 
     def renew(holder: str, epoch: int) -> bool:
-        with migrated.begin() as conn:
-            return lease.renew(conn, epoch=epoch, holder=holder, ttl_ns=ttl)
+        return tx(lambda conn: lease.renew(conn, epoch=epoch, holder=holder, ttl_ns=ttl))
 
     def fence(holder: str, epoch: int) -> bool:
-        with migrated.begin() as conn:
-            return lease.fence(conn, epoch=epoch, holder=holder, next_id=0, ttl_ns=ttl)
+        return tx(lambda conn: lease.fence(conn, epoch=epoch, holder=holder, next_id=0, ttl_ns=ttl))
 
     # Free (as migrated): the first leader gets epoch 1, its lease runs `ttl` on the db clock.
     assert take("a") == 1
@@ -192,8 +220,7 @@ def test_lease_transitions(migrated: Engine, dialect: str, monkeypatch: pytest.M
     # The holder taking its own live lease again starts a new epoch (it leads anew).
     assert take("b") == 3
     # Released: free at once for anyone, under the next epoch.
-    with migrated.begin() as conn:
-        lease.release(conn, holder="b")
+    tx(lambda conn: lease.release(conn, holder="b"))
     assert lease_row(migrated).holder is None
     assert take("c") == 4
 
@@ -204,13 +231,12 @@ def test_lease_transitions(migrated: Engine, dialect: str, monkeypatch: pytest.M
     assert take("e") == 2
 
 
-def test_database_clock_is_one_compiled_expression(migrated: Engine, dialect: str) -> None:
+def test_database_clock_is_one_compiled_expression(tx: Callable[..., Any], dialect: str) -> None:
     """The clock compiles to the server's own function; only SQLite binds the host's time."""
-    sql = str(select(db_now_ns()).compile(dialect=migrated.dialect))
+    sql = tx(lambda conn: str(select(db_now_ns()).compile(dialect=conn.dialect)))
     expected = {"sqlite": "?", "postgresql": "clock_timestamp()", "mysql": "utc_timestamp(6)"}
     assert expected[dialect] in sql
-    with migrated.connect() as conn:
-        now = conn.execute(select(db_now_ns())).scalar_one()
+    now = tx(lambda conn: conn.execute(select(db_now_ns())).scalar_one())
     assert abs(now - time.time_ns()) < 60 * SECOND  # Unix nanoseconds, not seconds or micros
 
 
@@ -318,14 +344,14 @@ def take_over(engine: Engine, task_id: int) -> tuple[int | None, bool]:
 
 
 def race_commit_paused(
-    old: SqlStore, epoch: int, admin: Engine, dialect: str, task_id: int
+    old: Store, epoch: int, admin: Engine, dialect: str, task_id: int
 ) -> Outcome:
     """Pause `old`'s commit right after its first statement on the leader row (the fence),
     while another instance tries to take over a lease that has run out; then let both finish."""
     set_lease(admin, expires_unix_ns=0)  # `old` was paused past its lease
     commit = Worker("old-commit", lambda: old.commit(epoch, BASE, [submit(task_id)]))
     taker = Worker("taker", lambda: take_over(admin, task_id))
-    with Pause(old.engine, "old-commit") as pause:
+    with Pause(store_engine(old), statement_thread(old, "old-commit")) as pause:
         commit.start()
         assert pause.reached.wait(WAIT), "the commit never reached its fence check"
         taker.start()
@@ -342,7 +368,7 @@ def race_commit_paused(
 
 
 def race_takeover_paused(
-    old: SqlStore, epoch: int, admin: Engine, dialect: str, task_id: int
+    old: Store, epoch: int, admin: Engine, dialect: str, task_id: int
 ) -> Outcome:
     """Pause a takeover right after it wrote the new epoch (not yet committed), while `old`
     commits; then let both finish."""
@@ -379,7 +405,7 @@ RACE = StoreConfig(
 
 @pytest.mark.parametrize("dialect", SERVERS)
 def test_fence_serializes_commit_against_takeover(
-    open_store: Callable[[StoreConfig], SqlStore], engine: Engine, dialect: str
+    open_store: Callable[[StoreConfig], Store], engine: Engine, dialect: str
 ) -> None:
     old = open_store(RACE)
     epoch = old.acquire_leadership(timeout=WAIT)
@@ -403,7 +429,7 @@ def test_fence_serializes_commit_against_takeover(
 
 @pytest.mark.parametrize("dialect", SERVERS)
 def test_race_harness_catches_a_plain_select_check(
-    open_store: Callable[[StoreConfig], SqlStore],
+    open_store: Callable[[StoreConfig], Store],
     engine: Engine,
     dialect: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -429,7 +455,7 @@ def test_race_harness_catches_a_plain_select_check(
 
 @pytest.mark.parametrize("dialect", SERVERS)
 def test_standby_clock_ahead_cannot_take_a_live_lease(
-    open_store: Callable[[StoreConfig], SqlStore], monkeypatch: pytest.MonkeyPatch
+    open_store: Callable[[StoreConfig], Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     leader_store = open_store(SHORT)
     epoch = leader_store.acquire_leadership(timeout=WAIT)
@@ -452,7 +478,7 @@ def test_standby_clock_ahead_cannot_take_a_live_lease(
 
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_connection_cut_inside_a_commit(
-    open_store: Callable[[StoreConfig], SqlStore], engine: Engine
+    open_store: Callable[[StoreConfig], Store], engine: Engine
 ) -> None:
     store = open_store(
         StoreConfig(lease_ttl=timedelta(seconds=60), lease_renew=timedelta(seconds=20))
@@ -460,12 +486,12 @@ def test_connection_cut_inside_a_commit(
     epoch = store.acquire_leadership(timeout=WAIT)
     cut = threading.Event()
 
-    @event.listens_for(store.engine, "after_cursor_execute")
+    @event.listens_for(store_engine(store), "after_cursor_execute")
     def kill_after_fence(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
         fence = statement.startswith("UPDATE cronoq_leader") and "next_id" in statement
         if fence and not cut.is_set():
             cut.set()
-            pid = conn.connection.dbapi_connection.info.backend_pid
+            pid = backend_pid(conn)
             with engine.connect() as admin:
                 # Waits (up to 5 s) until the backend is gone.
                 admin.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
@@ -489,7 +515,7 @@ def test_connection_cut_inside_a_commit(
 class LossWatcher:
     """Counts leadership-lost callbacks."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.calls = 0
         self.called = threading.Event()
         store.on_leadership_lost(self)
@@ -503,12 +529,13 @@ def transitions(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "cronoq_store.store" and r.getMessage().startswith("cronoq leadership")
+        if r.name in {"cronoq_store.store", "cronoq_store.aio"}
+        and r.getMessage().startswith("cronoq leadership")
     ]
 
 
 def test_keeper_steps_down_when_the_lease_is_stolen(
-    open_store: Callable[[StoreConfig], SqlStore],
+    open_store: Callable[[StoreConfig], Store],
     engine: Engine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -580,7 +607,7 @@ def row_lock(engine: Engine, dialect: str) -> Iterator[RowLock]:
 
 
 def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
-    open_store: Callable[[StoreConfig], SqlStore],
+    open_store: Callable[[StoreConfig], Store],
     engine: Engine,
     row_lock: RowLock,
     caplog: pytest.LogCaptureFixture,
@@ -620,7 +647,8 @@ def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
         store.commit(epoch, BASE, [submit(1)])
     assert watcher.calls == 1
     assert transitions(caplog)[-1] == (
-        f"cronoq leadership lost (epoch {epoch}): the lease was not renewed within its TTL (2 s)"
+        f"cronoq leadership lost (epoch {epoch}): "
+        "the lease was not renewed within its TTL (2 s): a renewal hung"
     )
 
     row_lock.unlock()
@@ -630,9 +658,10 @@ def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
     assert watcher.calls == 1
 
 
-def test_keeper_deadline_runs_from_the_start_of_the_last_renewal() -> None:
-    """`lease.Keeper` alone, on fake renewals: its own renewal hangs, renewals reported from
-    elsewhere (a landed commit's fence) keep it alive, and it steps down one TTL after the last."""
+@pytest.mark.parametrize("face", FACES)
+def test_keeper_deadline_runs_from_the_start_of_the_last_renewal(face: str) -> None:
+    """A keeper alone, on fake renewals: its own renewal hangs, renewals reported from elsewhere
+    (a landed commit's fence) keep it alive, and it steps down one TTL after the last."""
     hang = threading.Event()
     reasons: list[str] = []
     gone = threading.Event()
@@ -646,26 +675,27 @@ def test_keeper_deadline_runs_from_the_start_of_the_last_renewal() -> None:
         gone.set()
 
     ttl = 0.8
-    keeper = lease.Keeper(
-        renew=hanging_renew, lost=lost, every=0.05, ttl=ttl, renewed_at=time.monotonic()
+    kept = keeper(
+        face, renew=hanging_renew, lost=lost, every=0.05, ttl=ttl, renewed_at=time.monotonic()
     )
-    keeper.start()
+    kept.start()
     try:
         until = time.monotonic() + 2 * ttl
         while time.monotonic() < until:
             last = time.monotonic()
-            keeper.renewed(last)
+            kept.renewed(last)
             assert not gone.wait(0.05), reasons
         assert gone.wait(ttl + SLACK), "the keeper did not step down with its renewal hung"
         assert time.monotonic() - last >= ttl  # and not before the TTL ran out
-        assert reasons == [f"the lease was not renewed within its TTL ({ttl:g} s)"]
+        assert reasons == [f"the lease was not renewed within its TTL ({ttl:g} s): a renewal hung"]
     finally:
         hang.set()
-        keeper.stop()
-        keeper.join(WAIT)
+        kept.stop()
+        kept.join(WAIT)
 
 
-def test_keeper_reports_a_takeover_once() -> None:
+@pytest.mark.parametrize("face", FACES)
+def test_keeper_reports_a_takeover_once(face: str) -> None:
     reasons: list[str] = []
     gone = threading.Event()
     renewals = iter([True, True])
@@ -677,14 +707,57 @@ def test_keeper_reports_a_takeover_once() -> None:
         reasons.append(why)
         gone.set()
 
-    keeper = lease.Keeper(renew=renew, lost=lost, every=0.02, ttl=5.0, renewed_at=time.monotonic())
-    keeper.start()
+    kept = keeper(face, renew=renew, lost=lost, every=0.02, ttl=5.0, renewed_at=time.monotonic())
+    kept.start()
     assert gone.wait(WAIT)
-    keeper.join(WAIT)
+    kept.join(WAIT)
     assert reasons == ["the lease was taken over"]
 
 
-def test_release_hands_over_at_once(open_store: Callable[[StoreConfig], SqlStore]) -> None:
+@pytest.mark.parametrize("face", FACES)
+def test_keeper_retries_a_failure_and_steps_down_after_a_streak(face: str) -> None:
+    """A failed renewal is retried; failures until the TTL runs out step down, with the last
+    failure as the reason, and not before the TTL (on the monotonic clock)."""
+    ttl = 0.6
+
+    def run(outcomes: list[str]) -> tuple[list[str], float | None]:
+        reasons: list[str] = []
+        gone = threading.Event()
+        calls = 0
+
+        def renew() -> bool:
+            nonlocal calls
+            calls += 1
+            outcome = outcomes.pop(0) if outcomes else "ok"
+            if outcome == "fail":
+                raise StoreUnavailable("down")
+            return True
+
+        def lost(why: str) -> None:
+            reasons.append(why)
+            gone.set()
+
+        started = time.monotonic()
+        kept = keeper(face, renew=renew, lost=lost, every=0.05, ttl=ttl, renewed_at=started)
+        kept.start()
+        try:
+            if gone.wait(4 * ttl):
+                return reasons, time.monotonic() - started
+            assert calls >= 3, "the keeper did not keep renewing"
+            return reasons, None
+        finally:
+            kept.stop()
+            kept.join(WAIT)
+
+    # One failure among successes: still leading.
+    assert run(["ok", "fail", "ok"]) == ([], None)
+    # Nothing but failures: steps down once the TTL ran out, saying why.
+    reasons, after = run(["fail"] * 1000)
+    assert reasons == [f"the lease was not renewed within its TTL ({ttl:g} s): down"]
+    assert after is not None and after >= ttl
+
+
+def test_release_hands_over_at_once(open_store: Callable[[StoreConfig], Store]) -> None:
     config = StoreConfig(
         lease_ttl=timedelta(seconds=30),
         lease_renew=timedelta(seconds=5),
@@ -707,25 +780,18 @@ def test_release_hands_over_at_once(open_store: Callable[[StoreConfig], SqlStore
         first.commit(epoch, BASE, [submit(1)])
 
 
+@pytest.mark.parametrize("face", FACES)
 def test_acquire_backs_off_while_the_database_is_unreachable(
+    face: str,
+    cleanup: list[Callable[[], None]],
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    engine = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/nowhere")  # refused
-    store = SqlStore(engine, StoreConfig(lock_poll=timedelta(milliseconds=50)))
-    attempts: list[float] = []
-    read = store._read  # every try starts by looking at the lease
-
-    def counting(fn: Callable[[Connection], Any]) -> Any:
-        attempts.append(time.monotonic())
-        return read(fn)
-
-    store._read = counting  # type: ignore[method-assign]
-    try:
-        with pytest.raises(StoreUnavailable, match="unreachable"):
-            store.acquire_leadership(timeout=1.0)
-    finally:
-        store.close()
-        engine.dispose()
+    refused = "postgresql+psycopg://postgres@127.0.0.1:1/nowhere"
+    store = wrap_engine(face, refused, StoreConfig(lock_poll=timedelta(milliseconds=50)), cleanup)
+    attempts = count_attempts(store, monkeypatch)
+    with pytest.raises(StoreUnavailable, match="unreachable"):
+        store.acquire_leadership(timeout=1.0)
     # 50, 100, 200, 400 ms between tries, then a last one at the timeout: 6 tries in the
     # second, not the 20 that polling every 50 ms would make.
     assert 3 <= len(attempts) <= 7, attempts
@@ -766,14 +832,14 @@ def test_config_accepts_the_defaults() -> None:
 
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
-    engine: Engine, open_store: Callable[[StoreConfig], SqlStore]
+    engine: Engine, open_store: Callable[[StoreConfig], Store]
 ) -> None:
     """The server ends the session of a client idle in its commit past the lease TTL."""
     old, standby = open_store(SHORT), open_store(SHORT)
     epoch = old.acquire_leadership(timeout=WAIT)
     paused, resume = threading.Event(), threading.Event()
 
-    @event.listens_for(old.engine, "after_cursor_execute")
+    @event.listens_for(store_engine(old), "after_cursor_execute")
     def pause_after_fence(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
         if statement.startswith("UPDATE cronoq_leader") and not paused.is_set():
             paused.set()

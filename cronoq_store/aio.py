@@ -283,6 +283,8 @@ class AsyncSqlStore:
         try:
             if config.migrate:
                 await store.migrate()
+            else:
+                await store.check_schema()
         except BaseException:
             await engine.dispose()
             raise
@@ -294,6 +296,13 @@ class AsyncSqlStore:
         with translated():
             async with self._raw_engine.connect() as conn:
                 await conn.run_sync(lambda c: migrate.upgrade(c, schema=schema))
+
+    async def check_schema(self) -> None:
+        """Refuse (`SchemaError`) a database not at this build's head revision; only reads."""
+        schema = self.config.schema
+        with translated():
+            async with self._raw_engine.connect() as conn:
+                await conn.run_sync(lambda c: migrate.require_head(c, schema=schema))
 
     async def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""

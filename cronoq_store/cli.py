@@ -123,7 +123,9 @@ def _database(
         if plain and not write:
             reader = _sqlite_reader(url, config)
     with _errors(where):
-        store = SqlStore(reader, config) if reader else SqlStore.open(url, config)
+        store = (
+            SqlStore(reader, config) if reader else SqlStore.open(url, config, check_schema=False)
+        )
         try:
             if need_schema:
                 _require_head(store, target.schema)

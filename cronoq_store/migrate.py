@@ -68,18 +68,24 @@ def _heads(conn: Connection, schema: str | None) -> tuple[str, ...]:
     return tuple(context.get_current_heads())
 
 
+def _is_known(rev: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(rev) is not None
+    except CommandError:
+        return False
+
+
+def _unknown(rev: str) -> SchemaError:
+    return SchemaError(
+        f"the database is at schema revision {rev!r}, which this build of cronoq-store "
+        f"does not know (its newest is {head_revision()!r}); upgrade cronoq-store"
+    )
+
+
 def _check_known(conn: Connection, schema: str | None) -> None:
-    script = ScriptDirectory.from_config(alembic_config())
     for rev in _heads(conn, schema):
-        try:
-            known = script.get_revision(rev)
-        except CommandError:
-            known = None
-        if known is None:
-            raise SchemaError(
-                f"the database is at schema revision {rev!r}, which this build of cronoq-store "
-                f"does not know (its newest is {head_revision()!r}); upgrade cronoq-store"
-            )
+        if not _is_known(rev):
+            raise _unknown(rev)
 
 
 @contextlib.contextmanager
@@ -142,3 +148,32 @@ def current_revision(bind: Engine | Connection, *, schema: str | None = None) ->
     if len(heads) > 1:
         raise SchemaError(f"the database has several schema heads: {', '.join(heads)}")
     return heads[0] if heads else None
+
+
+def require_head(bind: Engine | Connection, *, schema: str | None = None) -> None:
+    """Refuse (`SchemaError`) a database that does not stand at this build's head revision:
+    never migrated, behind, or at a revision this build does not know. Only reads.
+
+    What `SqlStore.open` checks when it does not migrate, so a store never leads or commits on
+    a schema it was not written for.
+    """
+    if isinstance(bind, Engine):
+        # Read-only: on SQLite it starts deferred and takes no write lock.
+        with bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn:
+            rev = current_revision(conn, schema=schema)
+    else:
+        rev = current_revision(bind, schema=schema)
+    head = head_revision()
+    if rev == head:
+        return
+    if rev is None:
+        raise SchemaError(
+            "no cronoq schema in this database: migrate it first (`cronoq-store upgrade`, or "
+            "SqlStore.open with StoreConfig(migrate=True))"
+        )
+    if not _is_known(rev):
+        raise _unknown(rev)
+    raise SchemaError(
+        f"the database is at schema revision {rev!r}, behind this build's {head!r}: migrate "
+        "it first (`cronoq-store upgrade`, or SqlStore.open with StoreConfig(migrate=True))"
+    )

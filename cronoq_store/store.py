@@ -252,9 +252,18 @@ class SqlStore:
 
     @classmethod
     def open(
-        cls, url_or_path: str | os.PathLike[str] | URL, config: StoreConfig | None = None
+        cls,
+        url_or_path: str | os.PathLike[str] | URL,
+        config: StoreConfig | None = None,
+        *,
+        check_schema: bool = True,
     ) -> SqlStore:
-        """Open a database (a bare path means a SQLite file), migrating it unless told not to."""
+        """Open a database (a bare path means a SQLite file), migrating it unless told not to.
+
+        With `StoreConfig.migrate` off, the schema must already stand at this build's head
+        (`SchemaError` otherwise, nothing written); `check_schema=False` skips that check, for
+        tools that inspect or migrate a database at any revision.
+        """
         config = config or StoreConfig()
         engine = _engine_for(url_or_path, config)
         store = cls(engine, config)
@@ -262,6 +271,8 @@ class SqlStore:
         try:
             if config.migrate:
                 store.migrate()
+            elif check_schema:
+                store.check_schema()
         except BaseException:
             engine.dispose()
             raise
@@ -270,6 +281,11 @@ class SqlStore:
     def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes)."""
         migrate.upgrade(self._raw_engine, schema=self.config.schema)
+
+    def check_schema(self) -> None:
+        """Refuse (`SchemaError`) a database not at this build's head revision; only reads."""
+        with translated():
+            migrate.require_head(self._raw_engine, schema=self.config.schema)
 
     def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""

@@ -6,6 +6,7 @@ The public API is what this module re-exports.
 from .errors import CorruptValue as CorruptValue
 from .errors import Fenced as Fenced
 from .errors import InvalidValue as InvalidValue
+from .errors import LeaderRowMissing as LeaderRowMissing
 from .errors import SchemaError as SchemaError
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailable as StoreUnavailable

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, lease, migrate, repository
-from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
+from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
 from .model import (
     ById,
     ByKey,
@@ -448,7 +448,14 @@ class AsyncSqlStore:
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
         holder = self.holder
-        return await self._run(lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl))
+        try:
+            renewed: bool = await self._run(
+                lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl)
+            )
+        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
+            await self._lose(str(exc), epoch=epoch)
+            return False
+        return renewed
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""

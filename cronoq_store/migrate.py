@@ -21,7 +21,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.schema import CreateSchema
 
-from . import dialects
+from . import dialects, repository
 from .errors import SchemaError, StoreError
 from .schema import check_schema_name
 
@@ -101,9 +101,10 @@ def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
             yield bind
 
 
-def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> None:
+def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> int | None:
     if schema is not None:
         check_schema_name(schema)  # before any DDL: a bad name must not leave half a schema
+    restored = None
     try:
         with _transaction(bind) as conn:
             if schema and dialects.name(conn.dialect) == "postgresql":
@@ -113,6 +114,8 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
                 cfg = alembic_config(conn, schema=schema)
                 if action == "upgrade":
                     command.upgrade(cfg, revision)
+                    if _heads(conn, schema) == (head_revision(),):
+                        restored = _restore_leader_row(conn, schema)
                 else:
                     command.downgrade(cfg, revision)
     except StoreError:
@@ -121,13 +124,26 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
         raise SchemaError(str(exc)) from exc
     except Exception as exc:
         raise dialects.translate(exc) from exc
+    return restored
+
+
+def _restore_leader_row(conn: Connection, schema: str | None) -> int | None:
+    """Put back a lease row someone deleted (see `repository.restore_leader_row`)."""
+    if schema:
+        conn = conn.execution_options(schema_translate_map={None: schema})
+    return repository.restore_leader_row(conn)
 
 
 def upgrade(
     bind: Engine | Connection, revision: str = "head", *, schema: str | None = None
-) -> None:
-    """Migrate the database to `revision` (default: this build's newest) under the lock."""
-    _run(bind, schema, "upgrade", revision)
+) -> int | None:
+    """Migrate the database to `revision` (default: this build's newest) under the lock.
+
+    At the head revision it also restores the leader row if it was deleted (without it no
+    instance can lead): returns the restored row's id high-water mark, None when nothing was
+    restored.
+    """
+    return _run(bind, schema, "upgrade", revision)
 
 
 def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = None) -> None:

@@ -61,7 +61,7 @@ from .model import (
     TimeBase,
 )
 from .model import Mutation as Mutation
-from .schema import leader, recurring, task_deps, tasks
+from .schema import LEADER_ROW, leader, recurring, task_deps, tasks
 
 log = logging.getLogger(__name__)
 
@@ -745,6 +745,45 @@ def recover(
             # Left in place, so it can be repaired, but not scheduled.
             log.error("skipping undecodable recurring schedule %r: %s", row["name"], exc)
     return Recovered(next_id=next_id, tasks=live, terminal=terminal, recurring=schedules)
+
+
+# Repair.
+
+
+@cache
+def stored_ids_stmt() -> Select[Any]:
+    """The largest task id each table still holds (a task's own, a dependency's target, a
+    schedule's last task): what bounds the ids ever used once the leader row is lost."""
+    return select(
+        select(func.max(tasks.c.id)).scalar_subquery(),
+        select(func.max(task_deps.c.task_id)).scalar_subquery(),
+        select(func.max(task_deps.c.target_id)).scalar_subquery(),
+        select(func.max(recurring.c.last_task_id)).scalar_subquery(),
+    )
+
+
+@cache
+def leader_exists_stmt() -> Select[Any]:
+    """Whether the lease row is there."""
+    return select(leader.c.id).where(leader.c.id == 1)
+
+
+def restore_leader_row(conn: Connection) -> int | None:
+    """Insert the lease row if it is missing; its `next_id`, or None when it was there.
+
+    The row comes back as the first migration made it (free, epoch 0), with the id
+    high-water mark one above the largest id any table still holds, saturated at 2**63 - 1 as
+    commits saturate it: no id still stored, or named by a stored task or schedule, is handed
+    out again. Ids of tasks pruned before the row was lost, and named nowhere any more,
+    cannot be known; `recover` raises the mark above every stored task id in any case.
+    """
+    if conn.execute(leader_exists_stmt()).first() is not None:
+        return None
+    stored = [i for i in conn.execute(stored_ids_stmt()).one() if i is not None]
+    next_id = min(max(stored) + 1, INT64_MAX) if stored else 0
+    conn.execute(insert(leader).values(LEADER_ROW | {"next_id": next_id}))
+    log.warning("restored the missing leader row (cronoq_leader id = 1); next id %s", next_id)
+    return next_id
 
 
 # Prune.

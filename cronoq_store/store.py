@@ -22,7 +22,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
 from . import dialects, lease, migrate, repository
-from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
+from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
 from .model import (
     INT64_MAX,
     ById,
@@ -437,9 +437,13 @@ class SqlStore:
     def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
-        renewed: bool = self._run(
-            lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
-        )
+        try:
+            renewed: bool = self._run(
+                lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
+            )
+        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
+            self._lose(str(exc), epoch=epoch)
+            return False
         return renewed
 
     def _fence_renewed(self, epoch: int, started: float) -> None:

@@ -161,9 +161,17 @@ def test_text_in_integer_columns_is_quarantined(store: SqlStore) -> None:
     damage(store, 4, duration_hint_ns="z")
     raw(store, "UPDATE cronoq_tasks SET terminal = 'yes' WHERE id = 5")
     raw(store, "UPDATE cronoq_recurring SET next_unix_ns = 'w' WHERE name = 'bad'")
+    # A finished row too: text sorts above every integer, so it counts as recent.
+    store.commit(epoch, BASE, [submit(7, key="k7")])
+    store.commit(
+        epoch,
+        BASE,
+        [StatusChanged(id=TaskId(7), status=TaskStatus.FAILED, attempt=1, at=0, message=None)],
+    )
+    raw(store, "UPDATE cronoq_tasks SET updated_unix_ns = 'v', live_key = key WHERE id = 7")
     rec = store.recover(BASE)
     assert [r.spec.name for r in rec.recurring] == ["fine"]
-    assert_quarantined(store, epoch, {i: f"k{i}" for i in range(1, 6)}, healthy=[6])
+    assert_quarantined(store, epoch, {i: f"k{i}" for i in (1, 2, 3, 4, 5, 7)}, healthy=[6])
 
 
 def test_status_and_flag_out_of_range_are_quarantined(store: SqlStore, dialect: str) -> None:

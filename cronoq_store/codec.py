@@ -561,12 +561,23 @@ def _int(column: str, value: object) -> int:
     return value
 
 
+_VALID_PAIRS: Final[dict[tuple[str, int], TaskStatus]] = {
+    (s.value, int(s.is_terminal)): s for s in TaskStatus
+}
+"""Every valid (stored name, flag) pair: one dict lookup decides what a row as written holds
+(True and 1 are the same key: PostgreSQL reads the flag as a bool)."""
+
+
 def status_pair(status: object, terminal: object) -> TaskStatus:
     """The status of a row whose `status` name and `terminal` flag (read as an integer) agree.
 
     The flag must be exactly 0 or 1 and say what the name says; anything else (a flag of 2,
     an unknown or empty name, a finished status on a live row or the reverse) is damage.
     """
+    if isinstance(status, str) and isinstance(terminal, int):  # a bool is an int
+        known_pair = _VALID_PAIRS.get((status, terminal))
+        if known_pair is not None:
+            return known_pair
     if type(terminal) not in (int, bool) or terminal not in (0, 1):
         raise CorruptValue(f"terminal: {terminal!r} is neither 0 nor 1")
     if not isinstance(status, str):

@@ -13,6 +13,7 @@ __all__ = [
     "Fenced",
     "FixedStart",
     "InvalidValue",
+    "LeaderRowMissing",
     "Mutation",
     "Priority",
     "Recovered",
@@ -43,6 +44,7 @@ __all__ = [
 from .errors import CorruptValue as CorruptValue
 from .errors import Fenced as Fenced
 from .errors import InvalidValue as InvalidValue
+from .errors import LeaderRowMissing as LeaderRowMissing
 from .errors import SchemaError as SchemaError
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailable as StoreUnavailable

@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, lease, migrate, repository
-from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
+from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
 from .leadership import GiveUp, KeeperShell, Note, Retry, Wait
 from .model import ById, ByKey
 
@@ -223,12 +223,14 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """
         config = config or StoreConfig()
         store = cls._owning(create_engine_for(url_or_path, config), config)
-        if config.migrate:
-            try:
+        try:
+            if config.migrate:
                 await store.migrate()
-            except BaseException:
-                await store._raw_engine.dispose()
-                raise
+            else:
+                await store.check_schema()
+        except BaseException:
+            await store._raw_engine.dispose()
+            raise
         return store
 
     async def migrate(self) -> None:
@@ -237,6 +239,13 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         with translated():
             async with self._raw_engine.connect() as conn:
                 await conn.run_sync(lambda c: migrate.upgrade(c, schema=schema))
+
+    async def check_schema(self) -> None:
+        """Refuse (`SchemaError`) a database not at this build's head revision; only reads."""
+        schema = self.config.schema
+        with translated():
+            async with self._raw_engine.connect() as conn:
+                await conn.run_sync(lambda c: migrate.require_head(c, schema=schema))
 
     async def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
@@ -324,7 +333,14 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
         holder = self.holder
-        return await self._run(lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl))
+        try:
+            renewed: bool = await self._run(
+                lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl)
+            )
+        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
+            await self._lose(str(exc), about=epoch)
+            return False
+        return renewed
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""

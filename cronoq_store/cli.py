@@ -123,7 +123,9 @@ def _database(
         if plain and not write:
             reader = _sqlite_reader(url, config)
     with _errors(where):
-        store = SqlStore(reader, config) if reader else SqlStore.open(url, config)
+        store = (
+            SqlStore(reader, config) if reader else SqlStore.open(url, config, check_schema=False)
+        )
         try:
             if need_schema:
                 _require_head(store, target.schema)
@@ -330,12 +332,14 @@ def upgrade(target: Target, revision: str) -> None:
     """Migrate the database to REVISION (default: head); safe to run from many hosts at once."""
     with _database(target, write=True, create=True, need_schema=False) as store:
         before = migrate.current_revision(store.engine, schema=target.schema)
-        migrate.upgrade(store.engine, revision, schema=target.schema)
+        restored = migrate.upgrade(store.engine, revision, schema=target.schema)
         after = migrate.current_revision(store.engine, schema=target.schema)
-    if before == after:
-        click.echo(f"at {after or 'none'}: nothing to do")
-    else:
+    if before != after:
         click.echo(f"upgraded {before or 'none'} -> {after}")
+    elif restored is None:
+        click.echo(f"at {after or 'none'}: nothing to do")
+    if restored is not None:
+        click.echo(f"restored the missing leader row (free, epoch 0); next task id {restored}")
 
 
 @main.command()
@@ -438,7 +442,7 @@ def status(target: Target, as_json: bool) -> None:
     """Schema revision, leader lease, task counts, schedules and database size."""
     with _database(target) as store, store.engine.connect() as conn:
         revision = migrate.current_revision(conn, schema=target.schema)
-        lease_view = _lease_view(conn.execute(lease.lease_view_stmt()).one())
+        lease_view = _lease_view(lease.lease_view(conn))
         counts = [
             {"pool": r.pool, "status": r.status, "count": r.n}
             for r in conn.execute(repository.task_counts_stmt())
@@ -764,7 +768,7 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
         )
     with _database(target, write=True) as store:
         with store.engine.connect() as conn:
-            view = _lease_view(conn.execute(lease.lease_view_stmt()).one())
+            view = _lease_view(lease.lease_view(conn))
         if view["state"] == "free":
             click.echo("the lease is free: nothing to release")
             return

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import Any, Final, get_args
+from collections.abc import Callable, Mapping
+from functools import wraps
+from itertools import accumulate
+from typing import Any, Final, ParamSpec, TypeVar, get_args
 
 from .errors import CorruptValue, InvalidValue
 from .model import (
@@ -26,9 +28,14 @@ from .model import (
     DepOn,
     FixedStart,
     Priority,
+    RecoveredRecurring,
+    RecoveredTask,
+    RecoveredTerminal,
     RecurringSpec,
     RetryPolicy,
+    TaskId,
     TaskSpec,
+    TaskStatus,
     Time,
     TimeBase,
 )
@@ -42,6 +49,12 @@ NAME_MAX: Final = 255
 """Longest recurring schedule name."""
 HOLDER_MAX: Final = 128
 STATUS_MAX: Final = 16
+JSON_MAX_CHARS: Final = 16 * 1024 * 1024
+"""Longest JSON text stored or decoded (what every dialect's long text holds): a longer stored
+value is damage, and decoding it could take any amount of memory."""
+JSON_MAX_DEPTH: Final = 32
+"""Deepest nesting of arrays and objects in stored JSON (what this module writes nests at most
+four deep): deeper is damage, and decoding it recursively could exhaust the stack."""
 
 _DEP_ON: Final = get_args(DepOn)
 
@@ -108,22 +121,50 @@ def from_unix_opt(base: TimeBase, unix_ns: int | None) -> Time | None:
 
 
 _raw_decode = json.JSONDecoder().raw_decode
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_NESTING: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON `text`, brackets inside strings aside.
+
+    Regular expressions and `accumulate` do the scanning at C speed, without recursion, so any
+    text is measured in bounded stack before a recursive decoder sees it.
+    """
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(map(_NESTING.__getitem__, brackets)), default=0)
+
+
+def check_json_size(field: str, text: str) -> str:
+    """`text`, refused (`InvalidValue`) when longer than any stored JSON may be."""
+    if len(text) > JSON_MAX_CHARS:
+        raise InvalidValue(
+            f"{field} encodes to {len(text)} characters of JSON; at most {JSON_MAX_CHARS} fit"
+        )
+    return text
 
 
 def _loads(column: str, text: object) -> Any:
+    """Decode stored JSON, bounded: too long or too deep is `CorruptValue`, as is bad JSON."""
     if not isinstance(text, str):
         raise CorruptValue(f"{column}: expected JSON text, got {type(text).__name__}")
+    if len(text) > JSON_MAX_CHARS:
+        raise CorruptValue(f"{column}: JSON of {len(text)} characters (at most {JSON_MAX_CHARS})")
+    # Counting brackets is one C-speed pass; only text with many needs its depth measured.
+    if text.count("[") + text.count("{") > JSON_MAX_DEPTH and json_depth(text) > JSON_MAX_DEPTH:
+        raise CorruptValue(f"{column}: JSON nested deeper than {JSON_MAX_DEPTH} levels")
     # What this module wrote has no surrounding whitespace: decode it without json.loads's
     # two whitespace scans; anything else takes the full path (and its errors).
     try:
         obj, end = _raw_decode(text)
         if end == len(text):
             return obj
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     try:
         return json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise CorruptValue(f"{column}: invalid JSON ({exc})") from exc
 
 
@@ -337,10 +378,10 @@ def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
         "duration_hint_ns": spec.duration_hint_ns,
         "timeout_ns": spec.timeout_ns,
         "retry": encode_retry(spec.retry),
-        "deps": encode_deps(spec.deps),
-        "resources": encode_resources(spec.resources),
-        "tags": encode_tags(spec.tags),
-        "labels": encode_labels(spec.labels),
+        "deps": check_json_size("TaskSpec.deps", encode_deps(spec.deps)),
+        "resources": check_json_size("TaskSpec.resources", encode_resources(spec.resources)),
+        "tags": check_json_size("TaskSpec.tags", encode_tags(spec.tags)),
+        "labels": check_json_size("TaskSpec.labels", encode_labels(spec.labels)),
         "tenant": bounded_opt("TaskSpec.tenant", spec.tenant, TENANT_MAX),
     }
 
@@ -450,7 +491,7 @@ def _template_from(base: TimeBase, obj: object, payload: bytes) -> TaskSpec:
 
 def encode_recurring(base: TimeBase, spec: RecurringSpec) -> str:
     """The JSON text of `spec` without the template's payload (stored in its own column)."""
-    return _dumps(
+    text: str = _dumps(
         {
             "cron": clean_opt(spec.cron),
             "interval_ns": spec.interval_ns,
@@ -462,6 +503,7 @@ def encode_recurring(base: TimeBase, spec: RecurringSpec) -> str:
             "template": _template_obj(base, spec.template),
         }
     )
+    return check_json_size("RecurringSpec", text)
 
 
 def decode_recurring(base: TimeBase, name: str, text: str, payload: bytes | None) -> RecurringSpec:
@@ -484,3 +526,118 @@ def decode_recurring(base: TimeBase, name: str, text: str, payload: bytes | None
         raise CorruptValue(f"recurring spec: missing or malformed {exc}") from exc
     except InvalidValue as exc:
         raise CorruptValue(f"recurring spec: {exc}") from exc
+
+
+# Whole rows: every value a recovery reads passes through one of these decoders, so a stored
+# value of any shape (text in an integer column on SQLite, an out-of-range flag, a status name
+# this build does not know) is one `CorruptValue` for recovery to quarantine, never a crash.
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _row_decoder(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Turn any failure to decode a row into `CorruptValue` naming `what` was read."""
+
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        @wraps(fn)
+        def decode(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return fn(*args, **kwargs)
+            except CorruptValue:
+                raise
+            except (TypeError, ValueError, KeyError, OverflowError, RecursionError) as exc:
+                raise CorruptValue(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+        return decode
+
+    return decorate
+
+
+def _int(column: str, value: object) -> int:
+    """A stored integer column: exactly an int (SQLite stores any type in any column)."""
+    if type(value) is not int:
+        raise CorruptValue(f"{column}: expected an integer, got {type(value).__name__}")
+    return value
+
+
+_VALID_PAIRS: Final[dict[tuple[str, int], TaskStatus]] = {
+    (s.value, int(s.is_terminal)): s for s in TaskStatus
+}
+"""Every valid (stored name, flag) pair: one dict lookup decides what a row as written holds
+(True and 1 are the same key: PostgreSQL reads the flag as a bool)."""
+
+
+def status_pair(status: object, terminal: object) -> TaskStatus:
+    """The status of a row whose `status` name and `terminal` flag (read as an integer) agree.
+
+    The flag must be exactly 0 or 1 and say what the name says; anything else (a flag of 2,
+    an unknown or empty name, a finished status on a live row or the reverse) is damage.
+    """
+    if isinstance(status, str) and isinstance(terminal, int):  # a bool is an int
+        known_pair = _VALID_PAIRS.get((status, terminal))
+        if known_pair is not None:
+            return known_pair
+    if type(terminal) not in (int, bool) or terminal not in (0, 1):
+        raise CorruptValue(f"terminal: {terminal!r} is neither 0 nor 1")
+    if not isinstance(status, str):
+        raise CorruptValue(f"status: expected a name, got {type(status).__name__}")
+    known = TaskStatus.from_name(status)
+    if known is None:
+        raise CorruptValue(f"status: unknown status {status!r}")
+    if known.is_terminal != bool(terminal):
+        state = "finished" if terminal else "live"
+        raise CorruptValue(f"status: {known.value!r} on a {state} row (terminal = {terminal})")
+    return known
+
+
+@_row_decoder("live task row")
+def live_task_from_row(base: TimeBase, row: Mapping[Any, Any]) -> RecoveredTask:
+    """A live task row (id, seq, arrival_unix_ns, attempt, status, terminal and `SPEC_COLUMNS`);
+    `CorruptValue` for any value that does not decode, or a row that is not a live task."""
+    status = status_pair(row["status"], row["terminal"])
+    if status.is_terminal:  # status_pair has checked the flag agrees: this row has finished
+        raise CorruptValue(f"status: {status.value!r} is not live")
+    return RecoveredTask(
+        id=TaskId(_int("id", row["id"])),
+        seq=_int("seq", row["seq"]),
+        arrival=from_unix(base, _int("arrival_unix_ns", row["arrival_unix_ns"])),
+        spec=spec_from_columns(base, row),
+        attempt=max(0, _int("attempt", row["attempt"])),
+    )
+
+
+@_row_decoder("finished task row")
+def finished_task_from_row(base: TimeBase, row: Mapping[Any, Any]) -> RecoveredTerminal:
+    """A finished task row (id, key, status, terminal, updated_unix_ns); `CorruptValue` for any
+    value that does not decode, or a row that is not a finished task."""
+    status = status_pair(row["status"], row["terminal"])
+    if not status.is_terminal:
+        raise CorruptValue(f"status: {status.value!r} has not finished")
+    key = row["key"]
+    if key is not None and not isinstance(key, str):
+        raise CorruptValue(f"key: expected text, got {type(key).__name__}")
+    return RecoveredTerminal(
+        id=TaskId(_int("id", row["id"])),
+        key=key,
+        status=status,
+        at=from_unix(base, _int("updated_unix_ns", row["updated_unix_ns"])),
+    )
+
+
+@_row_decoder("recurring schedule row")
+def recurring_from_row(base: TimeBase, row: Mapping[Any, Any]) -> RecoveredRecurring:
+    """A schedule row (name, spec, template_payload, next_unix_ns, last_task_id);
+    `CorruptValue` for any value that does not decode."""
+    name = row["name"]
+    if not isinstance(name, str):
+        raise CorruptValue(f"name: expected text, got {type(name).__name__}")
+    payload = row["template_payload"]
+    if payload is not None and not isinstance(payload, bytes | bytearray | memoryview):
+        raise CorruptValue(f"template_payload: expected bytes, got {type(payload).__name__}")
+    next_unix, last = row["next_unix_ns"], row["last_task_id"]
+    return RecoveredRecurring(
+        spec=decode_recurring(base, name, row["spec"], None if payload is None else bytes(payload)),
+        next=None if next_unix is None else from_unix(base, _int("next_unix_ns", next_unix)),
+        last=None if last is None else TaskId(_int("last_task_id", last)),
+    )

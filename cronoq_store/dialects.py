@@ -208,7 +208,10 @@ def migration_lock(conn: Connection) -> Iterator[None]:
             # before the next process may read it, or it would run the same step again.
             conn.exec_driver_sql("COMMIT")
         finally:
-            conn.execute(select(func.release_lock(MIGRATION_LOCK_NAME)))
+            # A session the server ended took its lock with it; releasing it on the dead
+            # connection would only hide why the migration failed (PendingRollbackError).
+            if not conn.invalidated:
+                conn.execute(select(func.release_lock(MIGRATION_LOCK_NAME)))
     else:
         raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
 

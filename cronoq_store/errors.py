@@ -11,6 +11,7 @@ __all__ = [
     "CorruptValue",
     "Fenced",
     "InvalidValue",
+    "LeaderRowMissing",
     "SchemaError",
     "StoreError",
     "StoreUnavailable",
@@ -34,6 +35,22 @@ class Fenced(StoreError):
 
 class SchemaError(StoreError):
     """The database schema is not one this build can work with (newer, unknown, or missing)."""
+
+
+class LeaderRowMissing(Fenced, SchemaError):
+    """The lease row (`cronoq_leader`, id = 1) is gone, so no instance can lead or commit.
+
+    A `Fenced` (a leader that meets it steps down) and a `SchemaError` (nothing to retry):
+    `cronoq-store upgrade`, or `SqlStore.open` with migration on, restores the row.
+    """
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or "the leader row (table cronoq_leader, id = 1) is missing, so no instance can "
+            "lead or commit: run `cronoq-store upgrade` (or SqlStore.open with migrate on) to "
+            "restore it with an id high-water mark above every id still stored"
+        )
 
 
 class InvalidValue(StoreError, ValueError):

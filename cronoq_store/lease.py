@@ -18,11 +18,12 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, Update, and_, bindparam, case, or_, select, update
+from sqlalchemy import Connection, Row, Select, Update, and_, bindparam, case, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from . import codec, leadership
 from .dialects import db_now_ns
+from .errors import LeaderRowMissing
 from .schema import leader
 
 log = logging.getLogger(__name__)
@@ -81,12 +82,26 @@ def take_stmt() -> Update:
     )
 
 
+def lease_view(conn: Connection) -> Row[Any]:
+    """`lease_view_stmt`'s row; `LeaderRowMissing` when the lease row is gone."""
+    row = conn.execute(lease_view_stmt()).one_or_none()
+    if row is None:
+        raise LeaderRowMissing()
+    return row
+
+
+def require_row(conn: Connection) -> None:
+    """Raise `LeaderRowMissing` if the lease row is gone (why an update of it matched nothing)."""
+    if conn.execute(epoch_stmt()).first() is None:
+        raise LeaderRowMissing()
+
+
 def may_take(conn: Connection, *, holder: str) -> bool:
     """Whether the lease looks free, expired or ours, read without locking anything.
 
     Standbys look before they try: the take itself needs the write lock (all of SQLite's).
     """
-    row = conn.execute(lease_view_stmt()).one()
+    row = lease_view(conn)
     return bool(row.holder is None or row.holder == holder or row.expires_unix_ns <= row.now)
 
 
@@ -98,7 +113,8 @@ def lock_stmt() -> Select[Any]:
 
 def lock(conn: Connection) -> None:
     """Wait for the lease row's lock, so that a take after it runs at once."""
-    conn.execute(lock_stmt()).one()
+    if conn.execute(lock_stmt()).one_or_none() is None:
+        raise LeaderRowMissing()
 
 
 @cache
@@ -180,18 +196,26 @@ def take(conn: Connection, *, holder: str, ttl_ns: int) -> tuple[int, float] | N
 
 
 def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
-    """Extend our lease by `ttl_ns`; False when it was taken over."""
+    """Extend our lease by `ttl_ns`; False when it was taken over (`LeaderRowMissing` when the
+    row is gone)."""
     result = conn.execute(renew_stmt(), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns})
-    return result.rowcount == 1
+    if result.rowcount == 1:
+        return True
+    require_row(conn)
+    return False
 
 
 def fence(conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int) -> bool:
-    """Run the fence check, raising the high-water to `next_id`; False when we do not lead."""
+    """Run the fence check, raising the high-water to `next_id`; False when we do not lead
+    (`LeaderRowMissing` when nobody can: the row is gone)."""
     result = conn.execute(
         fence_stmt(),
         {"b_epoch": epoch, "b_holder": holder, "b_next_id": next_id, "b_ttl": ttl_ns},
     )
-    return result.rowcount == 1
+    if result.rowcount == 1:
+        return True
+    require_row(conn)
+    return False
 
 
 def release(conn: Connection, *, holder: str) -> None:

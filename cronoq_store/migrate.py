@@ -33,7 +33,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.schema import CreateSchema
 
-from . import dialects
+from . import dialects, repository
 from .errors import SchemaError, StoreError
 from .schema import check_schema_name
 
@@ -82,18 +82,24 @@ def _heads(conn: Connection, schema: str | None) -> tuple[str, ...]:
     return tuple(context.get_current_heads())
 
 
+def _is_known(rev: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(rev) is not None
+    except CommandError:
+        return False
+
+
+def _unknown(rev: str) -> SchemaError:
+    return SchemaError(
+        f"the database is at schema revision {rev!r}, which this build of cronoq-store "
+        f"does not know (its newest is {head_revision()!r}); upgrade cronoq-store"
+    )
+
+
 def _check_known(conn: Connection, schema: str | None) -> None:
-    script = ScriptDirectory.from_config(alembic_config())
     for rev in _heads(conn, schema):
-        try:
-            known = script.get_revision(rev)
-        except CommandError:
-            known = None
-        if known is None:
-            raise SchemaError(
-                f"the database is at schema revision {rev!r}, which this build of cronoq-store "
-                f"does not know (its newest is {head_revision()!r}); upgrade cronoq-store"
-            )
+        if not _is_known(rev):
+            raise _unknown(rev)
 
 
 @contextlib.contextmanager
@@ -109,9 +115,10 @@ def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
             yield bind
 
 
-def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> None:
+def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> int | None:
     if schema is not None:
         check_schema_name(schema)  # before any DDL: a bad name must not leave half a schema
+    restored = None
     try:
         with _transaction(bind) as conn:
             if schema and dialects.name(conn.dialect) == "postgresql":
@@ -121,6 +128,8 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
                 cfg = alembic_config(conn, schema=schema)
                 if action == "upgrade":
                     command.upgrade(cfg, revision)
+                    if _heads(conn, schema) == (head_revision(),):
+                        restored = _restore_leader_row(conn, schema)
                 else:
                     command.downgrade(cfg, revision)
     except StoreError:
@@ -129,13 +138,26 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
         raise SchemaError(str(exc)) from exc
     except Exception as exc:
         raise dialects.translate(exc) from exc
+    return restored
+
+
+def _restore_leader_row(conn: Connection, schema: str | None) -> int | None:
+    """Put back a lease row someone deleted (see `repository.restore_leader_row`)."""
+    if schema:
+        conn = conn.execution_options(schema_translate_map={None: schema})
+    return repository.restore_leader_row(conn)
 
 
 def upgrade(
     bind: Engine | Connection, revision: str = "head", *, schema: str | None = None
-) -> None:
-    """Migrate the database to `revision` (default: this build's newest) under the lock."""
-    _run(bind, schema, "upgrade", revision)
+) -> int | None:
+    """Migrate the database to `revision` (default: this build's newest) under the lock.
+
+    At the head revision it also restores the leader row if it was deleted (without it no
+    instance can lead): returns the restored row's id high-water mark, None when nothing was
+    restored.
+    """
+    return _run(bind, schema, "upgrade", revision)
 
 
 def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = None) -> None:
@@ -156,3 +178,32 @@ def current_revision(bind: Engine | Connection, *, schema: str | None = None) ->
     if len(heads) > 1:
         raise SchemaError(f"the database has several schema heads: {', '.join(heads)}")
     return heads[0] if heads else None
+
+
+def require_head(bind: Engine | Connection, *, schema: str | None = None) -> None:
+    """Refuse (`SchemaError`) a database that does not stand at this build's head revision:
+    never migrated, behind, or at a revision this build does not know. Only reads.
+
+    What `SqlStore.open` checks when it does not migrate, so a store never leads or commits on
+    a schema it was not written for.
+    """
+    if isinstance(bind, Engine):
+        # Read-only: on SQLite it starts deferred and takes no write lock.
+        with bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn:
+            rev = current_revision(conn, schema=schema)
+    else:
+        rev = current_revision(bind, schema=schema)
+    head = head_revision()
+    if rev == head:
+        return
+    if rev is None:
+        raise SchemaError(
+            "no cronoq schema in this database: migrate it first (`cronoq-store upgrade`, or "
+            "SqlStore.open with StoreConfig(migrate=True))"
+        )
+    if not _is_known(rev):
+        raise _unknown(rev)
+    raise SchemaError(
+        f"the database is at schema revision {rev!r}, behind this build's {head!r}: migrate "
+        "it first (`cronoq-store upgrade`, or SqlStore.open with StoreConfig(migrate=True))"
+    )

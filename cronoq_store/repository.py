@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from operator import itemgetter
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import (
+    Boolean,
     Connection,
     CursorResult,
     Delete,
     Insert,
+    Integer,
     Select,
     Update,
     and_,
@@ -27,10 +29,12 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     null,
     or_,
     select,
     true,
+    type_coerce,
     union_all,
     update,
 )
@@ -57,9 +61,11 @@ from .model import (
     TimeBase,
 )
 from .model import Mutation as Mutation
-from .schema import leader, recurring, task_deps, tasks
+from .schema import LEADER_ROW, leader, recurring, task_deps, tasks
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 PRUNE_BATCH: Final = 1000
 """Rows deleted per statement by `prune`."""
@@ -560,11 +566,17 @@ def write(
 
 # Recovery.
 
+_RAW_TERMINAL: Final = type_coerce(tasks.c.terminal, Integer).label("terminal")
+"""The terminal flag as stored (an integer: Boolean's result processor would read 2 as True),
+so the row decoders can refuse a flag that is neither 0 nor 1."""
+
 _LIVE_COLUMNS: Final = (
     tasks.c.id,
     tasks.c.seq,
     tasks.c.arrival_unix_ns,
     tasks.c.attempt,
+    tasks.c.status,
+    _RAW_TERMINAL,
     *(tasks.c[name] for name in codec.SPEC_COLUMNS),
 )
 
@@ -582,6 +594,20 @@ def high_water_stmt() -> Select[Any]:
 def live_tasks_stmt() -> Select[Any]:
     """Live tasks in id order."""
     return select(*_LIVE_COLUMNS).where(tasks.c.terminal == False).order_by(tasks.c.id)  # noqa: E712
+
+
+@cache
+def odd_flag_tasks_stmt() -> Select[Any]:
+    """Tasks whose terminal flag is neither false nor true (SQLite and MySQL store any integer,
+    SQLite any value), which neither the live nor the finished query would see.
+
+    Written as ranges around 0 and 1 and unordered, so an index on the flag finds them
+    (usually none) without a scan; on PostgreSQL the flag is a real boolean and this matches
+    nothing.
+    """
+    flag = tasks.c.terminal
+    no, yes = literal(False, Boolean()), literal(True, Boolean())
+    return select(*_LIVE_COLUMNS).where(or_(flag < no, and_(flag > no, flag < yes), flag > yes))
 
 
 @cache
@@ -603,7 +629,7 @@ def quarantine_stmt() -> Update:
 @cache
 def finished_stmt() -> Select[Any]:
     """Finished tasks within retention, and older ones that a live task depends on."""
-    columns = (tasks.c.id, tasks.c.key, tasks.c.status, tasks.c.updated_unix_ns)
+    columns = (tasks.c.id, tasks.c.key, tasks.c.status, _RAW_TERMINAL, tasks.c.updated_unix_ns)
     recent = select(*columns).where(
         tasks.c.terminal == True,  # noqa: E712
         tasks.c.updated_unix_ns >= bindparam("cutoff"),
@@ -634,86 +660,130 @@ def recurring_stmt() -> Select[Any]:
     ).order_by(recurring.c.name)
 
 
+@dataclass(slots=True)
+class _Quarantine:
+    """Task rows that did not decode, by stored id: their key and why, to mark them failed."""
+
+    rows: dict[Any, tuple[str | None, str]] = field(default_factory=dict)
+
+    def decode(self, decoder: Callable[[TimeBase, Any], _T], base: TimeBase, row: Any) -> _T | None:
+        """`decoder(base, row)`, or None once the row is set aside for quarantine."""
+        try:
+            return decoder(base, row)
+        except CorruptValue as exc:
+            log.error("quarantining undecodable task row %r: %s", row["id"], exc)
+            key = row["key"] if isinstance(row["key"], str) else None
+            self.rows[row["id"]] = (key, f"corrupt task row: {exc}")
+            return None
+
+    def write(self, conn: Connection, base: TimeBase, now_unix_ns: int) -> list[RecoveredTerminal]:
+        """Mark every row set aside failed (releasing its key and dependency rows); what
+        recovery reports of them."""
+        if not self.rows:
+            return []
+        conn.execute(
+            quarantine_stmt(),
+            [
+                {"b_id": i, "b_at": now_unix_ns, "b_message": codec.clean(m)}
+                for i, (_, m) in self.rows.items()
+            ],
+        )
+        for chunk in _chunks(list(self.rows)):
+            _run_in(conn, delete_deps_stmt(), chunk)
+        return [
+            RecoveredTerminal(
+                id=TaskId(i),
+                key=key,
+                status=TaskStatus.FAILED,
+                at=codec.from_unix(base, now_unix_ns),
+            )
+            for i, (key, _) in self.rows.items()
+            if type(i) is int  # an id SQLite holds as text is marked failed, not reported
+        ]
+
+
 def recover(
     conn: Connection, base: TimeBase, *, now_unix_ns: int, retention: timedelta
 ) -> Recovered:
-    """Everything a new leader needs; quarantines undecodable task rows on `conn`."""
+    """Everything a new leader needs; quarantines task rows that do not decode, on `conn`.
+
+    Every row goes through one of codec's row decoders, and a `CorruptValue` from any of them
+    sets that row aside (a task: marked failed with the reason, its key released; a schedule:
+    logged and skipped, left in place), so one damaged row never stops a recovery.
+    """
     high_water, max_task = conn.execute(high_water_stmt()).one()
     if high_water == INT64_MAX:
         # Saturated: the id 2**63 - 1 may have been used (and pruned), so none is left below.
         high_water = INT64_MAX + 1
     next_id = TaskId(max(high_water or 0, -1 if max_task is None else max_task + 1))
 
+    bad = _Quarantine()
     live: list[RecoveredTask] = []
-    corrupt: list[tuple[int, str | None, str]] = []
     result = conn.execute(live_tasks_stmt().execution_options(yield_per=STREAM_ROWS))
     for row in result.mappings():
-        try:
-            spec = codec.spec_from_columns(base, row)
-        except CorruptValue as exc:
-            log.error("quarantining undecodable task row %s: %s", row["id"], exc)
-            corrupt.append((row["id"], row["key"], f"corrupt task row: {exc}"))
-            continue
-        live.append(
-            RecoveredTask(
-                id=TaskId(row["id"]),
-                seq=row["seq"],
-                arrival=codec.from_unix(base, row["arrival_unix_ns"]),
-                spec=spec,
-                attempt=max(0, row["attempt"]),
-            )
-        )
+        task = bad.decode(codec.live_task_from_row, base, row)
+        if task is not None:
+            live.append(task)
     result.close()
-    if corrupt:
-        conn.execute(
-            quarantine_stmt(),
-            [{"b_id": i, "b_at": now_unix_ns, "b_message": codec.clean(m)} for i, _, m in corrupt],
-        )
-        for chunk in _chunks([i for i, _, _ in corrupt]):
-            _run_in(conn, delete_deps_stmt(), chunk)
+    for row in conn.execute(odd_flag_tasks_stmt()).mappings():
+        bad.decode(codec.live_task_from_row, base, row)  # always refused: the flag is damaged
 
     cutoff = codec.saturate(now_unix_ns - retention // timedelta(microseconds=1) * 1000)
     terminal: list[RecoveredTerminal] = []
-    quarantined = {i for i, _, _ in corrupt}
-    for done in conn.execute(finished_stmt(), {"cutoff": cutoff}):
-        status = TaskStatus.from_name(done.status)
-        if status is None or done.id in quarantined:
-            continue
-        terminal.append(
-            RecoveredTerminal(
-                id=TaskId(done.id),
-                key=done.key,
-                status=status,
-                at=codec.from_unix(base, done.updated_unix_ns),
-            )
-        )
-    # Quarantined rows were just updated, so they come last in this order.
-    terminal.extend(
-        RecoveredTerminal(
-            id=TaskId(i),
-            key=key,
-            status=TaskStatus.FAILED,
-            at=codec.from_unix(base, now_unix_ns),
-        )
-        for i, key, _ in corrupt
-    )
+    for row in conn.execute(finished_stmt(), {"cutoff": cutoff}).mappings():
+        done = bad.decode(codec.finished_task_from_row, base, row)
+        if done is not None:
+            terminal.append(done)
+    # Quarantined rows are updated now, so they come last in this order.
+    terminal.extend(bad.write(conn, base, now_unix_ns))
 
     schedules: list[RecoveredRecurring] = []
-    for sched in conn.execute(recurring_stmt()):
+    for row in conn.execute(recurring_stmt()).mappings():
         try:
-            rspec = codec.decode_recurring(base, sched.name, sched.spec, sched.template_payload)
+            schedules.append(codec.recurring_from_row(base, row))
         except CorruptValue as exc:
             # Left in place, so it can be repaired, but not scheduled.
-            log.error("skipping undecodable recurring schedule %r: %s", sched.name, exc)
-            continue
-        schedules.append(
-            RecoveredRecurring(
-                spec=rspec,
-                next=codec.from_unix_opt(base, sched.next_unix_ns),
-                last=None if sched.last_task_id is None else TaskId(sched.last_task_id),
-            )
-        )
+            log.error("skipping undecodable recurring schedule %r: %s", row["name"], exc)
     return Recovered(next_id=next_id, tasks=live, terminal=terminal, recurring=schedules)
+
+
+# Repair.
+
+
+@cache
+def stored_ids_stmt() -> Select[Any]:
+    """The largest task id each table still holds (a task's own, a dependency's target, a
+    schedule's last task): what bounds the ids ever used once the leader row is lost."""
+    return select(
+        select(func.max(tasks.c.id)).scalar_subquery(),
+        select(func.max(task_deps.c.task_id)).scalar_subquery(),
+        select(func.max(task_deps.c.target_id)).scalar_subquery(),
+        select(func.max(recurring.c.last_task_id)).scalar_subquery(),
+    )
+
+
+@cache
+def leader_exists_stmt() -> Select[Any]:
+    """Whether the lease row is there."""
+    return select(leader.c.id).where(leader.c.id == 1)
+
+
+def restore_leader_row(conn: Connection) -> int | None:
+    """Insert the lease row if it is missing; its `next_id`, or None when it was there.
+
+    The row comes back as the first migration made it (free, epoch 0), with the id
+    high-water mark one above the largest id any table still holds, saturated at 2**63 - 1 as
+    commits saturate it: no id still stored, or named by a stored task or schedule, is handed
+    out again. Ids of tasks pruned before the row was lost, and named nowhere any more,
+    cannot be known; `recover` raises the mark above every stored task id in any case.
+    """
+    if conn.execute(leader_exists_stmt()).first() is not None:
+        return None
+    stored = [i for i in conn.execute(stored_ids_stmt()).one() if i is not None]
+    next_id = min(max(stored) + 1, INT64_MAX) if stored else 0
+    conn.execute(insert(leader).values(LEADER_ROW | {"next_id": next_id}))
+    log.warning("restored the missing leader row (cronoq_leader id = 1); next id %s", next_id)
+    return next_id
 
 
 # Prune.

@@ -28,7 +28,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
 from . import dialects, leadership, lease, migrate, repository
-from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
+from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
 from .model import (
     INT64_MAX,
     ById,
@@ -411,22 +411,38 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
 
     @classmethod
     def open(
-        cls, url_or_path: str | os.PathLike[str] | URL, config: StoreConfig | None = None
+        cls,
+        url_or_path: str | os.PathLike[str] | URL,
+        config: StoreConfig | None = None,
+        *,
+        check_schema: bool = True,
     ) -> SqlStore:
-        """Open a database (a bare path means a SQLite file), migrating it unless told not to."""
+        """Open a database (a bare path means a SQLite file), migrating it unless told not to.
+
+        With `StoreConfig.migrate` off, the schema must already stand at this build's head
+        (`SchemaError` otherwise, nothing written); `check_schema=False` skips that check, for
+        tools that inspect or migrate a database at any revision.
+        """
         config = config or StoreConfig()
         store = cls._owning(_engine_for(url_or_path, config), config)
-        if config.migrate:
-            try:
+        try:
+            if config.migrate:
                 store.migrate()
-            except BaseException:
-                store._raw_engine.dispose()
-                raise
+            elif check_schema:
+                store.check_schema()
+        except BaseException:
+            store._raw_engine.dispose()
+            raise
         return store
 
     def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes)."""
         migrate.upgrade(self._raw_engine, schema=self.config.schema)
+
+    def check_schema(self) -> None:
+        """Refuse (`SchemaError`) a database not at this build's head revision; only reads."""
+        with translated():
+            migrate.require_head(self._raw_engine, schema=self.config.schema)
 
     def close(self) -> None:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
@@ -522,9 +538,13 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
-        renewed: bool = self._run(
-            lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
-        )
+        try:
+            renewed: bool = self._run(
+                lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
+            )
+        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
+            self._lose(str(exc), about=epoch)
+            return False
         return renewed
 
     def _stop(self) -> None:

@@ -25,7 +25,7 @@ REFERENCE = ROOT / "docs" / "reference"
 # Each has an `__all__` and a page docs/reference/<name>.md rendering `::: cronoq_store.<name>`.
 PUBLIC = ("model", "errors", "store", "aio", "migrate", "schema", "dialects", "testing", "demo")
 # The store's inside, and the commands whose interface is the CLI (docs/cli.md).
-INTERNAL = ("codec", "repository", "lease", "leadership", "cli", "bench")
+INTERNAL = ("codec", "repository", "lease", "leadership", "ddl", "cli", "bench")
 # What `cronoq_store` re-exports lives in these; the reference documents each name there.
 HOMES = ("store", "aio", "model", "errors")
 # Public at the top level but loaded on first use, so left out of `__all__` (see __init__.py).

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from cronoq_store import ddl
 from cronoq_store.dialects import mysql_collation
 
 revision: str = "0001_initial"
@@ -33,7 +34,9 @@ def _mysql_args() -> dict[str, str]:
 
 
 def upgrade() -> None:
-    op.create_table(
+    # Guarded (cronoq_store.ddl): MySQL commits each statement, so a run killed half-way is
+    # completed by the next one.
+    ddl.create_table(
         "cronoq_tasks",
         sa.Column("id", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
@@ -65,16 +68,16 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cronoq_tasks")),
         **_mysql_args(),
     )
-    op.create_index(op.f("ix_cronoq_tasks_live_key"), "cronoq_tasks", ["live_key"], unique=True)
-    op.create_index(op.f("ix_cronoq_tasks_terminal_id"), "cronoq_tasks", ["terminal", "id"])
-    op.create_index(
+    ddl.create_index(op.f("ix_cronoq_tasks_live_key"), "cronoq_tasks", ["live_key"], unique=True)
+    ddl.create_index(op.f("ix_cronoq_tasks_terminal_id"), "cronoq_tasks", ["terminal", "id"])
+    ddl.create_index(
         op.f("ix_cronoq_tasks_terminal_updated_unix_ns"),
         "cronoq_tasks",
         ["terminal", "updated_unix_ns"],
     )
-    op.create_index(op.f("ix_cronoq_tasks_key_id"), "cronoq_tasks", ["key", "id"])
+    ddl.create_index(op.f("ix_cronoq_tasks_key_id"), "cronoq_tasks", ["key", "id"])
 
-    op.create_table(
+    ddl.create_table(
         "cronoq_task_deps",
         sa.Column("task_id", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("ordinal", sa.Integer(), autoincrement=False, nullable=False),
@@ -83,10 +86,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("task_id", "ordinal", name=op.f("pk_cronoq_task_deps")),
         **_mysql_args(),
     )
-    op.create_index(op.f("ix_cronoq_task_deps_target_id"), "cronoq_task_deps", ["target_id"])
-    op.create_index(op.f("ix_cronoq_task_deps_target_key"), "cronoq_task_deps", ["target_key"])
+    ddl.create_index(op.f("ix_cronoq_task_deps_target_id"), "cronoq_task_deps", ["target_id"])
+    ddl.create_index(op.f("ix_cronoq_task_deps_target_key"), "cronoq_task_deps", ["target_key"])
 
-    op.create_table(
+    ddl.create_table(
         "cronoq_recurring",
         sa.Column("name", sa.String(length=255), nullable=False),
         sa.Column("spec", LONG_TEXT, nullable=False),
@@ -97,7 +100,7 @@ def upgrade() -> None:
         **_mysql_args(),
     )
 
-    leader = op.create_table(
+    leader = ddl.create_table(
         "cronoq_leader",
         sa.Column("id", sa.SmallInteger(), autoincrement=False, nullable=False),
         sa.Column("epoch", sa.Integer(), nullable=False),
@@ -108,7 +111,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cronoq_leader")),
         **_mysql_args(),
     )
-    op.bulk_insert(
+    ddl.insert_missing(
         leader, [{"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "max_id": 0}]
     )
 

@@ -15,35 +15,32 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from cronoq_store import ddl
+
 revision: str = "0002_next_id"
 down_revision: str | Sequence[str] | None = "0001_initial"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _schema() -> str | None:
-    """The schema env.py maps the tables into (DDL by name does not see that map)."""
-    options = op.get_bind().get_execution_options()
-    schema: str | None = (options.get("schema_translate_map") or {}).get(None)
-    return schema
-
-
 def _leader(column: str) -> sa.TableClause:
-    return sa.table("cronoq_leader", sa.column(column), schema=_schema())
+    return sa.table("cronoq_leader", sa.column(column), schema=ddl.schema())
 
 
 def upgrade() -> None:
-    op.alter_column(
+    # Guarded (cronoq_store.ddl): on MySQL the rename commits at once, and a run killed after
+    # it finds it done. The update below commits with this revision's version row, so it runs
+    # exactly once.
+    ddl.rename_column(
         "cronoq_leader",
         "max_id",
-        new_column_name="next_id",
+        "next_id",
         existing_type=sa.BigInteger(),
         existing_nullable=False,
-        schema=_schema(),
     )
     # max_id = 0 meant either "nothing committed" or "task 0 committed": tasks tell which.
     leader = _leader("next_id")
-    tasks = sa.table("cronoq_tasks", sa.column("id"), schema=_schema())
+    tasks = sa.table("cronoq_tasks", sa.column("id"), schema=ddl.schema())
     used = sa.or_(leader.c.next_id > 0, sa.exists().where(tasks.c.id.is_not(None)))
     op.execute(leader.update().where(used).values(next_id=leader.c.next_id + 1))
 
@@ -57,5 +54,5 @@ def downgrade() -> None:
         new_column_name="max_id",
         existing_type=sa.BigInteger(),
         existing_nullable=False,
-        schema=_schema(),
+        schema=ddl.schema(),
     )

@@ -1,0 +1,213 @@
+"""A migration killed after any of its statements is completed by the next one, on every dialect.
+
+MySQL and MariaDB commit each DDL statement at once, so a first migration that dies after
+`CREATE TABLE cronoq_tasks` leaves that table behind with no version row; the next
+`SqlStore.open` or `cronoq-store upgrade` must complete it rather than fail for good. The
+in-process test stops the migration after each write statement in turn (an exception no
+handler catches, and its connection dropped as a dying process's would be); one test kills a
+real process with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import URL, Engine, MetaData, create_engine, event, func, select, text
+
+from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, migrate
+from cronoq_store.schema import leader, metadata
+
+REPO = Path(__file__).resolve().parent.parent
+WRITES = ("CREATE", "ALTER", "INSERT", "UPDATE", "DROP", "RENAME")
+
+
+class Killed(BaseException):
+    """Stands for the process dying: nothing in the store catches it."""
+
+
+def _is_write(statement: str) -> bool:
+    words = statement.split(None, 1)
+    return bool(words) and words[0].upper() in WRITES
+
+
+def _writes_of_a_migration(db_url: URL) -> list[str]:
+    """The write statements a full migration of an empty database runs, in order."""
+    engine = create_engine(db_url)
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if _is_write(statement):
+            seen.append(" ".join(statement.split())[:70])
+
+    event.listen(engine, "after_cursor_execute", record)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    return seen
+
+
+@contextmanager
+def _killed_after(engine: Engine, k: int) -> Iterator[None]:
+    """Raise `Killed` right after the `k`-th write statement (counting from 0) has run."""
+    count = 0
+
+    def after(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        nonlocal count
+        if _is_write(statement):
+            if count == k:
+                raise Killed(statement)
+            count += 1
+
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        yield
+    finally:
+        event.remove(engine, "after_cursor_execute", after)
+
+
+def _reset(engine: Engine) -> None:
+    """Drop every table, for the next round."""
+    tables = MetaData()
+    tables.reflect(engine)
+    tables.drop_all(engine)
+
+
+def assert_schema_complete(engine: Engine) -> None:
+    """At head, the leader row as the first migration leaves it, and no drift from metadata."""
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    with engine.connect() as conn:
+        rows = conn.execute(select(leader)).mappings().all()
+        assert [dict(r) for r in rows] == [
+            {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "next_id": 0}
+        ]
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "include_name": migrate.include_name,
+                "compare_type": True,
+                "version_table": migrate.VERSION_TABLE,
+            },
+        )
+        assert compare_metadata(context, metadata) == []
+
+
+def test_killed_after_any_statement_the_next_open_completes(db_url: URL) -> None:
+    writes = _writes_of_a_migration(db_url)
+    assert any("CREATE TABLE cronoq_tasks" in w for w in writes), writes
+    plain = create_engine(db_url)
+    try:
+        _reset(plain)
+        for k, statement in enumerate(writes):
+            victim = create_engine(db_url)
+            killed = False
+            try:
+                with _killed_after(victim, k):
+                    migrate.upgrade(victim)
+            except Killed:
+                killed = True
+            finally:
+                # A dead process's connections close and the server rolls them back; here the
+                # dropped traceback's reference cycles must go too (SQLite: an open cursor).
+                gc.collect()
+                victim.dispose()
+            assert killed, f"the migration did not reach {statement!r}"
+            with SqlStore.open(db_url, StoreConfig()) as store:  # migrates under the lock
+                epoch = store.acquire_leadership()
+                assert epoch == 1, f"after a kill following {statement!r}"
+                store.release_leadership()
+            with plain.begin() as conn:  # undo the lease for the schema check
+                conn.execute(leader.update().values(epoch=0))
+            assert_schema_complete(plain)
+            _reset(plain)
+    finally:
+        plain.dispose()
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+from sqlalchemy import create_engine, event
+from cronoq_store import migrate
+
+engine = create_engine(sys.argv[1])
+
+@event.listens_for(engine, "after_cursor_execute")
+def _die(conn, cursor, statement, *args):
+    if statement.lstrip().upper().startswith("CREATE TABLE CRONOQ_TASKS"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+migrate.upgrade(engine)
+"""
+
+
+def test_sigkill_after_create_table_then_cli_upgrade_completes(db_url: URL, tmp_path: Path) -> None:
+    url = db_url.render_as_string(hide_password=False)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, url], cwd=REPO, capture_output=True, timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    cli = Path(sys.executable).parent / "cronoq-store"
+    done = subprocess.run(
+        [str(cli), "--url", url, "upgrade"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    engine = create_engine(db_url)
+    try:
+        assert_schema_complete(engine)
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(leader)).scalar_one() == 1
+            assert conn.execute(text("SELECT COUNT(*) FROM cronoq_tasks")).scalar_one() == 0
+    finally:
+        engine.dispose()
+
+
+def _session_id(dbapi_connection: Any, dialect: str) -> int:
+    if dialect == "postgresql":
+        return int(dbapi_connection.info.backend_pid)
+    return int(dbapi_connection.thread_id())
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql"], indirect=True)
+def test_connection_killed_mid_migration_is_unavailable(db_url: URL, dialect: str) -> None:
+    """The server ends the migrating session (an admin's KILL, a failover) after the first
+    table is created: the caller gets StoreUnavailable (worth retrying), and a retry completes
+    the migration."""
+    victim = create_engine(db_url)
+    admin = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    kill = "SELECT pg_terminate_backend(:id)" if dialect == "postgresql" else "KILL :id"
+
+    def after(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("CREATE TABLE CRONOQ_TASKS"):
+            session = _session_id(conn.connection.driver_connection, dialect)
+            with admin.connect() as other:
+                other.execute(text(kill), {"id": session})
+
+    event.listen(victim, "after_cursor_execute", after)
+    try:
+        with pytest.raises(StoreUnavailable):
+            migrate.upgrade(victim)
+    finally:
+        victim.dispose()
+        admin.dispose()
+    engine = create_engine(db_url)
+    try:
+        migrate.upgrade(engine)
+        assert_schema_complete(engine)
+    finally:
+        engine.dispose()

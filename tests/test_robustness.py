@@ -1,0 +1,248 @@
+"""Damaged rows never stop recovery: whatever a stored value holds (JSON nested 1,000 deep, too
+much of it, text in an integer column, a status and terminal flag that disagree), its task is
+quarantined (marked failed with the reason, key released), a schedule skipped and logged, and
+recovery returns everything else. On every dialect the damage can occur on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import URL, text, update
+
+from cronoq_store import (
+    ById,
+    InvalidValue,
+    RecurringSpec,
+    RecurringUpsert,
+    SqlStore,
+    StatusChanged,
+    StoreConfig,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+    TimeBase,
+    codec,
+)
+from cronoq_store.errors import CorruptValue
+from cronoq_store.schema import recurring, tasks
+
+BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
+DEEP_OPEN = "[" * 2000  # 2 KB of '[': what the fault campaign stored
+DEEP_VALID = "[" * 1000 + "]" * 1000  # valid JSON, 1,000 levels deep
+JSON_COLUMNS = ("retry", "deps", "resources", "tags", "labels")
+
+
+@pytest.fixture
+def store(db_url: URL) -> Iterator[SqlStore]:
+    with SqlStore.open(db_url, StoreConfig(lease_ttl=timedelta(seconds=5))) as s:
+        yield s
+        assert s.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def submit(i: int, key: str | None = None) -> Submitted:
+    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i, key=key))
+
+
+def damage(store: SqlStore, task_id: int, **values: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(update(tasks).where(tasks.c.id == task_id).values(**values))
+
+
+def raw(store: SqlStore, sql: str, **params: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text(sql), params)
+
+
+def schedule(name: str) -> RecurringUpsert:
+    return RecurringUpsert(
+        spec=RecurringSpec(name=name, template=TaskSpec(payload=b"t"), interval_ns=10**9)
+    )
+
+
+def assert_quarantined(
+    store: SqlStore, epoch: int, ids: dict[int, str], healthy: list[int]
+) -> None:
+    """Recovery returns `healthy` as live, each of `ids` (id -> key) as failed, and frees the
+    keys; a second recovery finds nothing new to quarantine."""
+    rec = store.recover(BASE)
+    assert [t.id for t in rec.tasks] == healthy
+    failed = {t.id: t for t in rec.terminal if t.id in ids}
+    assert set(failed) == set(ids)
+    for task_id, key in ids.items():
+        assert failed[task_id].status is TaskStatus.FAILED
+        assert failed[task_id].key == key
+        row = store.get_task(ById(id=TaskId(task_id)))
+        assert row is not None and row.status is TaskStatus.FAILED
+        assert row.message is not None and row.message.startswith("corrupt task row")
+    # Every key is free for a new live task.
+    fresh = 1000
+    store.commit(epoch, BASE, [submit(fresh + i, key=key) for i, key in enumerate(ids.values(), 1)])
+    again = store.recover(BASE)
+    assert [t.id for t in again.tasks] == healthy + [fresh + i for i in range(1, len(ids) + 1)]
+    assert {t.id: t.status for t in again.terminal if t.id in ids} == dict.fromkeys(
+        ids, TaskStatus.FAILED
+    )
+
+
+def test_deep_json_in_any_column_is_quarantined(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    epoch = store.acquire_leadership()
+    store.commit(
+        epoch,
+        BASE,
+        [submit(i, key=f"k{i}") for i in range(1, 2 * len(JSON_COLUMNS) + 2)]
+        + [schedule("fine"), schedule("deep"), schedule("open")],
+    )
+    bad: dict[int, str] = {}
+    for n, column in enumerate(JSON_COLUMNS):
+        for i, value in ((2 * n + 1, DEEP_OPEN), (2 * n + 2, DEEP_VALID)):
+            damage(store, i, **{column: value})
+            bad[i] = f"k{i}"
+    with store.engine.begin() as conn:
+        conn.execute(update(recurring).where(recurring.c.name == "deep").values(spec=DEEP_VALID))
+        conn.execute(update(recurring).where(recurring.c.name == "open").values(spec=DEEP_OPEN))
+
+    with caplog.at_level(logging.ERROR, logger="cronoq_store"):
+        rec = store.recover(BASE)
+    assert [r.spec.name for r in rec.recurring] == ["fine"]
+    assert "skipping undecodable recurring schedule 'deep'" in caplog.text
+    assert "skipping undecodable recurring schedule 'open'" in caplog.text
+    deep = store.get_task(ById(id=TaskId(2)))
+    assert deep is not None and deep.message is not None and "nested deeper" in deep.message
+    assert_quarantined(store, epoch, bad, healthy=[2 * len(JSON_COLUMNS) + 1])
+    # Skipped schedules stay in place, so an operator can repair them.
+    with store.engine.connect() as conn:
+        assert conn.execute(recurring.select().where(recurring.c.name == "deep")).one()
+
+
+def test_oversized_json_is_quarantined(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    epoch = store.acquire_leadership()
+    store.commit(epoch, BASE, [submit(1, key="big"), submit(2)])
+    damage(store, 1, labels=json.dumps({"k": "v" * 300}))
+    monkeypatch.setattr(codec, "JSON_MAX_CHARS", 200)
+    assert_quarantined(store, epoch, {1: "big"}, healthy=[2])
+    row = store.get_task(ById(id=TaskId(1)))
+    assert row is not None and row.message is not None and "at most 200" in row.message
+
+
+def test_oversized_json_is_refused_at_commit(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = store.acquire_leadership()
+    monkeypatch.setattr(codec, "JSON_MAX_CHARS", 200)
+    spec = TaskSpec(payload=b"", labels={"k": "v" * 300})
+    with pytest.raises(InvalidValue, match=r"TaskSpec\.labels"):
+        store.commit(epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=0, spec=spec)])
+    assert store.get_task(ById(id=TaskId(1))) is None
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
+def test_text_in_integer_columns_is_quarantined(store: SqlStore) -> None:
+    epoch = store.acquire_leadership()
+    store.commit(
+        epoch,
+        BASE,
+        [submit(i, key=f"k{i}") for i in range(1, 7)] + [schedule("fine"), schedule("bad")],
+    )
+    damage(store, 1, arrival_unix_ns="abc")
+    damage(store, 2, attempt="x")
+    damage(store, 3, seq="y")
+    damage(store, 4, duration_hint_ns="z")
+    raw(store, "UPDATE cronoq_tasks SET terminal = 'yes' WHERE id = 5")
+    raw(store, "UPDATE cronoq_recurring SET next_unix_ns = 'w' WHERE name = 'bad'")
+    # A finished row too: text sorts above every integer, so it counts as recent.
+    store.commit(epoch, BASE, [submit(7, key="k7")])
+    store.commit(
+        epoch,
+        BASE,
+        [StatusChanged(id=TaskId(7), status=TaskStatus.FAILED, attempt=1, at=0, message=None)],
+    )
+    raw(store, "UPDATE cronoq_tasks SET updated_unix_ns = 'v', live_key = key WHERE id = 7")
+    rec = store.recover(BASE)
+    assert [r.spec.name for r in rec.recurring] == ["fine"]
+    assert_quarantined(store, epoch, {i: f"k{i}" for i in (1, 2, 3, 4, 5, 7)}, healthy=[6])
+
+
+def test_status_and_flag_out_of_range_are_quarantined(store: SqlStore, dialect: str) -> None:
+    epoch = store.acquire_leadership()
+    now = time.time_ns()
+    store.commit(
+        epoch,
+        BASE,
+        [submit(i, key=f"k{i}") for i in range(1, 9)]
+        + [StatusChanged(id=TaskId(8), status=TaskStatus.SUCCEEDED, attempt=1, at=0, message=None)],
+    )
+    bad = {i: f"k{i}" for i in range(2, 6)}
+    damage(store, 2, status="bogus")
+    damage(store, 3, status="")
+    damage(store, 4, status="succeeded")  # with terminal false
+    damage(store, 5, status="running", terminal=True, updated_unix_ns=now)  # recent
+    if dialect != "postgresql":  # a PostgreSQL boolean holds nothing else
+        raw(store, "UPDATE cronoq_tasks SET terminal = 2 WHERE id = 1")
+        raw(store, "UPDATE cronoq_tasks SET terminal = -1 WHERE id = 6")
+        bad |= {1: "k1", 6: "k6"}
+    healthy = [i for i in range(1, 8) if i not in bad]
+    assert_quarantined(store, epoch, bad, healthy=healthy)
+    done = store.get_task(ById(id=TaskId(8)))
+    assert done is not None and done.status is TaskStatus.SUCCEEDED  # left alone
+
+
+# The bounded decoder itself.
+
+
+@given(st.integers(min_value=1, max_value=5000))
+def test_any_nesting_decodes_or_is_corrupt(depth: int) -> None:
+    """Valid JSON up to the depth bound decodes; deeper, or unterminated, is CorruptValue
+    (never a RecursionError), however deep."""
+    arrays = "[" * depth + "]" * depth
+    objects = '{"a":' * depth + "1" + "}" * depth
+    for valid in (arrays, objects):
+        if depth <= codec.JSON_MAX_DEPTH:
+            codec._loads("labels", valid)
+        else:
+            with pytest.raises(CorruptValue, match="nested deeper"):
+                codec._loads("labels", valid)
+    with pytest.raises(CorruptValue):
+        codec._loads("labels", "[" * depth)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab'),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='[]{}"\\ab'), inner, max_size=3)
+    ),
+    max_leaves=40,
+)
+
+
+def _depth(obj: object) -> int:
+    if isinstance(obj, list):
+        return 1 + max(map(_depth, obj), default=0)
+    if isinstance(obj, dict):
+        return 1 + max(map(_depth, obj.values()), default=0)
+    return 0
+
+
+@given(_json)
+def test_json_depth_ignores_brackets_in_strings(obj: object) -> None:
+    assert codec.json_depth(json.dumps(obj)) == _depth(obj)
+    assert codec.json_depth(json.dumps(obj, ensure_ascii=False, separators=(",", ":"))) == _depth(
+        obj
+    )
+
+
+def test_brackets_inside_strings_are_not_nesting() -> None:
+    labels = {"k": "[" * 5000, "{" * 100: "]"}
+    assert codec.decode_labels(codec.encode_labels(labels)) == labels

@@ -418,7 +418,23 @@ class RecurringNext:
         _opt_int("RecurringNext.last", self.last)
 
 
-Mutation: TypeAlias = Submitted | StatusChanged | RecurringUpsert | RecurringRemove | RecurringNext
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxTaken:
+    """The engine has dealt with inbox item `inbox_id`: the commit removes it from the inbox.
+
+    Committed with the `Submitted` made from the item (or alone, to drop an item the engine
+    refuses), so that under the fence an item becomes at most one task.
+    """
+
+    inbox_id: int
+
+    def __post_init__(self) -> None:
+        _int("InboxTaken.inbox_id", self.inbox_id)
+
+
+Mutation: TypeAlias = (
+    Submitted | StatusChanged | RecurringUpsert | RecurringRemove | RecurringNext | InboxTaken
+)
 
 
 # Recovery: what a new leader gets back.
@@ -462,6 +478,18 @@ class Recovered:
     tasks: list[RecoveredTask] = field(default_factory=list)
     terminal: list[RecoveredTerminal] = field(default_factory=list)
     recurring: list[RecoveredRecurring] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxItem:
+    """A task spec an app enqueued, waiting in the inbox for the leader."""
+
+    inbox_id: int
+    """Assigned by the database, increasing in insertion order."""
+    spec: TaskSpec
+    """Its times are engine times under the `TimeBase` it was read with (Unix ns by default)."""
+    enqueued_unix_ns: int
+    """When it was enqueued, on the database's clock (the host's for SQLite)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

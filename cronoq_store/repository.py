@@ -42,6 +42,7 @@ from .model import (
     INT64_MAX,
     INT64_MIN,
     Dep,
+    InboxTaken,
     Recovered,
     RecoveredRecurring,
     RecoveredTask,
@@ -57,7 +58,7 @@ from .model import (
     TimeBase,
 )
 from .model import Mutation as Mutation
-from .schema import leader, recurring, task_deps, tasks
+from .schema import inbox, leader, recurring, task_deps, tasks
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,8 @@ class Folded:
     updates: dict[int, _Status] = field(default_factory=dict)
     """The latest transition of each stored task (those not submitted earlier in the batch)."""
     recurring: list[RecurringUpsert | RecurringRemove | RecurringNext] = field(default_factory=list)
+    inbox_taken: dict[int, None] = field(default_factory=dict)
+    """Inbox rows the batch removes (ordered, without repeats)."""
 
 
 def _status(base: TimeBase, m: StatusChanged) -> _Status:
@@ -312,6 +315,8 @@ def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
                 updates[m.id].fold(st)
             else:
                 updates[m.id] = st
+        elif isinstance(m, InboxTaken):
+            out.inbox_taken[m.inbox_id] = None
         else:
             out.recurring.append(m)
     for row in inserts.values():
@@ -405,6 +410,12 @@ def insert_tasks_stmt() -> Insert:
 def insert_deps_stmt() -> Insert:
     """Dependency rows of new live tasks."""
     return insert(task_deps)
+
+
+@cache
+def inbox_take_stmt() -> Delete:
+    """Remove inbox rows the engine has dealt with (a row already gone changes nothing)."""
+    return delete(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
 
 
 @cache
@@ -530,7 +541,10 @@ def write(
             output_stmt(),
             [{"b_id": i, "b_succeeded": succeeded, "b_output": bytes(o)} for i, o in rest],
         )
-    # 4. Recurring schedules, in batch order.
+    # 4. Inbox rows made into these tasks (or dropped), gone in the same fenced transaction.
+    for chunk in _chunks(list(folded.inbox_taken)):
+        _run_in(conn, inbox_take_stmt(), chunk)
+    # 5. Recurring schedules, in batch order.
     for m in folded.recurring:
         if isinstance(m, RecurringUpsert):
             name = codec.bounded("RecurringSpec.name", m.spec.name, codec.NAME_MAX)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -21,12 +22,13 @@ from typing import Any, Final, Self
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
-from . import dialects, lease, migrate, repository
+from . import dialects, inbox, lease, migrate, repository
 from .errors import Fenced, InvalidValue, StoreError, StoreUnavailable
 from .model import (
     INT64_MAX,
     ById,
     ByKey,
+    InboxItem,
     Mutation,
     Recovered,
     TaskId,
@@ -76,6 +78,9 @@ class StoreConfig:
     up to 63 bytes without '.', '[', ']', control characters or outer whitespace."""
     migrate: bool = True
     """Whether `SqlStore.open` migrates the database to this build's schema."""
+    inbox_poll: timedelta = timedelta(milliseconds=100)
+    """How often `wait_inbox` checks the inbox on SQLite and MariaDB/MySQL (PostgreSQL's
+    LISTEN/NOTIFY wakes it at once)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -85,6 +90,7 @@ class StoreConfig:
             "lock_poll",
             "busy_timeout",
             "commit_timeout",
+            "inbox_poll",
         ):
             value = getattr(self, name)
             if not isinstance(value, timedelta):
@@ -249,6 +255,9 @@ class SqlStore:
         self._lost.set()
         self._keeper: lease.Keeper | None = None
         self._callbacks: list[Callable[[], None]] = []
+        self._listener = inbox.Listener(self.engine) if inbox.can_listen(engine) else None
+        self.inbox_rejected = 0
+        """Undecodable inbox rows this instance has set aside."""
 
     @classmethod
     def open(
@@ -275,6 +284,8 @@ class SqlStore:
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
         if self._epoch is not None:
             self.release_leadership()
+        if self._listener is not None:
+            self._listener.close()
         if self._owns_engine:
             self._raw_engine.dispose()
 
@@ -540,3 +551,37 @@ class SqlStore:
     def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded."""
         return self._read(lambda c: repository.load_output(c, id))  # type: ignore[no-any-return]
+
+    # The inbox: what apps enqueue in their own transactions (`cronoq_store.enqueue`).
+
+    def read_inbox(
+        self, limit: int = 1000, *, after: int | None = None, base: TimeBase = inbox.UNIX
+    ) -> list[InboxItem]:
+        """The oldest inbox items (above inbox id `after`), left in place: commit `InboxTaken`
+        for each with its `Submitted` (or alone, to drop it). Spec times are engine times under
+        `base` (Unix nanoseconds by default). Undecodable rows are set aside, not returned
+        (`inbox_rejected` counts them), and the rows behind them still are."""
+        limit = inbox.check_limit(limit)
+        after = inbox.check_after(after)
+        items: list[InboxItem] = []
+        while True:
+            n = limit - len(items)
+            got: inbox.Read = self._read(partial(inbox.read, base=base, limit=n, after=after))
+            items += got.items
+            if not got.bad:
+                return items
+            now = self._now()
+            self.inbox_rejected += self._run(partial(inbox.set_aside, bad=got.bad, now_unix_ns=now))
+            after = got.last_id
+            if len(items) >= limit:
+                return items
+
+    def wait_inbox(self, timeout: float) -> bool:
+        """Block until the inbox holds an item (True; at once if it holds one now), or until
+        `timeout` seconds passed (False)."""
+        return inbox.wait(
+            lambda: bool(self._read(inbox.has_items)),
+            timeout,
+            poll=self.config.inbox_poll.total_seconds(),
+            listener=self._listener,
+        )

@@ -83,6 +83,20 @@ def depth_stmt() -> Select[int, Any]:
 
 
 @cache
+def rejects_count_stmt() -> Select[int]:
+    """How many rows were set aside."""
+    return select(func.count()).select_from(inbox_rejects)
+
+
+def depth(conn: Connection) -> dict[str, Any]:
+    """The inbox's depth, the age (seconds) of its oldest item and how many rows were set aside."""
+    items, oldest = conn.execute(depth_stmt()).one()
+    rejects = conn.execute(rejects_count_stmt()).scalar_one()
+    age = None if oldest is None else round(max(0, time.time_ns() - oldest) / 1e9, 3)
+    return {"items": items, "oldest_age_s": age, "set_aside": rejects}
+
+
+@cache
 def reject_delete_stmt() -> Delete:
     """Take one undecodable row out of the inbox (moving it aside)."""
     return delete(inbox).where(inbox.c.id == bindparam("b_id"))

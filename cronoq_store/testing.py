@@ -1346,12 +1346,14 @@ def enqueuer_argv(
     log_path: str | os.PathLike[str],
     *,
     rollback: float = 0.25,
+    keyed: float = 0.1,
     seed: int | None = None,
     python: str = sys.executable,
 ) -> list[str]:
     """The command of an enqueuer process (for `DriverProcess(argv=...)`)."""
     cmd = [python, "-m", "cronoq_store.testing", "enqueue", "--url", os.fspath(url)]
-    cmd += ["--log", os.fspath(log_path), "--rollback", str(rollback), "--exit-with-parent"]
+    cmd += ["--log", os.fspath(log_path), "--rollback", str(rollback), "--keyed", str(keyed)]
+    cmd += ["--exit-with-parent"]
     return cmd + ([] if seed is None else ["--seed", str(seed)])
 
 
@@ -1644,6 +1646,7 @@ def _enqueue(args: argparse.Namespace) -> int:
         args.url,
         args.log,
         rollback=args.rollback,
+        keyed=args.keyed,
         seed=args.seed,
         stop_event=stop_event,
         duration=args.duration,
@@ -1688,6 +1691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     drive.add_argument("--exit-with-parent", action="store_true")
     enq.add_argument("--rollback", type=float, default=0.25, help="share rolled back")
+    enq.add_argument("--keyed", type=float, default=0.1, help="share with a key (may clash)")
     enq.add_argument("--seed", type=int, default=None)
     enq.add_argument("--duration", type=float, default=None, help="stop after, seconds")
     enq.add_argument("--exit-with-parent", action="store_true")

@@ -320,12 +320,13 @@ class Listener:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._conn: Any = None
+        self._closed = False
         self.lock = threading.Lock()
 
     def listening(self) -> bool:
-        """Start listening if not yet; False if the connection cannot be made."""
-        if self._conn is not None:
-            return True
+        """Start listening if not yet; False if the connection cannot be made (or closed)."""
+        if self._conn is not None or self._closed:
+            return self._conn is not None
         conn: Any = None
         try:
             raw = self._engine.raw_connection()
@@ -350,10 +351,12 @@ class Listener:
             return False
         except Exception as exc:
             log.warning("inbox listener lost: %s", dialects.redact(str(exc)))
-            self.close()
+            self.close(final=False)
             return True  # the caller checks the inbox, then listens anew
 
-    def close(self) -> None:
+    def close(self, *, final: bool = True) -> None:
+        """Close the connection; for good unless not `final` (a broken one is made anew)."""
+        self._closed = self._closed or final
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):  # already broken
@@ -400,10 +403,11 @@ class AsyncListener:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
         self._conn: Any = None
+        self._closed = False
 
     async def listening(self) -> bool:
-        if self._conn is not None:
-            return True
+        if self._conn is not None or self._closed:
+            return self._conn is not None
         conn: Any = None
         try:
             raw = await self._engine.raw_connection()
@@ -428,10 +432,11 @@ class AsyncListener:
             return False
         except Exception as exc:
             log.warning("inbox listener lost: %s", dialects.redact(str(exc)))
-            await self.close()
+            await self.close(final=False)
             return True
 
-    async def close(self) -> None:
+    async def close(self, *, final: bool = True) -> None:
+        self._closed = self._closed or final
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):

@@ -579,15 +579,15 @@ class AsyncSqlStore:
         async with contextlib.AsyncExitStack() as stack:
             if listener is not None:
                 await stack.enter_async_context(self._listening)
-                if not await listener.listening():
-                    listener = None
             while True:
+                # Listening (anew, if its connection was lost) before each check.
+                listening = listener is not None and await listener.listening()
                 if await self._run(inbox.has_items):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                if listener is not None:
+                if listening and listener is not None:
                     await listener.wait(min(left, inbox.SLOW_CHECK_S))
                 else:
                     await asyncio.sleep(min(left, self.config.inbox_poll.total_seconds()))

@@ -376,25 +376,24 @@ def wait(
     every `SLOW_CHECK_S`; otherwise it checks every `poll` seconds.
     """
     deadline = time.monotonic() + max(0.0, timeout)
-    if listener is not None and listener.lock.acquire(blocking=False):
-        try:
-            if listener.listening():  # before the first check: no commit falls between
-                while True:
-                    if check():
-                        return True
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    listener.wait(min(left, SLOW_CHECK_S))
-        finally:
+    locked = listener is not None and listener.lock.acquire(blocking=False)
+    try:
+        while True:
+            # Listening (anew, if the connection was lost) before each check: a commit that
+            # lands after the check notifies a connection that already listens.
+            listening = locked and listener is not None and listener.listening()
+            if check():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if listening and listener is not None:
+                listener.wait(min(left, SLOW_CHECK_S))
+            else:
+                time.sleep(min(left, poll))
+    finally:
+        if locked and listener is not None:
             listener.lock.release()
-    while True:
-        if check():
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(left, poll))
 
 
 class AsyncListener:

@@ -20,6 +20,7 @@ from sqlalchemy import (
     delete,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -369,3 +370,36 @@ def test_specs_round_trip_and_drain_once_in_any_split(
     assert store.read_inbox() == []
     recovered = store.recover(TimeBase(0))
     assert [t.spec for t in recovered.tasks] == specs
+
+
+def test_postgresql_listener_is_made_anew_when_its_connection_dies(
+    dialect: str, store: SqlStore, engine: Engine
+) -> None:
+    if dialect != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    assert store.wait_inbox(0.01) is False  # listening now
+    with engine.begin() as conn:  # the server ends the listener's session
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE query LIKE 'LISTEN%' AND datname = current_database()"
+            )
+        ).scalar_one()
+    assert killed == 1
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(store.wait_inbox(30)))
+    waiter.start()
+    with engine.begin() as conn:
+        enqueue(conn, TaskSpec(payload=b"after the loss"))
+    waiter.join(60)
+    assert woke == [True]
+    with engine.begin() as conn:  # and it listens again on a new connection
+        assert (
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE query LIKE 'LISTEN%' AND datname = current_database()"
+                )
+            ).scalar_one()
+            == 1
+        )

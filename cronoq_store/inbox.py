@@ -56,6 +56,24 @@ def insert_stmt() -> Insert:
 
 
 @cache
+def insert_with_ids_stmt() -> Insert:
+    """Inbox rows whose ids and time were taken beforehand (`serial_ids_stmt`)."""
+    return insert(inbox)
+
+
+def serial_ids_stmt(sequence_of: str, n: int) -> Select[Any]:
+    """PostgreSQL: `n` ids from the inbox's id sequence, and the database's clock.
+
+    Cheaper than `INSERT ... RETURNING` with the ids in parameter order, which PostgreSQL can
+    only promise through a sorted `INSERT ... SELECT`. `sequence_of` is the table's name as SQL
+    text, schema-qualified and quoted.
+    """
+    return select(
+        func.nextval(func.pg_get_serial_sequence(sequence_of, "id")), dialects.db_now_ns()
+    ).select_from(func.generate_series(1, n))
+
+
+@cache
 def notify_stmt() -> Select[Any]:
     """PostgreSQL: wake listening leaders when (and only if) this transaction commits."""
     return select(func.pg_notify(CHANNEL, ""))
@@ -140,7 +158,15 @@ def _write(conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, A
         return []
     stmt = insert_stmt()
     dialect = conn.dialect
-    if len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
+    postgresql = dialects.name(dialect) == "postgresql"
+    if len(rows) > 1 and postgresql:
+        taken = conn.execute(serial_ids_stmt(_table_sql(conn, options), len(rows))).all()
+        ids = sorted(i for i, _ in taken)  # unique; in row order, as RETURNING would number
+        for inbox_id, row in zip(ids, rows, strict=True):
+            row["id"] = inbox_id
+            row["enqueued_unix_ns"] = taken[0][1]
+        conn.execute(insert_with_ids_stmt(), rows, execution_options=options)
+    elif len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
         ids = list(
             conn.execute(
                 stmt.returning(inbox.c.id, sort_by_parameter_order=True),
@@ -153,9 +179,26 @@ def _write(conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, A
         for row in rows:
             key: Any = conn.execute(stmt, row, execution_options=options).inserted_primary_key
             ids.append(int(key[0]))
-    if dialects.name(dialect) == "postgresql":
+    if postgresql:
         conn.execute(notify_stmt())
     return ids
+
+
+def _table_sql(conn: Connection, options: Mapping[str, Any]) -> str:
+    """The inbox table's name as SQL text, in the schema `options` or `conn` translate to.
+
+    It is bound as a value, so the `%%` the preparer writes for a format paramstyle (which only
+    a statement's own text undoes) is turned back into `%`.
+    """
+    translate = options.get("schema_translate_map") or conn.get_execution_options().get(
+        "schema_translate_map"
+    )
+    prep = conn.dialect.identifier_preparer
+    schema = (translate or {}).get(None)
+    name = prep.quote(inbox.name)
+    if schema is not None:
+        name = f"{prep.quote_schema(schema)}.{name}"
+    return name.replace("%%", "%") if conn.dialect.paramstyle in ("format", "pyformat") else name
 
 
 def _connection(conn: Connection | Session) -> Connection:

@@ -274,9 +274,14 @@ def test_schema_option(dialect: str, db_url: URL, engine: Engine) -> None:
     try:
         with SqlStore.open(db_url, StoreConfig(schema=name)) as s:
             with engine.begin() as conn:
-                inbox_id = enqueue(conn, TaskSpec(payload=b"s"), schema=name)
+                first = enqueue(conn, TaskSpec(payload=b"s"), schema=name)
+                more = enqueue_many(conn, [TaskSpec(payload=b"m")] * 2, schema=name)
+            # An app engine that maps the schema itself needs no schema argument.
+            mapped = engine.execution_options(schema_translate_map={None: name})
+            with mapped.begin() as conn:
+                last = enqueue_many(conn, [TaskSpec(payload=b"t")] * 2)
             assert s.wait_inbox(10)
-            assert [i.inbox_id for i in s.read_inbox()] == [inbox_id]
+            assert [i.inbox_id for i in s.read_inbox()] == [first, *more, *last]
     finally:
         with engine.begin() as conn:
             drop = "DROP SCHEMA {} CASCADE" if dialect != "mysql" else "DROP DATABASE {}"

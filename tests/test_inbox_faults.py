@@ -156,7 +156,7 @@ def _rounds(
 def test_inbox_exactly_once_under_faults(
     dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
 ) -> None:
-    _rounds(dialect, db_url, tmp_path, spawn, reader, rounds=6)
+    _rounds(dialect, db_url, tmp_path, spawn, reader, rounds=4)
 
 
 @pytest.mark.soak

@@ -14,7 +14,14 @@ checker knows every batch that may have reached the database.
 - no batch is partial: each commit is visible entirely or not at all;
 - replaying the visible batches in commit order (fencing epoch, then sequence) gives exactly the
   stored tasks and schedules, and nothing else is stored;
-- no batch that was rejected as fenced is visible.
+- no batch that was rejected as fenced is visible;
+- the inbox: every enqueue an enqueuer saw commit became exactly one task or one drop (or
+  still waits), none from a rolled-back transaction, none twice, each with its spec.
+
+The driver drains the inbox as an engine would (`read_inbox`, then each item's `Submitted`
+and `InboxTaken` in the same commit). Enqueuers (`run_enqueuer`, or a process running
+`python -m cronoq_store.testing enqueue`) write into it in transactions of their own, rolling
+some back on purpose, and log each outcome to the same log.
 
 Several drivers (a leader and its standbys, in several processes) share one log: records are
 appended with single `O_APPEND` writes. Task ids are epoch-prefixed (`epoch << 48`, or above
@@ -24,6 +31,7 @@ Run as a process::
 
     python -m cronoq_store.testing drive --url URL --log PATH [--ttl S] [--batch N] [--duration S]
     python -m cronoq_store.testing check --url URL --log PATH
+    python -m cronoq_store.testing enqueue --url URL --log PATH [--rollback P] [--duration S]
 
 `drive` prints one JSON event per line on stdout (`standby`, `leading`, `ack`, `fenced`,
 `leadership_lost`, `released`, ...) and a final `exit` summary; `check` prints a JSON report

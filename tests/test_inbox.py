@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -51,6 +52,7 @@ from cronoq_store import (
 )
 from cronoq_store.aio import AsyncSqlStore, async_url
 from cronoq_store.schema import inbox, inbox_rejects, leader, tasks
+from cronoq_store.testing import AckLog, check, digest
 
 BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 CONFIG = StoreConfig(lease_ttl=timedelta(seconds=5), inbox_poll=timedelta(milliseconds=20))
@@ -408,3 +410,28 @@ def test_postgresql_listener_is_made_anew_when_its_connection_dies(
             ).scalar_one()
             == 1
         )
+
+
+def test_checker_flags_lost_and_rolled_back_items(
+    store: SqlStore, engine: Engine, tmp_path: Path
+) -> None:
+    """check() fails a store that lost a committed enqueue or kept a rolled-back one."""
+    specs = [TaskSpec(payload=b"kept"), TaskSpec(payload=b"lost"), TaskSpec(payload=b"undone")]
+    with engine.begin() as conn:
+        ids = enqueue_many(conn, specs)
+        conn.execute(delete(inbox).where(inbox.c.id == ids[1]))  # a bug lost it
+    log_path = tmp_path / "log.jsonl"
+    with AckLog(log_path) as log:
+        for inbox_id, spec, kind in zip(
+            ids, specs, ["enqueue_ack", "enqueue_ack", "enqueue_rollback"], strict=True
+        ):
+            record = {"inbox_ids": [inbox_id], "digests": [digest(spec)]}
+            log.append({"type": "enqueue_intent", **record}, sync=False)
+            log.append({"type": kind, **record}, sync=True)  # "undone" was in fact committed
+    report = check(store, log_path)
+    assert not report.ok
+    assert report.enqueued_committed == 2 and report.enqueued_rolled_back == 1
+    assert report.inbox_waiting == 2
+    assert len(report.inbox_lost) == 1 and digest(specs[1]) in report.inbox_lost[0]
+    assert len(report.inbox_from_rolled_back) == 1
+    assert digest(specs[2]) in report.inbox_from_rolled_back[0]

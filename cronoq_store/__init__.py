@@ -12,6 +12,8 @@ __all__ = [
     "Dep",
     "Fenced",
     "FixedStart",
+    "InboxItem",
+    "InboxTaken",
     "InvalidValue",
     "LeaderRowMissing",
     "Mutation",
@@ -39,6 +41,10 @@ __all__ = [
     "TaskStatus",
     "Time",
     "TimeBase",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
 ]
 
 from .errors import CorruptValue as CorruptValue
@@ -48,10 +54,16 @@ from .errors import LeaderRowMissing as LeaderRowMissing
 from .errors import SchemaError as SchemaError
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailable as StoreUnavailable
+from .inbox import enqueue as enqueue
+from .inbox import enqueue_async as enqueue_async
+from .inbox import enqueue_many as enqueue_many
+from .inbox import enqueue_many_async as enqueue_many_async
 from .model import ById as ById
 from .model import ByKey as ByKey
 from .model import Dep as Dep
 from .model import FixedStart as FixedStart
+from .model import InboxItem as InboxItem
+from .model import InboxTaken as InboxTaken
 from .model import Mutation as Mutation
 from .model import Priority as Priority
 from .model import Recovered as Recovered

@@ -28,6 +28,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from sqlalchemy import URL, Connection, make_url
@@ -35,10 +36,10 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, lease, migrate, repository
+from . import dialects, inbox, lease, migrate, repository
 from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
 from .leadership import GiveUp, KeeperShell, Note, Retry, Wait
-from .model import ById, ByKey
+from .model import ById, ByKey, InboxItem
 
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
@@ -213,6 +214,14 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     _new_flag = asyncio.Event
     _lost: asyncio.Event
 
+    def __init__(self, engine: AsyncEngine, config: StoreConfig | None = None) -> None:
+        """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
+        super().__init__(engine, config)
+        self._listener = inbox.AsyncListener(self.engine) if inbox.can_listen(engine) else None
+        self._listening = asyncio.Lock()
+        self.inbox_rejected = 0
+        """Undecodable inbox rows this instance has set aside."""
+
     @classmethod
     async def open(
         cls, url_or_path: str | os.PathLike[str] | URL, config: StoreConfig | None = None
@@ -252,6 +261,8 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         if self._leadership.epoch is not None:
             await self.release_leadership()
         await self._stop()
+        if self._listener is not None:
+            await self._listener.close()
         if self._owns_engine:
             await self._raw_engine.dispose()
 
@@ -423,3 +434,49 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     async def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded."""
         return await self._run(lambda c: repository.load_output(c, id))
+
+    # The inbox (see `SqlStore.read_inbox`).
+
+    async def read_inbox(
+        self, limit: int = 1000, *, after: int | None = None, base: TimeBase = inbox.UNIX
+    ) -> list[InboxItem]:
+        """The oldest inbox items, left in place (as `SqlStore.read_inbox`)."""
+        limit = inbox.check_limit(limit)
+        after = inbox.check_after(after)
+        items: list[InboxItem] = []
+        while True:
+            n = limit - len(items)
+            got = await self._run(partial(inbox.read, base=base, limit=n, after=after))
+            items += got.items
+            if not got.bad:
+                return items
+            now = self._now()
+            self.inbox_rejected += await self._run(
+                partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)
+            )
+            after = got.last_id
+            if len(items) >= limit:
+                return items
+
+    async def wait_inbox(self, timeout: float) -> bool:
+        """Until the inbox holds an item (True), or `timeout` seconds passed (False)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        listener = self._listener
+        if listener is not None and self._listening.locked():
+            listener = None  # another task listens: poll
+        async with contextlib.AsyncExitStack() as stack:
+            if listener is not None:
+                await stack.enter_async_context(self._listening)
+            while True:
+                # Listening (anew, if its connection was lost) before each check.
+                listening = listener is not None and await listener.listening()
+                if await self._run(inbox.has_items):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if listening and listener is not None:
+                    await listener.wait(min(left, inbox.SLOW_CHECK_S))
+                else:
+                    await asyncio.sleep(min(left, self.config.inbox_poll.total_seconds()))
+        raise AssertionError("unreachable")

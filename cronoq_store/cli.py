@@ -33,7 +33,7 @@ from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool
 
-from . import codec, dialects, lease, migrate, repository
+from . import codec, dialects, inbox, lease, migrate, repository
 from .errors import CorruptValue, InvalidValue, SchemaError, StoreError, StoreUnavailable
 from .model import TaskStatus, TimeBase
 from .schema import check_schema_name
@@ -45,7 +45,11 @@ UNIX: Final = TimeBase(unix_ns=0)
 """Decodes stored times as Unix nanoseconds (the CLI has no engine time base)."""
 COUNT_ALL: Final = 2**62
 """A LIMIT that never binds, to count what `repository.prunable_stmt` would delete."""
-LAZY_COMMANDS: Final = {"bench": "cronoq_store.bench:bench"}
+LAZY_COMMANDS: Final = {
+    "bench": "cronoq_store.bench:bench",
+    "enqueue": "cronoq_store.cli_inbox:enqueue_cmd",
+    "inbox": "cronoq_store.cli_inbox:inbox_cmd",
+}
 """Subcommands from optional modules, imported only when run (so `--help` stays fast)."""
 
 
@@ -458,6 +462,7 @@ def status(target: Target, as_json: bool) -> None:
             size = None
         url = shown(store.engine.url)
         dialect = dialects.name(conn.dialect)
+        waiting = inbox.depth(conn)
     size_bytes = None if size is None else int(size)
     data: dict[str, Any] = {
         "database": url,
@@ -468,6 +473,7 @@ def status(target: Target, as_json: bool) -> None:
         "lease": lease_view,
         "tasks": counts,
         "recurring": schedules,
+        "inbox": waiting,
     }
     if as_json:
         _echo_json(data)
@@ -476,6 +482,12 @@ def status(target: Target, as_json: bool) -> None:
     click.echo(f"schema     {revision} (head)")
     click.echo(f"size       {_size_text(size_bytes)}")
     click.echo(f"lease      {_lease_text(lease_view)}")
+    age = waiting["oldest_age_s"]
+    click.echo(
+        f"inbox      {waiting['items']} waiting"
+        + ("" if age is None else f", oldest {age:g} s old")
+        + f", {waiting['set_aside']} set aside"
+    )
     console = _console()
     if counts:
         grid = Table(

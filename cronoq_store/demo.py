@@ -4,9 +4,10 @@
 kills the leader with SIGKILL in the middle of its commits, lets a standby take over and
 recover, then shows fencing: the new leader is stopped (SIGSTOP) past its lease, the other
 standby takes over, and when the stopped one resumes its next commit is rejected with
-`Fenced`. Finally the database is checked against the log of acknowledged batches
-(`cronoq_store.testing.check`) and SQLite's `PRAGMA integrity_check`. `format_report`
-renders the `DemoReport`.
+`Fenced`. Meanwhile an app process enqueues tasks into the inbox in its own transactions
+(a quarter rolled back), which the leaders drain. Finally the database is checked against the
+log of acknowledged batches (`cronoq_store.testing.check`) and SQLite's
+`PRAGMA integrity_check`. `format_report` renders the `DemoReport`.
 
 It takes a few seconds with the default one-second lease (bounded by `timeout`).
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .store import SqlStore, StoreConfig
-from .testing import DriverProcess, DriverProcessError, check
+from .testing import DriverProcess, DriverProcessError, check, enqueuer_argv
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,12 +73,31 @@ class DemoReport:
     """How long the whole demonstration took, in seconds."""
     check: dict[str, Any] = field(default_factory=dict)
     """The checker's full summary."""
+    enqueues_committed: int = 0
+    """Inbox items the app process committed (the checker counts the rest below from it)."""
+    enqueues_rolled_back: int = 0
+    """Inbox items the app process enqueued and then rolled back (none may become a task)."""
+    inbox_tasks: int = 0
+    """Tasks the leaders made from inbox items."""
+
+    @property
+    def inbox_exactly_once(self) -> bool:
+        """Every committed enqueue became exactly one task; none from a rollback."""
+        c = self.check
+        return (
+            self.inbox_tasks == self.enqueues_committed
+            and c.get("inbox_drops") == c.get("inbox_waiting") == c.get("enqueued_unknown") == 0
+            and c.get("inbox_duplicates") == c.get("inbox_lost") == 0
+            and c.get("inbox_from_rolled_back") == 0
+        )
 
     @property
     def ok(self) -> bool:
         """Nothing lost or partial, at least one commit fenced, and both checks passed."""
         return (
-            self.acked_mutations_lost == 0
+            self.inbox_exactly_once
+            and self.enqueues_committed > 0
+            and self.acked_mutations_lost == 0
             and self.partial_batches == 0
             and self.fenced_commits >= 1
             and self.integrity == "ok"
@@ -159,6 +179,14 @@ def run(
         # 1. A leader commits; a standby waits.
         first = start("leader")
         _, lead1 = first.wait("leading", timeout=timeout)
+        app = DriverProcess(  # enqueues throughout, in transactions, some rolled back
+            db,
+            log,
+            name="app",
+            argv=enqueuer_argv(db, log, rollback=0.25, keyed=0.0, python=python),
+            stderr_path=db.with_name(f"{db.name}.app.log"),
+        )
+        procs.append(app)
         standby = start("standby")
         standby.wait("standby", timeout=timeout)
         left = lead1["t"] + warmup - time.time()
@@ -197,6 +225,11 @@ def run(
         except AssertionError:
             saw_loss = False
 
+        app.stop(timeout=timeout)
+        with SqlStore.open(db, StoreConfig(migrate=False)) as store:
+            deadline = time.monotonic() + timeout
+            while store.read_inbox(limit=1) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the leader drains what the app left
         summaries = [p.stop(timeout=timeout) for p in (other, second)]
         fenced = summaries[1]["fenced"]
     finally:
@@ -230,6 +263,9 @@ def run(
         integrity=integrity,
         elapsed_s=round(time.monotonic() - began, 1),
         check=report.as_dict(),
+        enqueues_committed=report.enqueued_committed,
+        enqueues_rolled_back=report.enqueued_rolled_back,
+        inbox_tasks=report.inbox_tasks,
     )
 
 
@@ -249,6 +285,15 @@ def format_report(report: DemoReport) -> str:
         f"took over; on resuming, {report.fenced_commits} commit(s) rejected with Fenced, "
         f"leadership loss {'reported' if report.old_leader_saw_loss else 'NOT reported'}",
         f"  epochs           {epochs}",
+        f"  inbox            an app enqueued throughout: {report.enqueues_committed} committed, "
+        f"{report.enqueues_rolled_back} rolled back; {report.inbox_tasks} tasks made",
+        "                   "
+        + (
+            "every committed enqueue became exactly one task; "
+            f"{report.check.get('inbox_from_rolled_back', '?')} from rolled-back transactions"
+            if report.inbox_exactly_once
+            else f"NOT exactly once: {report.check}"
+        ),
         f"  checked          {report.acked_mutations_lost} acknowledged mutations lost, "
         f"{report.partial_batches} partial batches, integrity {report.integrity}",
         f"  result           {'OK' if report.ok else 'FAILED'} in {report.elapsed_s:g} s",

@@ -17,6 +17,8 @@ __all__ = [
     "Dep",
     "DepOn",
     "FixedStart",
+    "InboxItem",
+    "InboxTaken",
     "Misfire",
     "Mutation",
     "OnMiss",
@@ -510,7 +512,24 @@ class RecurringNext:
         _opt_int("RecurringNext.last", self.last)
 
 
-Mutation: TypeAlias = Submitted | StatusChanged | RecurringUpsert | RecurringRemove | RecurringNext
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxTaken:
+    """The engine has dealt with inbox item `inbox_id`: the commit removes it from the inbox.
+
+    Committed with the `Submitted` made from the item (or alone, to drop an item the engine
+    refuses), so that under the fence an item becomes at most one task.
+    """
+
+    inbox_id: int
+    """The `InboxItem.inbox_id` that `read_inbox` gave."""
+
+    def __post_init__(self) -> None:
+        _int("InboxTaken.inbox_id", self.inbox_id)
+
+
+Mutation: TypeAlias = (
+    Submitted | StatusChanged | RecurringUpsert | RecurringRemove | RecurringNext | InboxTaken
+)
 """One change in a commit's batch."""
 
 
@@ -571,6 +590,18 @@ class Recovered:
     """Tasks finished within `StoreConfig.retention`, and older ones a live task depends on."""
     recurring: list[RecoveredRecurring] = field(default_factory=list)
     """Every schedule, by name."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxItem:
+    """A task spec an app enqueued, waiting in the inbox for the leader."""
+
+    inbox_id: int
+    """Assigned by the database, increasing in insertion order."""
+    spec: TaskSpec
+    """Its times are engine times under the `TimeBase` it was read with (Unix ns by default)."""
+    enqueued_unix_ns: int
+    """When it was enqueued, on the database's clock (the host's for SQLite)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,6 +46,7 @@ from .model import (
     INT64_MAX,
     INT64_MIN,
     Dep,
+    InboxTaken,
     Recovered,
     RecoveredRecurring,
     RecoveredTask,
@@ -61,7 +62,7 @@ from .model import (
     TimeBase,
 )
 from .model import Mutation as Mutation
-from .schema import LEADER_ROW, leader, recurring, task_deps, tasks
+from .schema import LEADER_ROW, inbox, leader, recurring, task_deps, tasks
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +267,8 @@ class Folded:
     updates: dict[int, _Status] = field(default_factory=dict)
     """The latest transition of each stored task (those not submitted earlier in the batch)."""
     recurring: list[RecurringUpsert | RecurringRemove | RecurringNext] = field(default_factory=list)
+    inbox_taken: dict[int, None] = field(default_factory=dict)
+    """Inbox rows the batch removes (ordered, without repeats)."""
 
 
 def _status(base: TimeBase, m: StatusChanged) -> _Status:
@@ -318,6 +321,8 @@ def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
                 updates[m.id].fold(st)
             else:
                 updates[m.id] = st
+        elif isinstance(m, InboxTaken):
+            out.inbox_taken[m.inbox_id] = None
         else:
             out.recurring.append(m)
     for row in inserts.values():
@@ -411,6 +416,12 @@ def insert_tasks_stmt() -> Insert:
 def insert_deps_stmt() -> Insert:
     """Dependency rows of new live tasks."""
     return insert(task_deps)
+
+
+@cache
+def inbox_take_stmt() -> Delete:
+    """Remove inbox rows the engine has dealt with (a row already gone changes nothing)."""
+    return delete(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
 
 
 @cache
@@ -536,7 +547,10 @@ def write(
             output_stmt(),
             [{"b_id": i, "b_succeeded": succeeded, "b_output": bytes(o)} for i, o in rest],
         )
-    # 4. Recurring schedules, in batch order.
+    # 4. Inbox rows made into these tasks (or dropped), gone in the same fenced transaction.
+    for chunk in _chunks(list(folded.inbox_taken)):
+        _run_in(conn, inbox_take_stmt(), chunk)
+    # 5. Recurring schedules, in batch order.
     for m in folded.recurring:
         if isinstance(m, RecurringUpsert):
             name = codec.bounded("RecurringSpec.name", m.spec.name, codec.NAME_MAX)

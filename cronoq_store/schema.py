@@ -11,6 +11,8 @@ from __future__ import annotations
 __all__ = [
     "NAMING_CONVENTION",
     "TABLES",
+    "inbox",
+    "inbox_rejects",
     "leader",
     "metadata",
     "recurring",
@@ -174,5 +176,34 @@ leader = Table(
 LEADER_ROW: Final = {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "next_id": 0}
 """The leader row as the first migration inserts it: the first leader gets epoch 1."""
 
-TABLES: Final = (tasks, task_deps, recurring, leader)
+#: The inbox's ids: BIGINT, but SQLite assigns ids only to an INTEGER PRIMARY KEY (its rowid).
+InboxId: Final[TypeEngine[int]] = BigInteger().with_variant(Integer(), "sqlite")
+
+inbox = Table(
+    "cronoq_inbox",
+    metadata,
+    Column("id", InboxId, primary_key=True, autoincrement=True),
+    Column("enqueued_unix_ns", BigInteger, nullable=False),
+    # The spec, encoded as cronoq_tasks encodes it (`codec.spec_columns`).
+    *(tasks.c[name]._copy() for name in codec.SPEC_COLUMNS),
+    sqlite_autoincrement=True,  # never reuse an id, even once the newest row was taken
+    **MYSQL_TABLE_ARGS,
+)
+"""Task specs that apps wrote in their own transactions, waiting for the leader (in id order)."""
+
+inbox_rejects = Table(
+    "cronoq_inbox_rejects",
+    metadata,
+    Column("inbox_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("enqueued_unix_ns", BigInteger),
+    Column("rejected_unix_ns", BigInteger, nullable=False),
+    Column("reason", LongText, nullable=False),
+    Column("payload", Blob),
+    Column("fields", LongText, nullable=False),
+    **MYSQL_TABLE_ARGS,
+)
+"""Inbox rows that could not be decoded, set aside for inspection: the payload as stored and
+the other columns as JSON text, so the rows behind them are still delivered."""
+
+TABLES: Final = (tasks, task_deps, recurring, leader, inbox, inbox_rejects)
 """Every table of the store."""

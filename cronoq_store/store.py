@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypedDict, TypeVar
@@ -27,12 +28,13 @@ from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypedDict, Typ
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
-from . import dialects, leadership, lease, migrate, repository
+from . import dialects, inbox, leadership, lease, migrate, repository
 from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
 from .model import (
     INT64_MAX,
     ById,
     ByKey,
+    InboxItem,
     Mutation,
     Recovered,
     TaskId,
@@ -86,6 +88,9 @@ class StoreConfig:
     up to 63 bytes without '.', '[', ']', control characters or outer whitespace."""
     migrate: bool = True
     """Whether `SqlStore.open` migrates the database to this build's schema."""
+    inbox_poll: timedelta = timedelta(milliseconds=100)
+    """How often `wait_inbox` checks the inbox on SQLite and MariaDB/MySQL (PostgreSQL's
+    LISTEN/NOTIFY wakes it at once)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,6 +100,7 @@ class StoreConfig:
             "lock_poll",
             "busy_timeout",
             "commit_timeout",
+            "inbox_poll",
         ):
             value = getattr(self, name)
             if not isinstance(value, timedelta):
@@ -409,6 +415,13 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     _new_flag = threading.Event
     _lost: threading.Event
 
+    def __init__(self, engine: Engine, config: StoreConfig | None = None) -> None:
+        """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
+        super().__init__(engine, config)
+        self._listener = inbox.Listener(self.engine) if inbox.can_listen(engine) else None
+        self.inbox_rejected = 0
+        """Undecodable inbox rows this instance has set aside."""
+
     @classmethod
     def open(
         cls,
@@ -448,6 +461,8 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """Stop leading (releasing the lease) and dispose of an engine this store created."""
         if self._leadership.epoch is not None:
             self.release_leadership()
+        if self._listener is not None:
+            self._listener.close()
         if self._owns_engine:
             self._raw_engine.dispose()
 
@@ -636,3 +651,37 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded."""
         return self._read(lambda c: repository.load_output(c, id))  # type: ignore[no-any-return]
+
+    # The inbox: what apps enqueue in their own transactions (`cronoq_store.enqueue`).
+
+    def read_inbox(
+        self, limit: int = 1000, *, after: int | None = None, base: TimeBase = inbox.UNIX
+    ) -> list[InboxItem]:
+        """The oldest inbox items (above inbox id `after`), left in place: commit `InboxTaken`
+        for each with its `Submitted` (or alone, to drop it). Spec times are engine times under
+        `base` (Unix nanoseconds by default). Undecodable rows are set aside, not returned
+        (`inbox_rejected` counts them), and the rows behind them still are."""
+        limit = inbox.check_limit(limit)
+        after = inbox.check_after(after)
+        items: list[InboxItem] = []
+        while True:
+            n = limit - len(items)
+            got: inbox.Read = self._read(partial(inbox.read, base=base, limit=n, after=after))
+            items += got.items
+            if not got.bad:
+                return items
+            now = self._now()
+            self.inbox_rejected += self._run(partial(inbox.set_aside, bad=got.bad, now_unix_ns=now))
+            after = got.last_id
+            if len(items) >= limit:
+                return items
+
+    def wait_inbox(self, timeout: float) -> bool:
+        """Block until the inbox holds an item (True; at once if it holds one now), or until
+        `timeout` seconds passed (False)."""
+        return inbox.wait(
+            lambda: bool(self._read(inbox.has_items)),
+            timeout,
+            poll=self.config.inbox_poll.total_seconds(),
+            listener=self._listener,
+        )

@@ -14,7 +14,14 @@ checker knows every batch that may have reached the database.
 - no batch is partial: each commit is visible entirely or not at all;
 - replaying the visible batches in commit order (fencing epoch, then sequence) gives exactly the
   stored tasks and schedules, and nothing else is stored;
-- no batch that was rejected as fenced is visible.
+- no batch that was rejected as fenced is visible;
+- the inbox: every enqueue an enqueuer saw commit became exactly one task or one drop (or
+  still waits), none from a rolled-back transaction, none twice, each with its spec.
+
+The driver drains the inbox as an engine would (`read_inbox`, then each item's `Submitted`
+and `InboxTaken` in the same commit). Enqueuers (`run_enqueuer`, or a process running
+`python -m cronoq_store.testing enqueue`) write into it in transactions of their own, rolling
+some back on purpose, and log each outcome to the same log.
 
 Several drivers (a leader and its standbys, in several processes) share one log: records are
 appended with single `O_APPEND` writes. Task ids are epoch-prefixed (`epoch << 48`, or above
@@ -24,6 +31,7 @@ Run as a process:
 
     python -m cronoq_store.testing drive --url URL --log PATH [--ttl S] [--batch N] [--duration S]
     python -m cronoq_store.testing check --url URL --log PATH
+    python -m cronoq_store.testing enqueue --url URL --log PATH [--rollback P] [--duration S]
 
 `drive` prints one JSON event per line on stdout (`standby`, `leading`, `ack`, `fenced`,
 `leadership_lost`, `released`, ...) and a final `exit` summary; `check` prints a JSON report
@@ -77,14 +85,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final, Protocol
 
-from sqlalchemy import event, select
+from sqlalchemy import Engine, create_engine, event, make_url, select
+from sqlalchemy import exc as sa_exc
 
 from .errors import Fenced, StoreError, StoreUnavailable
+from .inbox import enqueue_many
 from .model import (
     ById,
     ByKey,
     Dep,
     FixedStart,
+    InboxItem,
+    InboxTaken,
     Mutation,
     Priority,
     Recovered,
@@ -189,6 +201,9 @@ class DriverConfig:
     """Keys shared by tasks over time (a finished task's key is reused)."""
     schedules: int = 6
     """Recurring schedule names the workload upserts, advances and removes."""
+    inbox: bool = True
+    """Drain the inbox as an engine would: each batch makes up to `batch` waiting items into
+    tasks (`Submitted` + `InboxTaken` in the same commit), dropping those whose key is live."""
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -225,6 +240,10 @@ class DriverSummary:
     """Records the store logged at WARNING or above (a leadership loss among them)."""
     busy_warnings: int = 0
     """Of those, the ones about a locked or busy database."""
+    inbox_taken: int = 0
+    """Inbox items acknowledged as tasks."""
+    inbox_dropped: int = 0
+    """Inbox items acknowledged as dropped (their key was live)."""
     errors: list[str] = field(default_factory=list)
     """Unexpected errors, one line each."""
 
@@ -787,6 +806,7 @@ class WorkloadDriver:
         epoch = self._epoch
         assert epoch is not None
         planned = self.workload.plan()
+        taken, dropped = self._take_inbox(planned)
         self.workload.seq += 1
         seq = self.workload.seq
         batch_id = f"{self.run_id}:{epoch}:{seq}"
@@ -829,10 +849,64 @@ class WorkloadDriver:
         self.summary.acked_batches += 1
         self.summary.acked_mutations += len(planned.records)
         self.summary.acked_tasks += len(planned.submitted)
-        self.emit({"event": "ack", **head, "n": len(planned.records), "ids": planned.submitted})
+        self.summary.inbox_taken += taken
+        self.summary.inbox_dropped += dropped
+        self.emit(
+            {
+                "event": "ack",
+                **head,
+                "n": len(planned.records),
+                "ids": planned.submitted,
+                "inbox": taken + dropped,
+            }
+        )
         if self._armed(HangPoint.AFTER_ACK):
             self._hang(HangPoint.AFTER_ACK)
         return True
+
+    def _take_inbox(self, planned: _Planned) -> tuple[int, int]:
+        """Add up to `batch` inbox items to `planned`, as an engine would: each becomes a task
+        committed with its `InboxTaken`, or is dropped (alone) when its key is live."""
+        read: Callable[..., list[InboxItem]] | None = getattr(self.store, "read_inbox", None)
+        if not self.config.inbox or read is None:
+            return 0, 0
+        items = read(limit=self.config.batch, base=BASE)
+        live_keys = {s.key for s in planned.live.values() if s.key is not None}
+        at = self.workload._now()
+        taken = dropped = 0
+        for item in items:
+            key = item.spec.key
+            if key is not None and key in live_keys:
+                planned.batch.append(InboxTaken(inbox_id=item.inbox_id))
+                planned.records.append(
+                    {"op": "inbox_drop", "inbox_id": item.inbox_id, "digest": digest(item.spec)}
+                )
+                dropped += 1
+                continue
+            task_id = planned.next_id
+            planned.next_id += 1
+            planned.batch.append(
+                Submitted(id=TaskId(task_id), seq=task_id, arrival=at, spec=item.spec)
+            )
+            planned.batch.append(InboxTaken(inbox_id=item.inbox_id))
+            spec_digest = digest(item.spec)
+            planned.records.append(
+                {"op": "submit", "id": task_id, "key": key, "digest": spec_digest}
+            )
+            planned.records.append(
+                {
+                    "op": "inbox_taken",
+                    "inbox_id": item.inbox_id,
+                    "id": task_id,
+                    "digest": spec_digest,
+                }
+            )
+            planned.submitted.append(task_id)
+            planned.live[task_id] = _Live(phase=_Phase.QUEUED, attempt=0, key=key)
+            if key is not None:
+                live_keys.add(key)
+            taken += 1
+        return taken, dropped
 
     def release(self) -> None:
         """Give leadership up (a standby may take over at once)."""
@@ -966,12 +1040,37 @@ class CheckReport:
     """Differences between the replayed log and the store (tasks, schedules, recovery)."""
     unexplained: list[str] = field(default_factory=list)
     """Stored tasks that no visible batch created."""
+    enqueued_committed: int = 0
+    """Inbox items whose enqueuing transaction an enqueuer saw commit."""
+    enqueued_rolled_back: int = 0
+    """Inbox items whose enqueuing transaction an enqueuer rolled back."""
+    enqueued_unknown: int = 0
+    """Enqueues whose commit raised: they may or may not have landed (both are fine)."""
+    inbox_tasks: int = 0
+    """Inbox items made into tasks by visible batches."""
+    inbox_drops: int = 0
+    """Inbox items dropped (alone) by visible batches."""
+    inbox_waiting: int = 0
+    """Items still in the inbox."""
+    inbox_duplicates: list[str] = field(default_factory=list)
+    """Inbox items consumed twice (or consumed and still waiting)."""
+    inbox_lost: list[str] = field(default_factory=list)
+    """Committed enqueues neither consumed nor waiting."""
+    inbox_from_rolled_back: list[str] = field(default_factory=list)
+    """Rolled-back enqueues that were consumed or are waiting."""
 
     @property
     def ok(self) -> bool:
         """Whether every invariant holds: all five lists of findings are empty."""
         return not (
-            self.lost or self.partial or self.fenced_visible or self.mismatches or self.unexplained
+            self.lost
+            or self.partial
+            or self.fenced_visible
+            or self.mismatches
+            or self.unexplained
+            or self.inbox_duplicates
+            or self.inbox_lost
+            or self.inbox_from_rolled_back
         )
 
     def as_dict(self, limit: int = 20) -> dict[str, Any]:
@@ -1157,6 +1256,7 @@ def check(store: Store, log_path: str | os.PathLike[str]) -> CheckReport:
             report.mismatches.append(
                 f"task {t.id}: recovered attempt {t.attempt}, replayed {want_state.attempt}"
             )
+    _check_inbox(store, records, visible, report)
     top = max(stored, default=-1)
     if stored and recovered.next_id <= top:
         report.mismatches.append(f"recovered next_id {recovered.next_id} <= stored id {top}")
@@ -1167,6 +1267,169 @@ def check(store: Store, log_path: str | os.PathLike[str]) -> CheckReport:
                 f"schedule {name}: stored {got_sched.get(name)!r}, replayed {schedules.get(name)!r}"
             )
     return report
+
+
+def _waiting(store: Store) -> list[InboxItem]:
+    read = getattr(store, "read_inbox", None)
+    return [] if read is None else list(read(limit=2**31 - 1, base=BASE))
+
+
+def _check_inbox(
+    store: Store,
+    records: Sequence[Mapping[str, Any]],
+    visible: Sequence[Mapping[str, Any]],
+    report: CheckReport,
+) -> None:
+    """Every committed enqueue became exactly one task or one drop (or still waits), none
+    from a rolled-back transaction, none twice, each task with the spec enqueued.
+
+    Items are told apart by their spec's digest (an enqueuer makes every payload unique), not
+    by inbox id: SQLite hands the id of a rolled-back insert out again.
+    """
+    outcome: dict[str, str] = {}
+    for rec in records:
+        kind = rec.get("type")
+        if kind == "enqueue_intent":
+            for d in rec["digests"]:
+                outcome.setdefault(d, "unknown")
+        elif kind in ("enqueue_ack", "enqueue_rollback"):
+            for d in rec["digests"]:
+                outcome[d] = "committed" if kind == "enqueue_ack" else "rolled_back"
+    report.enqueued_committed = sum(1 for o in outcome.values() if o == "committed")
+    report.enqueued_rolled_back = sum(1 for o in outcome.values() if o == "rolled_back")
+    report.enqueued_unknown = sum(1 for o in outcome.values() if o == "unknown")
+    consumed: dict[str, list[str]] = {}
+    for rec in visible:
+        submitted = {int(m["id"]): m for m in rec["muts"] if m["op"] == "submit"}
+        for m in rec["muts"]:
+            if m["op"] not in ("inbox_taken", "inbox_drop"):
+                continue
+            consumed.setdefault(m["digest"], []).append(f"{rec['batch']}#{m['inbox_id']}")
+            if m["op"] == "inbox_drop":
+                report.inbox_drops += 1
+                continue
+            report.inbox_tasks += 1
+            made = submitted.get(int(m["id"]))
+            if made is None or made["digest"] != m["digest"]:
+                report.mismatches.append(f"inbox {m['inbox_id']}: task {m['id']} differs")
+    waiting = {digest(i.spec): i.inbox_id for i in _waiting(store)}
+    report.inbox_waiting = len(waiting)
+    for d, where in sorted(consumed.items()):
+        if len(where) > 1 or d in waiting:
+            also = f" and still waiting as {waiting[d]}" if d in waiting else ""
+            report.inbox_duplicates.append(f"item {d}: consumed by {', '.join(where)}{also}")
+    for d in sorted(set(consumed) | set(waiting)):
+        if outcome.get(d) == "rolled_back":
+            report.inbox_from_rolled_back.append(f"item {d}: its enqueue was rolled back")
+    for d, o in sorted(outcome.items()):
+        if o == "committed" and d not in consumed and d not in waiting:
+            report.inbox_lost.append(f"item {d}: committed, never consumed")
+
+
+# Enqueuers: apps writing into the inbox in their own transactions.
+
+
+@dataclass(slots=True, kw_only=True)
+class EnqueuerSummary:
+    """What an enqueuer did, printed as the `exit` event of a process."""
+
+    run: str
+    transactions: int = 0
+    committed: int = 0
+    """Items whose transaction committed."""
+    rolled_back: int = 0
+    """Items whose transaction was rolled back on purpose."""
+    failed: int = 0
+    """Transactions whose commit raised (their items' fate is unknown)."""
+    errors: list[str] = field(default_factory=list)
+
+
+def app_engine(url: str | os.PathLike[str]) -> Engine:
+    """An app's own engine, set up as docs/embedding.md tells apps to (SQLite: busy timeout)."""
+    target = os.fspath(url)
+    parsed = make_url(target if "://" in target else f"sqlite:///{target}")
+    if parsed.get_backend_name() == "sqlite":
+        return create_engine(parsed, connect_args={"timeout": 30})
+    return create_engine(parsed)
+
+
+def run_enqueuer(
+    url: str | os.PathLike[str],
+    log_path: str | os.PathLike[str],
+    *,
+    rollback: float = 0.25,
+    most: int = 3,
+    keyed: float = 0.1,
+    gap: float = 0.005,
+    seed: int | None = None,
+    stop_event: threading.Event | None = None,
+    duration: float | None = None,
+    emit: Emit | None = None,
+) -> EnqueuerSummary:
+    """Enqueue 1..`most` tasks per transaction until stopped, rolling back a `rollback` share
+    of the transactions on purpose, logging every outcome to the shared log for `check`."""
+    rng = random.Random(seed)
+    stop = stop_event or threading.Event()
+    summary = EnqueuerSummary(run=uuid.uuid4().hex[:12])
+    deadline = None if duration is None else time.monotonic() + duration
+    engine = app_engine(url)
+    try:
+        with AckLog(log_path) as ack_log:
+            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                specs = [
+                    TaskSpec(
+                        payload=f"{summary.run}:{summary.transactions}:{n}".encode(),
+                        kind="inbox",
+                        key=f"ek{rng.randrange(4)}" if rng.random() < keyed else None,
+                    )
+                    for n in range(rng.randint(1, most))
+                ]
+                undo = rng.random() < rollback
+                head = {"run": summary.run, "digests": [digest(s) for s in specs]}
+                summary.transactions += 1
+                try:
+                    with engine.connect() as conn:
+                        txn = conn.begin()
+                        ids = enqueue_many(conn, specs)
+                        ack_log.append(
+                            {"type": "enqueue_intent", "inbox_ids": ids, **head}, sync=False
+                        )
+                        kind = "enqueue_rollback" if undo else "enqueue_ack"
+                        if undo:
+                            txn.rollback()
+                        else:
+                            txn.commit()
+                    ack_log.append({"type": kind, "inbox_ids": ids, **head}, sync=True)
+                    if undo:
+                        summary.rolled_back += len(ids)
+                    else:
+                        summary.committed += len(ids)
+                except sa_exc.DBAPIError as exc:
+                    summary.failed += 1
+                    if emit is not None:
+                        emit({"event": "enqueue_failed", "message": str(exc.orig)[:300]})
+                    stop.wait(0.05)
+                    continue
+                stop.wait(gap)
+    finally:
+        engine.dispose()
+    return summary
+
+
+def enqueuer_argv(
+    url: str | os.PathLike[str],
+    log_path: str | os.PathLike[str],
+    *,
+    rollback: float = 0.25,
+    keyed: float = 0.1,
+    seed: int | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The command of an enqueuer process (for `DriverProcess(argv=...)`)."""
+    cmd = [python, "-m", "cronoq_store.testing", "enqueue", "--url", os.fspath(url)]
+    cmd += ["--log", os.fspath(log_path), "--rollback", str(rollback), "--keyed", str(keyed)]
+    cmd += ["--exit-with-parent"]
+    return cmd + ([] if seed is None else ["--seed", str(seed)])
 
 
 # Driver processes, for tests and demos.
@@ -1200,8 +1463,10 @@ class DriverProcess:
         control_path: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
         umask: int = -1,
+        argv: Sequence[str] | None = None,
     ) -> None:
-        """`control_path`: a file through which `arm` names the hang point."""
+        """`control_path`: a file through which `arm` names the hang point; `argv`: another
+        command of this module to run instead of `drive` (an enqueuer: `enqueuer_argv`)."""
         self.name = name
         """Names the process in messages."""
         self.control_path = None if control_path is None else Path(control_path)
@@ -1218,6 +1483,8 @@ class DriverProcess:
         if self.control_path is not None:
             cmd += ["--control", str(self.control_path)]
         cmd += list(extra)
+        if argv is not None:
+            cmd = list(argv)
         self.events: list[dict[str, Any]] = []
         """Every event the process printed so far, in order."""
         self.stderr_path = None if stderr_path is None else Path(stderr_path)
@@ -1443,6 +1710,34 @@ def _drive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _enqueue(args: argparse.Namespace) -> int:
+    stop_event = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _s, _f: stop_event.set())
+    signal.signal(signal.SIGINT, lambda _s, _f: stop_event.set())
+    if args.exit_with_parent:
+        parent = os.getppid()
+
+        def watch() -> None:
+            while not stop_event.wait(0.5):
+                if os.getppid() != parent:
+                    stop_event.set()
+
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    _emit_stdout({"event": "started", "t": time.time()})
+    summary = run_enqueuer(
+        args.url,
+        args.log,
+        rollback=args.rollback,
+        keyed=args.keyed,
+        seed=args.seed,
+        stop_event=stop_event,
+        duration=args.duration,
+        emit=_emit_stdout,
+    )
+    _emit_stdout({"event": "exit", **dataclasses.asdict(summary)})
+    return 0
+
+
 def _check(args: argparse.Namespace) -> int:
     with SqlStore.open(args.url, StoreConfig(migrate=False)) as store:
         report = check(store, args.log)
@@ -1456,7 +1751,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     drive = sub.add_parser("drive", help="lead (or stand by) and commit a logged workload")
     check_p = sub.add_parser("check", help="compare a database with a workload log")
-    for p in (drive, check_p):
+    enq = sub.add_parser("enqueue", help="enqueue into the inbox in transactions, logged")
+    for p in (drive, check_p, enq):
         p.add_argument("--url", required=True, help="database URL or SQLite file path")
         p.add_argument("--log", required=True, help="the shared JSON-lines log")
     drive.add_argument("--ttl", type=float, default=10.0, help="lease TTL, seconds")
@@ -1476,11 +1772,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="file naming the hang point that SIGUSR2 arms (else --hang-at)",
     )
     drive.add_argument("--exit-with-parent", action="store_true")
+    enq.add_argument("--rollback", type=float, default=0.25, help="share rolled back")
+    enq.add_argument("--keyed", type=float, default=0.1, help="share with a key (may clash)")
+    enq.add_argument("--seed", type=int, default=None)
+    enq.add_argument("--duration", type=float, default=None, help="stop after, seconds")
+    enq.add_argument("--exit-with-parent", action="store_true")
     drive.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     if args.command == "drive":
         logging.basicConfig(level=args.log_level, stream=sys.stderr)
         return _drive(args)
+    if args.command == "enqueue":
+        return _enqueue(args)
     return _check(args)
 
 

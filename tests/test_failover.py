@@ -500,5 +500,7 @@ def test_demo(tmp_path: Path) -> None:
     assert report.takeover_s <= TAKEOVER_BOUND
     assert report.elapsed_s < 30
     assert "0 acknowledged mutations lost" in text
+    assert report.enqueues_committed > 0 and report.enqueues_rolled_back > 0
+    assert "every committed enqueue became exactly one task; 0 from rolled-back" in text
     with pytest.raises(FileExistsError):
         run_demo(tmp_path / "new" / "demo.db")

@@ -23,11 +23,22 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "reference"
 
 # Each has an `__all__` and a page docs/reference/<name>.md rendering `::: cronoq_store.<name>`.
-PUBLIC = ("model", "errors", "store", "aio", "migrate", "schema", "dialects", "testing", "demo")
+PUBLIC = (
+    "model",
+    "errors",
+    "store",
+    "aio",
+    "migrate",
+    "schema",
+    "dialects",
+    "testing",
+    "demo",
+    "inbox",
+)
 # The store's inside, and the commands whose interface is the CLI (docs/cli.md).
-INTERNAL = ("codec", "repository", "lease", "leadership", "ddl", "cli", "bench")
+INTERNAL = ("codec", "repository", "lease", "leadership", "ddl", "cli", "cli_inbox", "bench")
 # What `cronoq_store` re-exports lives in these; the reference documents each name there.
-HOMES = ("store", "aio", "model", "errors")
+HOMES = ("store", "aio", "model", "errors", "inbox")
 # Public at the top level but loaded on first use, so left out of `__all__` (see __init__.py).
 LAZY = ("AsyncSqlStore",)
 

@@ -1,0 +1,487 @@
+"""The inbox: apps enqueue task specs in their own transactions; the leader drains them.
+
+An app calls `enqueue(conn, spec)` on its own `Connection` or ORM `Session`, inside its own
+transaction: the row commits with the app's writes or not at all, and nothing here commits.
+The leader reads the oldest rows (`read`), turns each into a task, and commits `InboxTaken`
+for it in the same fenced batch as its `Submitted`, so an item becomes at most one task and a
+fenced leader consumes nothing (see docs/guarantees.md).
+
+Times in an enqueued spec (deadline, fixed start) are Unix nanoseconds, i.e. engine times under
+`TimeBase(0)`: an app knows no engine's time base. The leader reads them under its own base.
+"""
+
+from __future__ import annotations
+
+__all__ = ["enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any, Final
+
+from sqlalchemy import Connection, Delete, Insert, Select, bindparam, delete, func, insert, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from . import codec, dialects
+from .errors import CorruptValue, InvalidValue
+from .model import InboxItem, TaskSpec, TimeBase
+from .schema import check_schema_name, inbox, inbox_rejects
+
+if TYPE_CHECKING:  # sync users never import the asyncio extension
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+log = logging.getLogger(__name__)
+
+CHANNEL: Final = "cronoq_inbox"
+"""The PostgreSQL NOTIFY channel an enqueue signals on commit. One for every schema: a wake-up
+meant for another schema's store costs its listener one cheap check, nothing more."""
+UNIX: Final = TimeBase(0)
+"""The time base of enqueued specs: their times are Unix nanoseconds."""
+SLOW_CHECK_S: Final = 1.0
+"""While listening, PostgreSQL still checks this often (seconds): a notify that never came
+(an enqueue by hand, in SQL) delays an item by at most this long."""
+
+
+# Statements.
+
+
+@cache
+def insert_stmt() -> Insert:
+    """One inbox row, stamped with the database's clock (the host's on SQLite)."""
+    return insert(inbox).values(enqueued_unix_ns=dialects.db_now_ns())
+
+
+@cache
+def insert_with_ids_stmt() -> Insert:
+    """Inbox rows whose ids and time were taken beforehand (`serial_ids_stmt`)."""
+    return insert(inbox)
+
+
+def serial_ids_stmt(sequence_of: str, n: int) -> Select[Any]:
+    """PostgreSQL: `n` ids from the inbox's id sequence, and the database's clock.
+
+    Cheaper than `INSERT ... RETURNING` with the ids in parameter order, which PostgreSQL can
+    only promise through a sorted `INSERT ... SELECT`. `sequence_of` is the table's name as SQL
+    text, schema-qualified and quoted.
+    """
+    return select(
+        func.nextval(func.pg_get_serial_sequence(sequence_of, "id")), dialects.db_now_ns()
+    ).select_from(func.generate_series(1, n))
+
+
+@cache
+def notify_stmt() -> Select[Any]:
+    """PostgreSQL: wake listening leaders when (and only if) this transaction commits."""
+    return select(func.pg_notify(CHANNEL, ""))
+
+
+@cache
+def oldest_stmt(*, after: bool) -> Select[Any]:
+    """The oldest inbox rows (above `after`), in id order."""
+    stmt = select(inbox)
+    if after:
+        stmt = stmt.where(inbox.c.id > bindparam("after"))
+    return stmt.order_by(inbox.c.id).limit(bindparam("limit"))
+
+
+@cache
+def first_id_stmt() -> Select[Any]:
+    """The oldest inbox id, if any: one primary-key probe, the cheap poll."""
+    return select(inbox.c.id).order_by(inbox.c.id).limit(1)
+
+
+@cache
+def depth_stmt() -> Select[int, Any]:
+    """How many items wait, and when the oldest was enqueued (operators' status)."""
+    return select(func.count(), func.min(inbox.c.enqueued_unix_ns))
+
+
+@cache
+def rejects_count_stmt() -> Select[int]:
+    """How many rows were set aside."""
+    return select(func.count()).select_from(inbox_rejects)
+
+
+def depth(conn: Connection) -> dict[str, Any]:
+    """The inbox's depth, the age (seconds) of its oldest item and how many rows were set aside."""
+    items, oldest = conn.execute(depth_stmt()).one()
+    rejects = conn.execute(rejects_count_stmt()).scalar_one()
+    age = None if oldest is None else round(max(0, time.time_ns() - oldest) / 1e9, 3)
+    return {"items": items, "oldest_age_s": age, "set_aside": rejects}
+
+
+@cache
+def reject_delete_stmt() -> Delete:
+    """Take one undecodable row out of the inbox (moving it aside)."""
+    return delete(inbox).where(inbox.c.id == bindparam("b_id"))
+
+
+@cache
+def reject_insert_stmt() -> Insert:
+    """Keep an undecodable row for inspection."""
+    return insert(inbox_rejects)
+
+
+@cache
+def rejects_stmt() -> Select[Any]:
+    """Rows set aside, oldest first."""
+    return select(inbox_rejects).order_by(inbox_rejects.c.inbox_id).limit(bindparam("limit"))
+
+
+# Enqueueing, in the caller's transaction.
+
+
+def _rows(specs: Iterable[TaskSpec]) -> list[dict[str, Any]]:
+    """The inbox rows of `specs`; refuses (`InvalidValue`) any that cannot be stored."""
+    rows = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, TaskSpec):
+            raise InvalidValue(f"specs[{i}] must be a TaskSpec, not {type(spec).__name__}")
+        rows.append(codec.spec_columns(UNIX, spec))
+    return rows
+
+
+def _options(schema: str | None) -> Mapping[str, Any]:
+    if schema is None:
+        return {}
+    check_schema_name(schema)
+    return {"schema_translate_map": {None: schema}}
+
+
+def _write(conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any]) -> list[int]:
+    """Insert `rows` in order and return their ids; on PostgreSQL, notify on commit."""
+    if not rows:
+        return []
+    stmt = insert_stmt()
+    dialect = conn.dialect
+    postgresql = dialects.name(dialect) == "postgresql"
+    if len(rows) > 1 and postgresql:
+        taken = conn.execute(serial_ids_stmt(_table_sql(conn, options), len(rows))).all()
+        ids = sorted(i for i, _ in taken)  # unique; in row order, as RETURNING would number
+        for inbox_id, row in zip(ids, rows, strict=True):
+            row["id"] = inbox_id
+            row["enqueued_unix_ns"] = taken[0][1]
+        conn.execute(insert_with_ids_stmt(), rows, execution_options=options)
+    elif len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
+        ids = list(
+            conn.execute(
+                stmt.returning(inbox.c.id, sort_by_parameter_order=True),
+                rows,
+                execution_options=options,
+            ).scalars()
+        )
+    else:
+        ids = []
+        for row in rows:
+            key: Any = conn.execute(stmt, row, execution_options=options).inserted_primary_key
+            ids.append(int(key[0]))
+    if postgresql:
+        conn.execute(notify_stmt())
+    return ids
+
+
+def _table_sql(conn: Connection, options: Mapping[str, Any]) -> str:
+    """The inbox table's name as SQL text, in the schema `options` or `conn` translate to.
+
+    It is bound as a value, so the `%%` the preparer writes for a format paramstyle (which only
+    a statement's own text undoes) is turned back into `%`.
+    """
+    translate = options.get("schema_translate_map") or conn.get_execution_options().get(
+        "schema_translate_map"
+    )
+    prep = conn.dialect.identifier_preparer
+    schema = (translate or {}).get(None)
+    name = prep.quote(inbox.name)
+    if schema is not None:
+        name = f"{prep.quote_schema(schema)}.{name}"
+    return name.replace("%%", "%") if conn.dialect.paramstyle in ("format", "pyformat") else name
+
+
+def _connection(conn: Connection | Session) -> Connection:
+    if isinstance(conn, Session):
+        return conn.connection()  # joins (or begins) the session's transaction
+    if isinstance(conn, Connection):
+        return conn
+    raise InvalidValue(f"enqueue needs a Connection or Session, not {type(conn).__name__}")
+
+
+def enqueue(conn: Connection | Session, spec: TaskSpec, *, schema: str | None = None) -> int:
+    """Write `spec` into the inbox in the caller's transaction; returns its inbox id.
+
+    Never commits: the item exists once the caller's transaction commits, and a rollback leaves
+    no trace. `schema` names the PostgreSQL schema (MySQL database) of the store's tables, if
+    any. Refuses a spec that cannot be stored (`InvalidValue`) before writing anything.
+    """
+    return enqueue_many(conn, [spec], schema=schema)[0]
+
+
+def enqueue_many(
+    conn: Connection | Session, specs: Iterable[TaskSpec], *, schema: str | None = None
+) -> list[int]:
+    """`enqueue` for several specs at once (all or none); their ids, in order."""
+    rows = _rows(specs)
+    options = _options(schema)
+    return _write(_connection(conn), rows, options)
+
+
+async def enqueue_async(
+    conn: AsyncConnection | AsyncSession, spec: TaskSpec, *, schema: str | None = None
+) -> int:
+    """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`."""
+    return (await enqueue_many_async(conn, [spec], schema=schema))[0]
+
+
+async def enqueue_many_async(
+    conn: AsyncConnection | AsyncSession, specs: Iterable[TaskSpec], *, schema: str | None = None
+) -> list[int]:
+    """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    rows = _rows(specs)
+    options = _options(schema)
+    if isinstance(conn, AsyncSession):
+        conn = await conn.connection()
+    if not isinstance(conn, AsyncConnection):
+        raise InvalidValue(
+            f"enqueue_many_async needs an AsyncConnection or AsyncSession, "
+            f"not {type(conn).__name__}"
+        )
+    return await conn.run_sync(lambda c: _write(c, rows, options))
+
+
+# The leader's side.
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One read of the inbox: the items, and the undecodable rows found (to move aside)."""
+
+    items: list[InboxItem]
+    bad: list[dict[str, Any]]
+    """Undecodable rows, each with a "reason"."""
+    last_id: int | None
+    """The highest id looked at (items and bad rows alike)."""
+
+
+def read(conn: Connection, *, base: TimeBase, limit: int, after: int | None) -> Read:
+    """The oldest `limit` rows above `after`, decoded under `base` (times shift from Unix)."""
+    items: list[InboxItem] = []
+    bad: list[dict[str, Any]] = []
+    last: int | None = None
+    params: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        params["after"] = after
+    for row in conn.execute(oldest_stmt(after=after is not None), params).mappings():
+        last = row["id"]
+        try:
+            spec = codec.spec_from_columns(base, row)
+        except CorruptValue as exc:
+            bad.append({**row, "reason": str(exc)})
+            continue
+        items.append(
+            InboxItem(inbox_id=row["id"], spec=spec, enqueued_unix_ns=row["enqueued_unix_ns"])
+        )
+    return Read(items=items, bad=bad, last_id=last)
+
+
+def _fields_json(row: Mapping[str, Any]) -> str:
+    skip = {"id", "payload", "reason"}
+
+    def plain(value: object) -> object:
+        return bytes(value).hex() if isinstance(value, bytes | memoryview) else repr(value)
+
+    return json.dumps({k: v for k, v in row.items() if k not in skip}, default=plain)
+
+
+def set_aside(conn: Connection, *, bad: Sequence[Mapping[str, Any]], now_unix_ns: int) -> int:
+    """Move undecodable rows to `cronoq_inbox_rejects`; returns how many this call moved."""
+    moved = 0
+    for row in bad:
+        # Deleting first claims the row: of two readers at once, only one moves it.
+        if conn.execute(reject_delete_stmt(), {"b_id": row["id"]}).rowcount != 1:
+            continue
+        payload = row.get("payload")
+        conn.execute(
+            reject_insert_stmt(),
+            {
+                "inbox_id": row["id"],
+                "enqueued_unix_ns": row.get("enqueued_unix_ns"),
+                "rejected_unix_ns": now_unix_ns,
+                "reason": codec.clean(row["reason"]),
+                "payload": None if payload is None else bytes(payload),
+                "fields": codec.clean(_fields_json(row)),
+            },
+        )
+        log.error("inbox row %s set aside as undecodable: %s", row["id"], row["reason"])
+        moved += 1
+    return moved
+
+
+def has_items(conn: Connection) -> bool:
+    """Whether the inbox holds an item (one index probe)."""
+    return conn.execute(first_id_stmt()).first() is not None
+
+
+def check_after(after: object) -> int | None:
+    if after is not None and (not isinstance(after, int) or isinstance(after, bool)):
+        raise InvalidValue(f"after must be an int, not {type(after).__name__}")
+    return after
+
+
+def check_limit(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise InvalidValue(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 1:
+        raise InvalidValue("limit must be at least 1")
+    return min(limit, 2**31 - 1)
+
+
+# Waiting for an enqueue: LISTEN on PostgreSQL, a poll elsewhere.
+
+
+def can_listen(engine: Engine | AsyncEngine) -> bool:
+    """Whether `engine` can LISTEN: PostgreSQL through psycopg 3 (whose notifies wait)."""
+    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+
+
+def _listen_sql(engine: Engine | AsyncEngine) -> str:
+    return f"LISTEN {engine.dialect.identifier_preparer.quote(CHANNEL)}"
+
+
+class Listener:
+    """A dedicated PostgreSQL connection (outside the pool) listening on `CHANNEL`.
+
+    `wait` returns True when a notification arrived within `timeout` seconds. Notifications
+    that arrive between waits queue on the connection, so none is lost between a check and
+    the next wait. A broken connection is dropped and made anew on the next wait.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._conn: Any = None
+        self._closed = False
+        self.lock = threading.Lock()
+
+    def listening(self) -> bool:
+        """Start listening if not yet; False if the connection cannot be made (or closed)."""
+        if self._conn is not None or self._closed:
+            return self._conn is not None
+        conn: Any = None
+        try:
+            raw = self._engine.raw_connection()
+            conn = raw.driver_connection
+            raw.detach()  # ours for good: the pool makes another in its place
+            conn.rollback()
+            conn.autocommit = True
+            conn.execute(_listen_sql(self._engine))
+        except Exception as exc:
+            log.warning("cannot listen for inbox notifications: %s", dialects.redact(str(exc)))
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            for _ in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+                return True
+            return False
+        except Exception as exc:
+            log.warning("inbox listener lost: %s", dialects.redact(str(exc)))
+            self.close(final=False)
+            return True  # the caller checks the inbox, then listens anew
+
+    def close(self, *, final: bool = True) -> None:
+        """Close the connection; for good unless not `final` (a broken one is made anew)."""
+        self._closed = self._closed or final
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken
+                conn.close()
+
+
+def wait(
+    check: Callable[[], bool],
+    timeout: float,
+    *,
+    poll: float,
+    listener: Listener | None,
+) -> bool:
+    """Whether the inbox holds an item within `timeout` seconds (at once if it does now).
+
+    With a `listener` (PostgreSQL) this waits on its notifications, checking again on each and
+    every `SLOW_CHECK_S`; otherwise it checks every `poll` seconds.
+    """
+    deadline = time.monotonic() + max(0.0, timeout)
+    locked = listener is not None and listener.lock.acquire(blocking=False)
+    try:
+        while True:
+            # Listening (anew, if the connection was lost) before each check: a commit that
+            # lands after the check notifies a connection that already listens.
+            listening = locked and listener is not None and listener.listening()
+            if check():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if listening and listener is not None:
+                listener.wait(min(left, SLOW_CHECK_S))
+            else:
+                time.sleep(min(left, poll))
+    finally:
+        if locked and listener is not None:
+            listener.lock.release()
+
+
+class AsyncListener:
+    """`Listener` on an asyncio loop, with the async driver's connection (psycopg's)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._conn: Any = None
+        self._closed = False
+
+    async def listening(self) -> bool:
+        if self._conn is not None or self._closed:
+            return self._conn is not None
+        conn: Any = None
+        try:
+            raw = await self._engine.raw_connection()
+            conn = raw.driver_connection
+            raw.detach()
+            await conn.rollback()
+            await conn.set_autocommit(True)
+            await conn.execute(_listen_sql(self._engine))
+        except Exception as exc:
+            log.warning("cannot listen for inbox notifications: %s", dialects.redact(str(exc)))
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            async for _ in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+                return True
+            return False
+        except Exception as exc:
+            log.warning("inbox listener lost: %s", dialects.redact(str(exc)))
+            await self.close(final=False)
+            return True
+
+    async def close(self, *, final: bool = True) -> None:
+        self._closed = self._closed or final
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()

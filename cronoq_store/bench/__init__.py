@@ -19,13 +19,14 @@ The package, one room per role:
 from __future__ import annotations
 
 from .command import bench
-from .raw import RawDriver, raw_tables
-from .report import METRIC_NAMES, plot, print_table
+from .raw import Baseline, RawDriver, baselines, raw_tables
+from .report import METRIC_NAMES, markdown_table, plot, print_table
 from .results import METRICS, BenchResult, DatabaseResult, Figure, Metric, Target
 from .runner import bench_database, run_bench
-from .targets import SERVER_URLS, resolve_targets, scratch_database
+from .targets import SERVER_URLS, raw_database, resolve_targets, scratch_database
 from .workload import (
     DEFAULT_BATCH_SIZES,
+    DEFAULT_RUNS,
     DEFAULT_TASKS,
     MIN_COMMITS,
     MIN_ROWS,
@@ -36,6 +37,7 @@ from .workload import (
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
+    "DEFAULT_RUNS",
     "DEFAULT_TASKS",
     "METRICS",
     "METRIC_NAMES",
@@ -44,6 +46,7 @@ __all__ = [
     "PAYLOAD_BYTES",
     "POPULATE_BATCH",
     "SERVER_URLS",
+    "Baseline",
     "BenchResult",
     "DatabaseResult",
     "Figure",
@@ -51,10 +54,13 @@ __all__ = [
     "RawDriver",
     "Target",
     "Workload",
+    "baselines",
     "bench",
     "bench_database",
+    "markdown_table",
     "plot",
     "print_table",
+    "raw_database",
     "raw_tables",
     "resolve_targets",
     "run_bench",

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
-from .report import plot, print_table
+from .report import markdown_table, plot, print_table
 from .runner import run_bench
 from .targets import resolve_targets
-from .workload import DEFAULT_BATCH_SIZES, DEFAULT_TASKS
+from .workload import DEFAULT_BATCH_SIZES, DEFAULT_RUNS, DEFAULT_TASKS
 
 
 def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -49,8 +49,19 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[in
     callback=_sizes,
     help="rows per commit",
 )
-@click.option("--runs", default=3, show_default=True, help="runs; figures are medians")
+@click.option(
+    "--runs",
+    default=DEFAULT_RUNS,
+    show_default=True,
+    help="pairs (store, raw) per figure; figures are medians of the per-pair ratios",
+)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@click.option(
+    "--markdown",
+    "as_markdown",
+    is_flag=True,
+    help="print the README's Markdown table instead of a table",
+)
 @click.option(
     "--plot",
     "plot_path",
@@ -64,6 +75,7 @@ def bench(
     batch_sizes: tuple[int, ...],
     runs: int,
     as_json: bool,
+    as_markdown: bool,
     plot_path: Path | None,
 ) -> None:
     """Measure the store beside the raw driver: commits, recovery, prune."""
@@ -76,6 +88,8 @@ def bench(
         result = run_bench(targets, tasks=tasks, batch_sizes=batch_sizes, runs=runs)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
+    elif as_markdown:
+        click.echo(markdown_table(result), nl=False)
     else:
         print_table(result)
     if plot_path is not None:

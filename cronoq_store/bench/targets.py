@@ -60,6 +60,27 @@ def scratch_database(server_url: str | URL) -> Iterator[URL]:
         admin.dispose()
 
 
+@contextlib.contextmanager
+def raw_database(target: Target) -> Iterator[URL]:
+    """The raw side's own database: `target.raw_url`, or a scratch one beside the store's (a
+    sibling SQLite file, or a new database on the same server), removed afterwards."""
+    if target.raw_url is not None:
+        yield target.raw_url
+        return
+    url = target.url
+    if url.get_backend_name() != "sqlite":
+        with scratch_database(url) as raw:
+            yield raw
+        return
+    store = Path(url.database or "")
+    path = store.with_name(f"{store.stem}-raw-{uuid.uuid4().hex[:8]}{store.suffix}")
+    try:
+        yield url.set(database=str(path))
+    finally:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
 def _sqlite_targets(path: str) -> list[Target]:
     url = make_url("sqlite://").set(database=path)
     return [Target(url=url, full_sync=True), Target(url=url, full_sync=False)]

@@ -25,6 +25,8 @@ MIN_COMMITS: Final = 20
 MIN_ROWS: Final = 500
 """Rows per throughput sample at least (small batches: this many commits)."""
 POPULATE_BATCH: Final = 1000
+DEFAULT_RUNS: Final = 5
+"""Pairs per figure (each figure is the median of their ratios)."""
 
 
 # The workload: realistic specs, the same for the store and the raw driver.

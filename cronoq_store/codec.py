@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final, get_args
 
+from . import jsontext
 from .errors import CorruptValue, InvalidValue
 from .model import (
     INT64_MAX,
@@ -46,7 +47,9 @@ STATUS_MAX: Final = 16
 _DEP_ON: Final = get_args(DepOn)
 
 _UNCLEAN = re.compile("[\x00\ud800-\udfff]")
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+_dumps = jsontext.dumps
+_dumps_plain = jsontext.dumps_plain
+"""For values of str, int and bool only (deps, resources, tags, labels): orjson if installed."""
 
 
 def clean(text: str) -> str:
@@ -212,7 +215,7 @@ def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
 
 
 def encode_deps(deps: tuple[Dep, ...]) -> str:
-    return _dumps(_deps_list(deps, "TaskSpec.deps")) if deps else "[]"
+    return _dumps_plain(_deps_list(deps, "TaskSpec.deps")) if deps else "[]"
 
 
 def decode_deps(text: str) -> tuple[Dep, ...]:
@@ -240,10 +243,10 @@ def _is_clean_json(text: str) -> bool:
 def encode_resources(resources: Mapping[str, int]) -> str:
     if not resources:
         return "{}"
-    text = _dumps(resources)
+    text = _dumps_plain(resources)
     if _is_clean_json(text):
         return text
-    return _dumps({clean(k): v for k, v in resources.items()})
+    return _dumps_plain({clean(k): v for k, v in resources.items()})
 
 
 def decode_resources(text: str) -> dict[str, int]:
@@ -258,10 +261,10 @@ def decode_resources(text: str) -> dict[str, int]:
 def encode_tags(tags: frozenset[str]) -> str:
     if not tags:
         return "[]"
-    text = _dumps(sorted(tags))
+    text = _dumps_plain(sorted(tags))
     if _is_clean_json(text):
         return text
-    return _dumps(sorted({clean(t) for t in tags}))
+    return _dumps_plain(sorted({clean(t) for t in tags}))
 
 
 def decode_tags(text: str) -> frozenset[str]:
@@ -277,10 +280,10 @@ def decode_tags(text: str) -> frozenset[str]:
 def encode_labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return "{}"
-    text = _dumps(labels)
+    text = _dumps_plain(labels)
     if _is_clean_json(text):
         return text
-    return _dumps({clean(k): clean(v) for k, v in labels.items()})
+    return _dumps_plain({clean(k): clean(v) for k, v in labels.items()})
 
 
 def decode_labels(text: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["BACKEND", "dumps", "dumps_plain"]
+__all__ = ["BACKEND", "dumps", "dumps_plain", "fast_loads"]
 
 dumps: Final[Callable[[Any], str]] = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), sort_keys=True
@@ -46,3 +46,15 @@ _fast = _orjson_dumps()
 BACKEND: Final = "json" if _fast is None else "orjson"
 """Which library `dumps_plain` uses."""
 dumps_plain: Final[Callable[[Any], str]] = dumps if _fast is None else _fast
+
+
+def _orjson_loads() -> Callable[[str], Any] | None:
+    try:
+        import orjson
+    except ImportError:
+        return None
+    return orjson.loads
+
+
+fast_loads: Final[Callable[[str], Any] | None] = _orjson_loads()
+"""orjson's decoder where installed (it raises a `ValueError` for what it refuses), else None."""

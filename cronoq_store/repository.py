@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 
-from . import codec, dialects
+from . import codec, dialects, execution
 from .errors import CorruptValue, InvalidValue, StoreError
 from .model import (
     INT64_MAX,
@@ -647,22 +647,23 @@ def recover(
     live: list[RecoveredTask] = []
     corrupt: list[tuple[int, str | None, str]] = []
     result = conn.execute(live_tasks_stmt().execution_options(yield_per=STREAM_ROWS))
-    for row in result.mappings():
-        try:
-            spec = codec.spec_from_columns(base, row)
-        except CorruptValue as exc:
-            log.error("quarantining undecodable task row %s: %s", row["id"], exc)
-            corrupt.append((row["id"], row["key"], f"corrupt task row: {exc}"))
-            continue
-        live.append(
-            RecoveredTask(
-                id=TaskId(row["id"]),
-                seq=row["seq"],
-                arrival=codec.from_unix(base, row["arrival_unix_ns"]),
-                spec=spec,
-                attempt=max(0, row["attempt"]),
+    with execution.collection_paused():  # every object decoded is kept: no garbage to find
+        for row in result.mappings():
+            try:
+                spec = codec.spec_from_columns(base, row)
+            except CorruptValue as exc:
+                log.error("quarantining undecodable task row %s: %s", row["id"], exc)
+                corrupt.append((row["id"], row["key"], f"corrupt task row: {exc}"))
+                continue
+            live.append(
+                RecoveredTask(
+                    id=TaskId(row["id"]),
+                    seq=row["seq"],
+                    arrival=codec.from_unix(base, row["arrival_unix_ns"]),
+                    spec=spec,
+                    attempt=max(0, row["attempt"]),
+                )
             )
-        )
     result.close()
     if corrupt:
         conn.execute(

@@ -22,7 +22,7 @@ import click
 from sqlalchemy import Engine, create_engine, delete, select
 from sqlalchemy.engine.interfaces import Dialect
 
-from ..model import Mutation, StatusChanged, Submitted, TaskId, TaskStatus, TimeBase
+from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskStatus, TimeBase
 from ..repository import PRUNE_BATCH
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
@@ -317,8 +317,8 @@ class _Bench:
                     {m.id: None for m in b},
                 )
 
-    def _store_recover(self) -> None:
-        self.store.recover(self.base)
+    def _store_recover(self) -> Recovered:
+        return self.store.recover(self.base)
 
     def recovery(self) -> None:
         """Recovery of `n` live tasks: time, and peak memory against what it returns."""

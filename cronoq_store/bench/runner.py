@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 import click
-from sqlalchemy import Engine, create_engine, delete, select
+from sqlalchemy import URL, Engine, create_engine, delete, select
 from sqlalchemy.engine.interfaces import Dialect
 
 from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskStatus, TimeBase
@@ -82,7 +82,7 @@ class _Bench:
     def __init__(
         self,
         target: Target,
-        raw_url: Any,
+        raw_url: URL,
         *,
         tasks: int,
         batch_sizes: Sequence[int],

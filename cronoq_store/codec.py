@@ -18,6 +18,7 @@ from functools import wraps
 from itertools import accumulate
 from typing import Any, Final, ParamSpec, TypeVar, get_args
 
+from . import jsontext
 from .errors import CorruptValue, InvalidValue
 from .model import (
     INT64_MAX,
@@ -59,7 +60,10 @@ four deep): deeper is damage, and decoding it recursively could exhaust the stac
 _DEP_ON: Final = get_args(DepOn)
 
 _UNCLEAN = re.compile("[\x00\ud800-\udfff]")
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+_dumps = jsontext.dumps
+_dumps_plain = jsontext.dumps_plain
+_fast_loads = jsontext.fast_loads
+"""For values of str, int and bool only (deps, resources, tags, labels): orjson if installed."""
 
 
 def clean(text: str) -> str:
@@ -175,6 +179,21 @@ _set = object.__setattr__
 large share of recovery."""
 
 
+def _loads_plain(column: str, text: object) -> Any:
+    """`_loads` for the columns `jsontext.dumps_plain` writes, by orjson where installed.
+
+    Whatever orjson refuses (or any text not a str) takes `_loads`, which decides as it always
+    did; where orjson accepts, it decodes as the standard library does, except for integers
+    beyond 64 bits (a float, not an int), which no decoder of these columns accepts either way.
+    """
+    if _fast_loads is not None and type(text) is str:
+        try:
+            return _fast_loads(text)
+        except ValueError:
+            pass
+    return _loads(column, text)
+
+
 def _expect(column: str, value: object, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise CorruptValue(f"{column}: unexpected {type(value).__name__} in stored value")
@@ -253,11 +272,11 @@ def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
 
 
 def encode_deps(deps: tuple[Dep, ...]) -> str:
-    return _dumps(_deps_list(deps, "TaskSpec.deps")) if deps else "[]"
+    return _dumps_plain(_deps_list(deps, "TaskSpec.deps")) if deps else "[]"
 
 
 def decode_deps(text: str) -> tuple[Dep, ...]:
-    return () if text == "[]" else _deps_from(_loads("deps", text))
+    return () if text == "[]" else _deps_from(_loads_plain("deps", text))
 
 
 def _str_map(column: str, obj: object, value_type: type) -> dict[str, Any]:
@@ -281,34 +300,34 @@ def _is_clean_json(text: str) -> bool:
 def encode_resources(resources: Mapping[str, int]) -> str:
     if not resources:
         return "{}"
-    text = _dumps(resources)
+    text = _dumps_plain(resources)
     if _is_clean_json(text):
         return text
-    return _dumps({clean(k): v for k, v in resources.items()})
+    return _dumps_plain({clean(k): v for k, v in resources.items()})
 
 
 def decode_resources(text: str) -> dict[str, int]:
     if text == "{}":
         return {}
-    resources = _str_map("resources", _loads("resources", text), int)
-    if any(v < 0 for v in resources.values()):
-        raise CorruptValue("resources: negative units")
+    resources = _str_map("resources", _loads_plain("resources", text), int)
+    if any(v < 0 or v > INT64_MAX for v in resources.values()):
+        raise CorruptValue("resources: units outside [0, 2**63 - 1]")
     return resources
 
 
 def encode_tags(tags: frozenset[str]) -> str:
     if not tags:
         return "[]"
-    text = _dumps(sorted(tags))
+    text = _dumps_plain(sorted(tags))
     if _is_clean_json(text):
         return text
-    return _dumps(sorted({clean(t) for t in tags}))
+    return _dumps_plain(sorted({clean(t) for t in tags}))
 
 
 def decode_tags(text: str) -> frozenset[str]:
     if text == "[]":
         return frozenset()
-    items = _expect("tags", _loads("tags", text), list)
+    items = _expect("tags", _loads_plain("tags", text), list)
     for t in items:
         if type(t) is not str:
             _expect("tags", t, str)
@@ -318,14 +337,14 @@ def decode_tags(text: str) -> frozenset[str]:
 def encode_labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return "{}"
-    text = _dumps(labels)
+    text = _dumps_plain(labels)
     if _is_clean_json(text):
         return text
-    return _dumps({clean(k): clean(v) for k, v in labels.items()})
+    return _dumps_plain({clean(k): clean(v) for k, v in labels.items()})
 
 
 def decode_labels(text: str) -> dict[str, str]:
-    return {} if text == "{}" else _str_map("labels", _loads("labels", text), str)
+    return {} if text == "{}" else _str_map("labels", _loads_plain("labels", text), str)
 
 
 _PRIORITIES: Final = {int(p): p for p in Priority}
@@ -386,6 +405,34 @@ def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
     }
 
 
+def _opt_nonneg(value: object) -> bool:
+    return value is None or (type(value) is int and 0 <= value <= INT64_MAX)
+
+
+def _scalars_valid(f: dict[str, Any]) -> bool:
+    """Whether `TaskSpec.__post_init__` would accept these decoded fields.
+
+    Only its scalar checks are repeated: the containers come from this module's decoders, which
+    checked every item and return exactly the types (tuple, dict, frozenset) `__post_init__`
+    would normalise to, so its second walk and copies of them (a tenth of recovery) are skipped.
+    """
+    key, tenant, deadline = f["key"], f["tenant"], f["deadline"]
+    return (
+        type(f["pool"]) is str
+        and f["pool"] != ""
+        and type(f["kind"]) is str
+        and (key is None or (type(key) is str and key != ""))
+        and (tenant is None or type(tenant) is str)
+        and (deadline is None or (type(deadline) is int and INT64_MIN <= deadline <= INT64_MAX))
+        and _opt_nonneg(f["duration_hint_ns"])
+        and _opt_nonneg(f["timeout_ns"])
+        and type(f["deps"]) is tuple
+        and type(f["resources"]) is dict
+        and type(f["tags"]) is frozenset
+        and type(f["labels"]) is dict
+    )
+
+
 def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
     """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged."""
     try:
@@ -400,23 +447,31 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
             )
         )
         payload = row["payload"]
-        return TaskSpec(
-            payload=bytes(payload) if payload is not None else b"",
-            kind=row["kind"],
-            pool=row["pool"],
-            priority=priority_from(row["priority"]),
-            key=row["key"],
-            deadline=from_unix_opt(base, _stored_time("deadline_unix_ns", row["deadline_unix_ns"])),
-            fixed_start=fixed,
-            duration_hint_ns=row["duration_hint_ns"],
-            timeout_ns=row["timeout_ns"],
-            retry=decode_retry(row["retry"]),
-            deps=decode_deps(row["deps"]),
-            resources=decode_resources(row["resources"]),
-            tags=decode_tags(row["tags"]),
-            labels=decode_labels(row["labels"]),
-            tenant=row["tenant"],
-        )
+        fields = {
+            "payload": bytes(payload) if payload is not None else b"",
+            "kind": row["kind"],
+            "pool": row["pool"],
+            "priority": priority_from(row["priority"]),
+            "key": row["key"],
+            "deadline": from_unix_opt(
+                base, _stored_time("deadline_unix_ns", row["deadline_unix_ns"])
+            ),
+            "fixed_start": fixed,
+            "duration_hint_ns": row["duration_hint_ns"],
+            "timeout_ns": row["timeout_ns"],
+            "retry": decode_retry(row["retry"]),
+            "deps": decode_deps(row["deps"]),
+            "resources": decode_resources(row["resources"]),
+            "tags": decode_tags(row["tags"]),
+            "labels": decode_labels(row["labels"]),
+            "tenant": row["tenant"],
+        }
+        if not _scalars_valid(fields):
+            return TaskSpec(**fields)  # raises, naming the field
+        spec = _new(TaskSpec)
+        for name, value in fields.items():
+            _set(spec, name, value)
+        return spec
     except InvalidValue as exc:
         raise CorruptValue(str(exc)) from exc
     except TypeError as exc:

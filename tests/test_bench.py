@@ -1,7 +1,7 @@
 """The benchmark in reduced form: it completes on every dialect and reports every figure.
 
 Nothing here asserts a time or a ratio (CI machines are noisy); only that each figure is
-measured, printed and in the JSON, beside the raw driver on the same rows.
+measured, printed and in the JSON, beside the raw driver on the same rows in its own database.
 """
 
 from __future__ import annotations
@@ -9,41 +9,64 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import replace
 from inspect import signature as inspect_signature
 from pathlib import Path
 
 from click.testing import CliRunner
-from sqlalchemy import URL, create_engine, inspect
+from sqlalchemy import URL, create_engine, func, inspect, select
 
 from cronoq_store.bench import (
     METRIC_NAMES,
     METRICS,
     BenchResult,
+    Figure,
     Target,
+    baselines,
     bench,
+    markdown_table,
     plot,
     print_table,
     run_bench,
 )
+from cronoq_store.schema import tasks
 
 SIZES = (1, 10)
 TASKS = 30
 
 
-def _expected() -> set[tuple[str, int | None]]:
-    figures: set[tuple[str, int | None]] = {(m, b) for m in ("submit", "transition") for b in SIZES}
-    return figures | {("recover", None), ("recover_memory", None), ("prune", 1000)}
+def _expected(dialect: str) -> set[tuple[str, int | None, str]]:
+    """Submissions against every raw baseline of the dialect; the rest against the main one."""
+    names = baselines(dialect)
+    figures: set[tuple[str, int | None, str]] = {
+        ("submit", b, name) for b in SIZES for name in names
+    }
+    figures |= {("transition", b, names[0]) for b in SIZES}
+    figures |= {("submit_cpu", 1, names[0]), ("transition_cpu", 1, names[0])}
+    return figures | {("recover", None, ""), ("recover_memory", None, ""), ("prune", 1000, "")}
 
 
-def test_bench_reports_every_figure(db_url: URL, tmp_path: Path) -> None:
-    result = run_bench([Target(url=db_url)], tasks=TASKS, batch_sizes=SIZES, runs=1)
+def test_raw_baselines_per_dialect() -> None:
+    """SQLite: json in the loop and pre-encoded rows; PostgreSQL: executemany and COPY."""
+    assert baselines("sqlite") == ("json", "pre-encoded")
+    assert baselines("postgresql") == ("executemany", "copy")
+    assert baselines("mysql") == ("executemany",)
+
+
+def test_bench_reports_every_figure(db_url: URL, dialect: str, tmp_path: Path) -> None:
+    result = run_bench([Target(url=db_url)], tasks=TASKS, batch_sizes=SIZES, runs=2)
     (db,) = result.databases
-    got = {(f.metric, f.batch_size) for f in db.figures}
-    assert got == _expected()
+    got = {(f.metric, f.batch_size, f.baseline) for f in db.figures}
+    assert got == _expected(dialect)
     for f in db.figures:
         assert math.isfinite(f.store) and f.store > 0, f
         assert math.isfinite(f.raw) and f.raw > 0, f
         assert math.isfinite(f.ratio) and f.ratio > 0, f
+        if f.metric != "recover_memory":
+            assert f.samples == 2, f
+            assert f.ratio_min is not None and f.ratio_max is not None
+            assert f.ratio_min <= f.ratio <= f.ratio_max, f
+        assert (f.excess is not None) == f.metric.endswith("_cpu"), f
 
     out = io.StringIO()
     print_table(result, file=out)
@@ -53,20 +76,85 @@ def test_bench_reports_every_figure(db_url: URL, tmp_path: Path) -> None:
     assert table.count(db.label) == len(db.figures)
 
     data = json.loads(json.dumps(result.as_dict()))
-    assert {(f["metric"], f["batch_size"]) for f in data["databases"][0]["figures"]} == got
+    figures = data["databases"][0]["figures"]
+    assert {(f["metric"], f["batch_size"], f["baseline"]) for f in figures} == got
     assert BenchResult.from_dict(data) == result
+
+    markdown = markdown_table(result)
+    assert markdown.splitlines()[0] == f"| figure | {db.label} |"
+    assert "submissions, batch 1 |" in markdown
+    assert "CPU per submit commit" in markdown
 
     png = tmp_path / "bench.png"
     plot(result, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # The raw tables are gone and the store is empty again.
+    # The raw side wrote to its own database, gone now; the store's is empty again.
     engine = create_engine(db_url)
     try:
         names = set(inspect(engine).get_table_names())
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(tasks)).scalar() == 0
     finally:
         engine.dispose()
     assert not {n for n in names if n.startswith("bench_raw")}
+    if dialect == "sqlite":
+        assert db_url.database is not None
+        assert not list(Path(db_url.database).parent.glob("*-raw-*"))
+
+
+def test_cpu_goal_is_milliseconds_added() -> None:
+    """The batch-1 CPU goal bounds what the store adds to raw, not their ratio."""
+    f = Figure(
+        metric="submit_cpu",
+        batch_size=1,
+        unit="ms/commit",
+        store=0.30,
+        raw=0.25,
+        ratio=1.2,
+        goal=0.1,
+        higher_is_better=False,
+        samples=5,
+        excess=0.05,
+    )
+    assert f.met is True
+    assert replace(f, excess=0.2).met is False
+
+
+def test_older_json_reads_back() -> None:
+    """A result written before baselines and spreads existed still loads (and prints)."""
+    old = {
+        "tasks": 10,
+        "runs": 1,
+        "batch_sizes": [1],
+        "databases": [
+            {
+                "label": "sqlite 3 full_sync=on",
+                "dialect": "sqlite",
+                "url": "sqlite:///x.db",
+                "figures": [
+                    {
+                        "metric": "submit",
+                        "batch_size": 1,
+                        "unit": "rows/s",
+                        "store": 1.0,
+                        "raw": 2.0,
+                        "ratio": 0.5,
+                        "goal": None,
+                        "higher_is_better": True,
+                        "samples": 1,
+                        "met": None,
+                    }
+                ],
+            }
+        ],
+    }
+    result = BenchResult.from_dict(old)
+    (f,) = result.databases[0].figures
+    assert (f.baseline, f.ratio_min, f.excess) == ("", None, None)
+    out = io.StringIO()
+    print_table(result, file=out)
+    assert "0.50x" in out.getvalue()
 
 
 def test_cli_json_covers_both_sqlite_modes(tmp_path: Path) -> None:
@@ -82,7 +170,7 @@ def test_cli_json_covers_both_sqlite_modes(tmp_path: Path) -> None:
             "--batch-sizes",
             "1,10",
             "--runs",
-            "1",
+            "2",
             "--json",
             "--url",
             str(tmp_path / "b.db"),
@@ -96,3 +184,26 @@ def test_cli_json_covers_both_sqlite_modes(tmp_path: Path) -> None:
     for db in data["databases"]:
         assert {f["metric"] for f in db["figures"]} == set(METRICS)
         assert all(f["met"] in (True, False, None) for f in db["figures"])
+
+
+def test_cli_markdown(tmp_path: Path) -> None:
+    """`--markdown` prints the README's table: one column per database."""
+    result = CliRunner().invoke(
+        bench,
+        [
+            "-n",
+            "20",
+            "--batch-sizes",
+            "1",
+            "--runs",
+            "1",
+            "--markdown",
+            "--url",
+            str(tmp_path / "m.db"),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.output.splitlines() if line.startswith("| figure"))
+    assert header.count("| sqlite ") == 2
+    assert "full_sync=on |" in header and header.endswith("full_sync=off |")

@@ -36,7 +36,18 @@ PUBLIC = (
     "inbox",
 )
 # The store's inside, and the commands whose interface is the CLI (docs/cli.md).
-INTERNAL = ("codec", "repository", "lease", "leadership", "ddl", "cli", "cli_inbox", "bench")
+INTERNAL = (
+    "codec",
+    "repository",
+    "lease",
+    "leadership",
+    "ddl",
+    "execution",
+    "jsontext",
+    "cli",
+    "cli_inbox",
+    "bench",
+)
 # What `cronoq_store` re-exports lives in these; the reference documents each name there.
 HOMES = ("store", "aio", "model", "errors", "inbox")
 # Public at the top level but loaded on first use, so left out of `__all__` (see __init__.py).

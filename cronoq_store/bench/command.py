@@ -1,0 +1,97 @@
+"""The `cronoq-store bench` command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from .report import markdown_table, plot, print_table
+from .runner import run_bench
+from .targets import resolve_targets
+from .workload import DEFAULT_BATCH_SIZES, DEFAULT_RUNS, DEFAULT_TASKS
+
+
+def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError as exc:
+        raise click.BadParameter("a comma-separated list of integers") from exc
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter("batch sizes must be positive")
+    return sizes
+
+
+@click.command("bench")
+@click.option(
+    "--url",
+    "urls",
+    multiple=True,
+    help="database URL or SQLite path (repeatable); its store must hold no tasks",
+)
+@click.option(
+    "--dialect",
+    "dialect_names",
+    multiple=True,
+    type=click.Choice(["sqlite", "postgresql", "mysql", "all"]),
+    help="a SQLite temp file, or a scratch database on the server of "
+    "CRONOQ_BENCH_POSTGRESQL_URL / CRONOQ_BENCH_MYSQL_URL (repeatable)",
+)
+@click.option("-n", "--tasks", default=DEFAULT_TASKS, show_default=True, help="tasks recovered")
+@click.option(
+    "--batch-sizes",
+    default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+    show_default=True,
+    callback=_sizes,
+    help="rows per commit",
+)
+@click.option(
+    "--runs",
+    default=DEFAULT_RUNS,
+    show_default=True,
+    help="pairs (store, raw) per figure; figures are medians of the per-pair ratios",
+)
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@click.option(
+    "--markdown",
+    "as_markdown",
+    is_flag=True,
+    help="print the README's Markdown table instead of a table",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="write a PNG of throughput against batch size (needs the plot extra)",
+)
+def bench(
+    urls: tuple[str, ...],
+    dialect_names: tuple[str, ...],
+    tasks: int,
+    batch_sizes: tuple[int, ...],
+    runs: int,
+    as_json: bool,
+    as_markdown: bool,
+    plot_path: Path | None,
+) -> None:
+    """Measure the store beside the raw driver: commits, recovery, prune."""
+    if tasks < 1 or runs < 1:
+        raise click.BadParameter("--tasks and --runs must be positive")
+    if threading.current_thread() is threading.main_thread():
+        # Terminated: unwind, so scratch databases and raw tables are dropped.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with resolve_targets(urls, dialect_names) as targets:
+        result = run_bench(targets, tasks=tasks, batch_sizes=batch_sizes, runs=runs)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    elif as_markdown:
+        click.echo(markdown_table(result), nl=False)
+    else:
+        print_table(result)
+    if plot_path is not None:
+        plot(result, plot_path)
+        click.echo(f"plot written to {plot_path}", err=True)

@@ -1,0 +1,170 @@
+"""Results: the figures a run reports, read back from JSON, and the issue's goals."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal
+
+from sqlalchemy import (
+    URL,
+)
+
+Metric = Literal[
+    "submit", "transition", "submit_cpu", "transition_cpu", "recover", "recover_memory", "prune"
+]
+METRICS: Final[tuple[Metric, ...]] = (
+    "submit",
+    "transition",
+    "submit_cpu",
+    "transition_cpu",
+    "recover",
+    "recover_memory",
+    "prune",
+)
+"""Every figure: throughput, CPU per commit at batch 1, recovery time and memory, prune."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figure:
+    """One measurement of the store beside a raw-driver baseline (medians over the pairs)."""
+
+    metric: Metric
+    batch_size: int | None
+    """Rows per commit (submit, transition) or per delete (prune); None for recovery."""
+    unit: str
+    store: float
+    """The store's figure: rows/s for throughput, ms of process time per commit for CPU,
+    seconds for recovery, peak bytes for memory."""
+    raw: float
+    """The raw driver's figure, or for memory the size of what recovery returned."""
+    ratio: float
+    """Median over the pairs of store/raw, the two of each pair measured one after the other."""
+    goal: float | None
+    """The issue's target: a ratio, or (CPU) the most milliseconds the store may add."""
+    higher_is_better: bool
+    samples: int
+    baseline: str = ""
+    """Which raw side (`json`, `pre-encoded`, `executemany`, `copy`; empty: the only one)."""
+    ratio_min: float | None = None
+    """The lowest per-pair ratio (the spread of `ratio`)."""
+    ratio_max: float | None = None
+    """The highest per-pair ratio."""
+    excess: float | None = None
+    """CPU only: median over the pairs of store minus raw, in `unit`."""
+
+    @property
+    def met(self) -> bool | None:
+        """Whether the goal is reached (None without a goal): the ratio, or for CPU the
+        milliseconds the store adds."""
+        if self.goal is None:
+            return None
+        if self.excess is not None:
+            return self.excess <= self.goal
+        return self.ratio >= self.goal if self.higher_is_better else self.ratio <= self.goal
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["met"] = self.met
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatabaseResult:
+    """Every figure of one database."""
+
+    label: str
+    """e.g. "sqlite full_sync=on", "postgresql 16.4", "mariadb 11.4"."""
+    dialect: str
+    url: str
+    """The URL, password hidden."""
+    figures: tuple[Figure, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchResult:
+    tasks: int
+    runs: int
+    batch_sizes: tuple[int, ...]
+    databases: tuple[DatabaseResult, ...]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchResult:
+        """A result read back from `as_dict` (`--json`), e.g. to print or plot it later."""
+        return cls(
+            tasks=data["tasks"],
+            runs=data["runs"],
+            batch_sizes=tuple(data["batch_sizes"]),
+            databases=tuple(
+                DatabaseResult(
+                    label=d["label"],
+                    dialect=d["dialect"],
+                    url=d["url"],
+                    figures=tuple(
+                        Figure(**{k: v for k, v in f.items() if k != "met"}) for f in d["figures"]
+                    ),
+                )
+                for d in data["databases"]
+            ),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tasks": self.tasks,
+            "runs": self.runs,
+            "batch_sizes": list(self.batch_sizes),
+            "databases": [
+                {
+                    "label": d.label,
+                    "dialect": d.dialect,
+                    "url": d.url,
+                    "figures": [f.as_dict() for f in d.figures],
+                }
+                for d in self.databases
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """A database to benchmark."""
+
+    url: URL
+    """Where the store runs (its store must hold no tasks)."""
+    full_sync: bool = True
+    """SQLite only: synchronous=FULL (on) or NORMAL (off)."""
+    raw_url: URL | None = None
+    """Where the raw driver runs: its own database, never the store's. None: a scratch one
+    beside the store's (a sibling SQLite file, or a new database on the same server)."""
+
+    @property
+    def dialect(self) -> str:
+        name = self.url.get_backend_name()
+        return "mysql" if name in ("mysql", "mariadb") else name
+
+
+def _goal(
+    target: Target, metric: Metric, batch: int | None, baseline: str
+) -> tuple[float | None, bool]:
+    """Issue 12's targets: (goal, whether higher is better); SQLite's with full_sync only."""
+    dialect = target.dialect
+    if dialect == "sqlite" and not target.full_sync:
+        return None, metric not in ("recover", "recover_memory", "submit_cpu", "transition_cpu")
+    if metric == "recover":
+        return 1.3, False
+    if metric == "recover_memory":
+        return 1.5, False
+    if metric in ("submit_cpu", "transition_cpu"):
+        return (0.1 if dialect == "sqlite" else 0.15), False
+    if metric == "prune":
+        return 0.8, True
+    if batch != 1000:
+        return None, True
+    if metric == "transition":
+        return 0.9, True
+    goals = {
+        ("sqlite", "json"): 1.0,
+        ("sqlite", "pre-encoded"): 0.7,
+        ("postgresql", "copy"): 0.8,
+        ("mysql", "executemany"): 1.0,
+    }
+    return goals.get((dialect, baseline)), True

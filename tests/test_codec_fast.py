@@ -1,0 +1,179 @@
+"""The codec's fast paths change nothing but speed.
+
+JSON columns are the same bytes whether orjson (the `fast` extra) writes them or not, decode
+to the same values, and a spec read back without `TaskSpec.__post_init__` is one that
+`__post_init__` accepts, equal to what it would build.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import cronoq_store.codec
+from cronoq_store import jsontext
+from cronoq_store.model import ById, ByKey, Dep, TaskId, TaskSpec
+
+# What dumps_plain is for: no floats. Any str (lone surrogates, NUL, astral), ints past 64 bits.
+_scalars = st.none() | st.booleans() | st.integers() | st.text()
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=20,
+)
+
+
+def _stdlib(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+@given(_values)
+def test_dumps_plain_writes_the_standard_librarys_bytes(value: Any) -> None:
+    assert jsontext.dumps_plain(value) == _stdlib(value)
+    assert jsontext.dumps(value) == _stdlib(value)
+
+
+def test_orjson_is_the_fast_path_when_installed() -> None:
+    """The dev extra installs orjson, so the property above exercises it."""
+    pytest.importorskip("orjson")
+    assert jsontext.BACKEND == "orjson"
+
+
+@pytest.fixture
+def without_orjson(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """`jsontext` and `codec` as imported where orjson is not installed."""
+    real_import = builtins.__import__
+
+    def no_orjson(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "orjson":
+            raise ImportError("no orjson here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "orjson", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_orjson)
+    try:
+        yield importlib.reload(jsontext)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(jsontext)
+        importlib.reload(cronoq_store.codec)
+
+
+_specs = st.builds(
+    TaskSpec,
+    payload=st.binary(max_size=8),
+    key=st.none() | st.text(min_size=1, max_size=20),
+    deps=st.lists(
+        st.builds(
+            Dep,
+            target=st.builds(ById, id=st.integers(0, 2**63 - 1).map(TaskId))
+            | st.builds(ByKey, key=st.text(min_size=1, max_size=10)),
+        ),
+        max_size=3,
+    ).map(tuple),
+    resources=st.dictionaries(st.text(max_size=8), st.integers(0, 2**40), max_size=3),
+    tags=st.frozensets(st.text(max_size=8), max_size=3),
+    labels=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+)
+
+
+@given(_specs)
+def test_spec_json_columns_are_the_standard_librarys_bytes(spec: TaskSpec) -> None:
+    """Whichever library wrote them, a spec's JSON columns are the stdlib's compact form."""
+    from cronoq_store import codec
+    from cronoq_store.model import TimeBase
+
+    base = TimeBase(unix_ns=0)
+    row = codec.spec_columns(base, spec)
+    for column in ("deps", "resources", "tags", "labels"):
+        assert row[column] == _stdlib(json.loads(row[column])), column
+
+
+def test_stdlib_path_without_orjson(without_orjson: Any) -> None:
+    assert without_orjson.BACKEND == "json"
+    assert without_orjson.dumps_plain is without_orjson.dumps
+    codec = importlib.reload(cronoq_store.codec)
+    from cronoq_store.model import TimeBase
+
+    spec = TaskSpec(
+        payload=b"x",
+        deps=(Dep(target=ById(id=TaskId(1))), Dep(target=ByKey(key="k\x00é"))),
+        resources={"gpu": 1},
+        tags=frozenset({"b", "a\ud800"}),
+        labels={"z": "1", "a": "é"},
+    )
+    row = codec.spec_columns(TimeBase(unix_ns=0), spec)
+    assert row["deps"] == '[{"id":1,"on":"success"},{"key":"k\ufffdé","on":"success"}]'
+    assert row["tags"] == '["a\ufffd","b"]'
+    assert row["labels"] == '{"a":"é","z":"1"}'
+    decoded = codec.spec_from_columns(TimeBase(unix_ns=0), row)
+    assert decoded.tags == frozenset({"a\ufffd", "b"})
+    assert decoded.labels == {"a": "é", "z": "1"}
+
+
+_garbage = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.text(max_size=4)
+    | st.floats()
+    | st.binary(max_size=4)
+)
+_json_garbage = _values.map(_stdlib) | st.text(max_size=12) | _garbage
+
+
+@given(spec=_specs, data=st.data())
+def test_spec_read_back_is_one_post_init_accepts(spec: TaskSpec, data: st.DataObject) -> None:
+    """Damaged columns either decode to a spec equal to one built with every check, or are
+    refused as `CorruptValue`; orjson's and the stdlib's decoders agree on each column."""
+    from dataclasses import fields
+
+    from cronoq_store import codec
+    from cronoq_store.errors import CorruptValue
+    from cronoq_store.model import TimeBase
+
+    base = TimeBase(unix_ns=0)
+    row = codec.spec_columns(base, spec)
+    for column in data.draw(st.lists(st.sampled_from(codec.SPEC_COLUMNS), max_size=3)):
+        if column in ("deps", "resources", "tags", "labels"):
+            row[column] = data.draw(_json_garbage)
+        elif column != "payload":
+            row[column] = data.draw(_garbage)
+    try:
+        decoded = codec.spec_from_columns(base, row)
+    except CorruptValue:
+        return
+    rebuilt = TaskSpec(**{f.name: getattr(decoded, f.name) for f in fields(TaskSpec)})
+    assert rebuilt == decoded
+    assert type(decoded.resources) is dict and type(decoded.tags) is frozenset
+
+
+@given(_json_garbage)
+@example('{"a":1180591620717411303424}')  # 2**70: an int to the stdlib, a float to orjson
+@example('[{"id":-9223372036854775809,"on":"success"}]')
+@example('["a","\\ud800"]')
+def test_plain_columns_decode_alike_with_and_without_orjson(text: Any) -> None:
+    """Each plain column's decoder gives the same value, or refuses, on either path."""
+    from cronoq_store import codec
+    from cronoq_store.errors import CorruptValue
+
+    for fn in (codec.decode_deps, codec.decode_tags, codec.decode_labels, codec.decode_resources):
+        outcomes = []
+        for fast in (codec._fast_loads, None):
+            saved = codec._fast_loads
+            codec._fast_loads = fast
+            try:
+                outcomes.append(("ok", fn(text)))
+            except CorruptValue:
+                outcomes.append(("corrupt", None))
+            finally:
+                codec._fast_loads = saved
+        assert outcomes[0] == outcomes[1], (fn.__name__, text)

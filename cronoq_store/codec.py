@@ -149,8 +149,9 @@ def check_json_size(field: str, text: str) -> str:
     return text
 
 
-def _loads(column: str, text: object) -> Any:
-    """Decode stored JSON, bounded: too long or too deep is `CorruptValue`, as is bad JSON."""
+def _bounded(column: str, text: object) -> str:
+    """`text`, if it is stored JSON text within the bounds: too long or too deep is
+    `CorruptValue` (every decoder checks here first, whichever library decodes)."""
     if not isinstance(text, str):
         raise CorruptValue(f"{column}: expected JSON text, got {type(text).__name__}")
     if len(text) > JSON_MAX_CHARS:
@@ -158,6 +159,12 @@ def _loads(column: str, text: object) -> Any:
     # Counting brackets is one C-speed pass; only text with many needs its depth measured.
     if text.count("[") + text.count("{") > JSON_MAX_DEPTH and json_depth(text) > JSON_MAX_DEPTH:
         raise CorruptValue(f"{column}: JSON nested deeper than {JSON_MAX_DEPTH} levels")
+    return text
+
+
+def _loads(column: str, text: object) -> Any:
+    """Decode stored JSON, bounded: too long or too deep is `CorruptValue`, as is bad JSON."""
+    text = _bounded(column, text)
     # What this module wrote has no surrounding whitespace: decode it without json.loads's
     # two whitespace scans; anything else takes the full path (and its errors).
     try:
@@ -186,9 +193,9 @@ def _loads_plain(column: str, text: object) -> Any:
     did; where orjson accepts, it decodes as the standard library does, except for integers
     beyond 64 bits (a float, not an int), which no decoder of these columns accepts either way.
     """
-    if _fast_loads is not None and type(text) is str:
+    if _fast_loads is not None:
         try:
-            return _fast_loads(text)
+            return _fast_loads(_bounded(column, text))
         except ValueError:
             pass
     return _loads(column, text)

@@ -30,7 +30,7 @@ from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
-from .. import dialects, repository
+from .. import codec, dialects, repository
 from ..model import ById, StatusChanged, Submitted, TaskStatus, TimeBase
 from ..schema import task_deps, tasks
 
@@ -129,6 +129,8 @@ class RawDriver:
         if order != _UPDATE_OUTPUT_ORDER:
             raise RuntimeError(f"unexpected update parameter order {order}")
         self.live, _ = self.sql(repository.live_tasks_stmt())
+        # Where the spec's columns start in a live-task row (after id, seq, status and the rest).
+        self._spec_at = len(repository.live_tasks_stmt().selected_columns) - len(codec.SPEC_COLUMNS)
         self._prune = repository.prune_stmt(join=dialects.delete_joins(dialect)).compile(
             dialect=self._compile_dialect
         )
@@ -297,6 +299,17 @@ class RawDriver:
         cur.execute(self.live)
         loads = json.loads
         out = []
+        # The payload, retry, deps, resources, tags, labels and tenant (SPEC_COLUMNS' order).
+        s = self._spec_at
+        pay, retry, deps, res, tags, labels, tenant = (
+            s + 4,
+            s + 11,
+            s + 12,
+            s + 13,
+            s + 14,
+            s + 15,
+            s + 16,
+        )
         enabled = gc.isenabled()
         gc.disable()
         try:
@@ -304,15 +317,15 @@ class RawDriver:
                 for r in chunk:
                     out.append(
                         (
-                            *r[:8],
-                            bytes(r[8]),
-                            *r[9:15],
-                            None if r[15] is None else loads(r[15]),
-                            loads(r[16]),
-                            loads(r[17]),
-                            loads(r[18]),
-                            loads(r[19]),
-                            r[20],
+                            *r[:pay],
+                            bytes(r[pay]),
+                            *r[pay + 1 : retry],
+                            None if r[retry] is None else loads(r[retry]),
+                            loads(r[deps]),
+                            loads(r[res]),
+                            loads(r[tags]),
+                            loads(r[labels]),
+                            r[tenant],
                         )
                     )
         finally:

@@ -314,11 +314,23 @@ class AsyncSqlStore:
     ) -> None:
         await self.close()
 
-    async def _run(self, fn: Callable[[Connection], T]) -> T:
-        """Run `fn` in one transaction on a sync-style connection; errors leave translated."""
+    async def _run(self, fn: Callable[[Connection], T], *, idle: timedelta | None = None) -> T:
+        """Run `fn` in one transaction on a sync-style connection; errors leave translated.
+
+        `idle`: as `SqlStore._run`, the lease TTL for a transaction that touches the leader row.
+        """
+
+        def bounded(conn: Connection) -> T:
+            dialects.bound_idle(conn, idle)
+            return fn(conn)
+
         with translated():
             async with self.engine.begin() as conn:
-                return await conn.run_sync(fn)
+                return await conn.run_sync(bounded)
+
+    async def _lease_run(self, fn: Callable[[Connection], T]) -> T:
+        """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
+        return await self._run(fn, idle=self.config.lease_ttl)
 
     @staticmethod
     def _now() -> int:
@@ -394,7 +406,7 @@ class AsyncSqlStore:
         unreachable: StoreUnavailable | None = None
         while True:
             try:
-                taken = await self._run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl))
+                taken = await self._lease_run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl))
             except StoreUnavailable as exc:
                 if unreachable is None:
                     log.warning("cannot reach the database to acquire leadership: %s", exc)
@@ -439,7 +451,9 @@ class AsyncSqlStore:
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
         holder = self.holder
-        return await self._run(lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl))
+        return await self._lease_run(
+            lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl)
+        )
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
@@ -455,7 +469,7 @@ class AsyncSqlStore:
         if self._epoch is not None:
             holder = self.holder
             try:
-                await self._run(lambda c: lease.release(c, holder=holder))
+                await self._lease_run(lambda c: lease.release(c, holder=holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
         self._epoch = None
@@ -485,7 +499,7 @@ class AsyncSqlStore:
             now_unix_ns=self._now(),
         )
         try:
-            await self._run(work)
+            await self._lease_run(work)
         except Fenced as exc:
             await self._lose(str(exc), epoch=epoch)
             raise

@@ -207,30 +207,67 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
 
 
-def bound_transaction(conn: Connection, timeout: timedelta, *, idle: timedelta) -> None:
+def bound_transaction(conn: Connection, timeout: timedelta) -> None:
     """Bound how long each statement of this transaction may wait, so a commit cannot hang.
 
-    PostgreSQL: `statement_timeout` for this transaction only, and `idle` for how long the
-    client may sit inside it: the server ends the session of a leader paused mid-commit, which
-    would otherwise hold the leader row, and so every standby, until it resumed. MySQL: the
-    session's lock wait timeout (whole seconds), set once per connection. SQLite waits only for
-    other writers, and `busy_timeout` already bounds that.
+    PostgreSQL: `statement_timeout` for this transaction only. MySQL: the session's lock wait
+    timeout (whole seconds), set once per connection. SQLite waits only for other writers, and
+    `busy_timeout` already bounds that.
     """
     dialect = name(conn.dialect)
     if dialect == "postgresql":
         ms = max(1, timeout // timedelta(milliseconds=1))
-        idle_ms = max(1, idle // timedelta(milliseconds=1))
-        conn.execute(
-            select(
-                func.set_config("statement_timeout", str(ms), True),
-                func.set_config("idle_in_transaction_session_timeout", str(idle_ms), True),
-            )
-        )
+        conn.execute(select(func.set_config("statement_timeout", str(ms), True)))
     elif dialect == "mysql":
         seconds = max(1, -(-timeout // timedelta(seconds=1)))
         if conn.info.get("cronoq_lock_wait_s") != seconds:
             conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
             conn.info["cronoq_lock_wait_s"] = seconds
+
+
+IDLE_INFO: Final = "cronoq_idle_s"
+"""`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""
+
+
+def idle_bound_supported(dialect: Dialect) -> bool:
+    """Whether the server can end a session idle inside its transaction: PostgreSQL (9.6+),
+    MariaDB 10.3+. SQLite has no server; MySQL has no such setting."""
+    which = name(dialect)
+    if which == "postgresql":
+        return True
+    if which == "mysql" and getattr(dialect, "is_mariadb", False):
+        version = dialect.server_version_info or (0,)
+        return tuple(version[:2]) >= (10, 3)
+    return False
+
+
+def bound_idle(conn: Connection, idle: timedelta | None) -> None:
+    """Make the server end this session if it sits idle inside the transaction past `idle`.
+
+    Called first in every transaction that touches the leader row (takes, renewals, commits,
+    releases) with `idle` = the lease TTL: a client stopped inside one (SIGSTOP, a VM pause)
+    holds the row lock, and with it every standby, only until then; the server rolls the
+    transaction back and closes the session. PostgreSQL: `idle_in_transaction_session_timeout`
+    for this transaction only (`SET LOCAL`). MariaDB 10.3+: the session's
+    `idle_transaction_timeout` (whole seconds, rounded up), set when it differs; any other
+    transaction of the store passes None, which puts the server's default back on a
+    connection we changed, so long reads are never cut. SQLite and MySQL: nothing (see
+    docs/guarantees.md).
+    """
+    if not idle_bound_supported(conn.dialect):
+        return
+    if name(conn.dialect) == "postgresql":
+        if idle is not None:
+            ms = max(1, -(-idle // timedelta(milliseconds=1)))
+            conn.execute(
+                select(func.set_config("idle_in_transaction_session_timeout", str(ms), True))
+            )
+        return
+    seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
+    if conn.info.get(IDLE_INFO, 0) != seconds:
+        value = str(seconds) if seconds else "DEFAULT"
+        conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {value}")
+        conn.info[IDLE_INFO] = seconds
 
 
 # Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never

@@ -218,7 +218,7 @@ def commit_work(
     deadline = time.monotonic() + timeout.total_seconds()
 
     def work(conn: Connection) -> None:
-        dialects.bound_transaction(conn, timeout, idle=config.lease_ttl)
+        dialects.bound_transaction(conn, timeout)
         if not lease.fence(conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl):
             raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
         repository.write(conn, base, folded, outputs)
@@ -291,9 +291,17 @@ class SqlStore:
 
     # Transactions: every database error leaves here translated.
 
-    def _run(self, fn: Callable[[Connection], Any]) -> Any:
+    def _run(self, fn: Callable[[Connection], Any], *, idle: timedelta | None = None) -> Any:
+        """Run `fn` in one transaction. Every transaction that touches the leader row passes
+        `idle` = the lease TTL: the server ends it if this process pauses inside it for longer
+        (`dialects.bound_idle`), so a paused holder never blocks a standby past the TTL."""
         with translated(), self.engine.begin() as conn:
+            dialects.bound_idle(conn, idle)
             return fn(conn)
+
+    def _lease_run(self, fn: Callable[[Connection], Any]) -> Any:
+        """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
+        return self._run(fn, idle=self.config.lease_ttl)
 
     def _read(self, fn: Callable[[Connection], Any]) -> Any:
         """Run `fn` in a read-only transaction (on SQLite it does not take the write lock)."""
@@ -302,6 +310,7 @@ class SqlStore:
             self.engine.connect().execution_options(**{dialects.READ_ONLY: True}) as conn,
             conn.begin(),
         ):
+            dialects.bound_idle(conn, None)
             return fn(conn)
 
     @staticmethod
@@ -380,7 +389,7 @@ class SqlStore:
             try:
                 taken = None
                 if self._read(lambda c: lease.may_take(c, holder=self.holder)):
-                    taken = self._run(lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl))
+                    taken = self._lease_run(lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl))
             except StoreUnavailable as exc:
                 if unreachable is None:
                     log.warning("cannot reach the database to acquire leadership: %s", exc)
@@ -421,7 +430,7 @@ class SqlStore:
     def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
-        renewed: bool = self._run(
+        renewed: bool = self._lease_run(
             lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
         )
         return renewed
@@ -449,7 +458,7 @@ class SqlStore:
         self._stop()
         if self._epoch is not None:
             try:
-                self._run(lambda c: lease.release(c, holder=self.holder))
+                self._lease_run(lambda c: lease.release(c, holder=self.holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
         self._epoch = None
@@ -480,7 +489,7 @@ class SqlStore:
         )
         started = time.monotonic()
         try:
-            self._run(work)
+            self._lease_run(work)
         except Fenced as exc:
             self._lose(str(exc), epoch=epoch)
             raise

@@ -157,10 +157,7 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     else:
-        try:
-            url = make_url(target)
-        except sa_exc.ArgumentError as exc:
-            raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
+        url = target if isinstance(target, URL) else dialects.parse_url(target)
     if url.get_backend_name() == "sqlite":
         path = sqlite_file(url)
         _create_private(path)
@@ -178,7 +175,9 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
             url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
         )
     except (sa_exc.ArgumentError, ImportError) as exc:
-        raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
+        advice = dialects.url_advice(url)
+        why = dialects.redact(f"bad database URL: {exc}")
+        raise StoreError(f"{why}; {advice}" if advice else why) from exc
 
 
 @contextlib.contextmanager

@@ -41,6 +41,9 @@ from .store import SqlStore, StoreConfig, _engine_for
 
 DEFAULT_URL: Final = "cronoq.db"
 """Without --url or CRONOQ_DATABASE_URL: the embedded SQLite file in the current directory."""
+DEMO_URL: Final = "cronoq-demo.db"
+"""Where `demo` writes without --url: never DEFAULT_URL, which holds a user's real data once
+they ran `upgrade` there."""
 UNIX: Final = TimeBase(unix_ns=0)
 """Decodes stored times as Unix nanoseconds (the CLI has no engine time base)."""
 COUNT_ALL: Final = 2**62
@@ -855,7 +858,9 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
 
 
 @main.command("demo")
-@click.option("--overwrite", is_flag=True, help="Replace the demo's files if they exist.")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace an earlier demo's files (never another database)."
+)
 @click.option(
     "--ttl",
     type=click.FloatRange(min=0.1),
@@ -863,12 +868,19 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
     show_default=True,
     help="Lease TTL in seconds of the demo's processes.",
 )
-@click.pass_obj
-def demo_cmd(target: Target, overwrite: bool, ttl: float) -> None:
-    """Run the failover demo on a SQLite file (--url, default ./cronoq.db) and check it.
+@click.pass_context
+def demo_cmd(ctx: click.Context, overwrite: bool, ttl: float) -> None:
+    """Run the failover demo on a SQLite file of its own (--url, default ./cronoq-demo.db) and
+    check it. Only a database an earlier demo made is ever overwritten.
 
     Exits with status 1 when the demo's own check fails.
     """
+    target: Target = ctx.obj
+    if ctx.parent is not None and ctx.parent.get_parameter_source("url") in (
+        click.core.ParameterSource.DEFAULT,
+        None,
+    ):
+        target = Target(url=DEMO_URL, schema=target.schema)
     url = target.parsed()
     if url.get_backend_name() != "sqlite" or not url.database:
         raise click.UsageError("demo runs on a SQLite file: pass --url PATH")
@@ -882,8 +894,11 @@ def demo_cmd(target: Target, overwrite: bool, ttl: float) -> None:
         try:
             report = demo.run(Path(url.database), overwrite=overwrite, ttl=ttl)
         except FileExistsError as exc:  # the demo writes a workload of its own, never reuses
+            if overwrite:
+                raise click.ClickException(f"{exc}: pass --url NEW_PATH") from exc
             raise click.ClickException(
-                f"{url.database} exists: pass --overwrite, or --url NEW_PATH"
+                f"{url.database} exists: pass --overwrite (if an earlier demo made it), "
+                "or --url NEW_PATH"
             ) from exc
     click.echo(demo.format_report(report))
     if not getattr(report, "ok", True):

@@ -649,3 +649,39 @@ def test_sqlite_a_leader_stopped_inside_its_transaction_holds_everyone(
     for d in (a, b):
         assert d.stop()["errors"] == []
     _check("sqlite", reader, log)
+
+
+@pytest.mark.sqlite
+def test_demo_from_the_cli_writes_its_own_file_and_status_agrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cronoq-store demo` without --url writes ./cronoq-demo.db (never the CLI's default
+    ./cronoq.db), never overwrites a database it did not make, and `status` afterwards shows
+    the last epoch the demo reported."""
+    from click.testing import CliRunner
+
+    from cronoq_store.cli import main
+    from cronoq_store.demo import is_demo_database
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
+    runner = CliRunner()
+    real = runner.invoke(main, ["upgrade"])  # a user's ./cronoq.db
+    assert real.exit_code == 0, real.output
+    before = (tmp_path / "cronoq.db").read_bytes()
+    refused = runner.invoke(main, ["--url", "cronoq.db", "demo", "--overwrite"])
+    assert refused.exit_code == 1 and "not a database the demo made" in refused.output
+    assert (tmp_path / "cronoq.db").read_bytes() == before
+
+    result = runner.invoke(main, ["demo", "--ttl", str(TTL)])
+    assert result.exit_code == 0, result.output
+    assert is_demo_database(tmp_path / "cronoq-demo.db")
+    assert (tmp_path / "cronoq.db").read_bytes() == before
+    epochs = [int(e) for e in result.output.split("epochs")[1].splitlines()[0].split("->")]
+    assert epochs == sorted(set(epochs)) and len(epochs) == 3
+    status = runner.invoke(main, ["--url", "cronoq-demo.db", "status", "--json"])
+    assert status.exit_code == 0, status.output
+    lease = json.loads(status.output)["lease"]
+    assert lease["state"] == "free" and lease["epoch"] == epochs[-1], (epochs, lease)
+    again = runner.invoke(main, ["demo"])  # no --overwrite: refused, nothing touched
+    assert again.exit_code == 1 and "pass --overwrite" in again.output

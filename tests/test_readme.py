@@ -153,3 +153,11 @@ def test_cli_transcripts_run(page: Path, tmp_path: Path, monkeypatch: pytest.Mon
             assert matches(normalised(expected), normalised(shown)), (
                 f"{page.name}: `{command}` printed\n{shown}\nbut the page shows\n{expected}"
             )
+
+
+def test_every_cli_transcript_is_run() -> None:
+    """A `$ cronoq-store` line outside a ```console block would not be checked: none exists."""
+    other = re.compile(r"^```(?!console)\w*\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+    for page in [README, *DOCS]:
+        for block in other.findall(page.read_text(encoding="utf-8")):
+            assert not re.search(r"^\$ cronoq-store", block, flags=re.MULTILINE), (page, block)

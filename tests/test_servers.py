@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Connection, create_engine, text
-
 from conftest import SERVER_URLS, raise_mysql_packet
+from sqlalchemy import Connection, create_engine, text
 
 ROOT = Path(__file__).resolve().parent.parent
 

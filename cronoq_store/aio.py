@@ -80,10 +80,7 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
     """The async-driver URL for `target`: a bare path means a SQLite file (aiosqlite)."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         return make_url("sqlite+aiosqlite://").set(database=str(_sqlite_path(os.fspath(target))))
-    try:
-        url = make_url(target)
-    except sa_exc.ArgumentError as exc:
-        raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
+    url = target if isinstance(target, URL) else dialects.parse_url(target)
     backend, _, driver = url.drivername.partition("+")
     if backend in ASYNC_DRIVERS and (not driver or driver in SYNC_DRIVERS[backend]):
         return url.set(drivername=f"{backend}+{ASYNC_DRIVERS[backend]}")

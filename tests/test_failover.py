@@ -569,9 +569,12 @@ def test_leader_stopped_inside_its_transaction_lets_a_standby_through(
     new.wait("ack", where=lambda e: e["epoch"] == lead["epoch"])
     i_stop = leader.mark()
     leader.signal(signal.SIGCONT)
-    leader.wait("resumed", start=i_stop - 1)
+    leader.wait("resumed", start=i_stop)
     leader.wait("standby", start=i_stop)
-    assert not [e for e in leader.since(i_stop, "ack") if e["epoch"] != lead["epoch"]]
+    # Resumed, it finds its lease gone. (A batch it committed before it stopped may be
+    # acknowledged only now; `_check` proves that whatever it acknowledged landed, and that
+    # nothing it was fenced on did.)
+    assert leader.since(i_stop, "leadership_lost") or leader.since(i_stop, "fenced")
     for d in (a, b):
         assert d.stop()["errors"] == []
     _check(dialect, reader, log)

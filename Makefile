@@ -28,7 +28,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 demo: venv
-	$(BIN)/cronoq-store --url cronoq.db demo --overwrite
+	$(BIN)/cronoq-store demo --overwrite  # ./cronoq-demo.db; it never overwrites another database
 
 test: venv
 	scripts/test-servers
@@ -71,4 +71,4 @@ lint: venv
 	$(BIN)/mypy --strict cronoq_store
 
 clean:
-	rm -rf $(VENV) .venv-lowest .venv-newest site cronoq.db cronoq.db-wal cronoq.db-shm cronoq.db.acks.jsonl cronoq.db.*.log
+	rm -rf $(VENV) .venv-lowest .venv-newest site cronoq-demo.db cronoq-demo.db-wal cronoq-demo.db-shm cronoq-demo.db.acks.jsonl cronoq-demo.db.*.log

@@ -83,10 +83,7 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
     """The async-driver URL for `target`: a bare path means a SQLite file (aiosqlite)."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         return make_url("sqlite+aiosqlite://").set(database=str(_sqlite_path(os.fspath(target))))
-    try:
-        url = make_url(target)
-    except sa_exc.ArgumentError as exc:
-        raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
+    url = target if isinstance(target, URL) else dialects.parse_url(target)
     backend, _, driver = url.drivername.partition("+")
     if backend in ASYNC_DRIVERS and (not driver or driver in SYNC_DRIVERS[backend]):
         return url.set(drivername=f"{backend}+{ASYNC_DRIVERS[backend]}")
@@ -272,11 +269,23 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _run(self, fn: Callable[[Connection], T]) -> T:
-        """Run `fn` in one transaction on a sync-style connection; errors leave translated."""
+    async def _run(self, fn: Callable[[Connection], T], *, idle: timedelta | None = None) -> T:
+        """Run `fn` in one transaction on a sync-style connection; errors leave translated.
+
+        `idle`: as `SqlStore._run`, the lease TTL for a transaction that touches the leader row.
+        """
+
+        def bounded(conn: Connection) -> T:
+            dialects.bound_idle(conn, idle)
+            return fn(conn)
+
         with translated():
             async with self.engine.begin() as conn:
-                return await conn.run_sync(fn)
+                return await conn.run_sync(bounded)
+
+    async def _lease_run(self, fn: Callable[[Connection], T]) -> T:
+        """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
+        return await self._run(fn, idle=self.config.lease_ttl)
 
     # Leadership.
 
@@ -303,7 +312,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
         holder = self.holder
         try:
-            return await self._run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns))
+            return await self._lease_run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns))
         except StoreUnavailable as exc:
             return exc
 
@@ -345,7 +354,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         ttl = _ns(self.config.lease_ttl)
         holder = self.holder
         try:
-            renewed: bool = await self._run(
+            renewed: bool = await self._lease_run(
                 lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl)
             )
         except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
@@ -366,7 +375,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         if self._leadership.epoch is not None:
             holder = self.holder
             try:
-                await self._run(lambda c: lease.release(c, holder=holder))
+                await self._lease_run(lambda c: lease.release(c, holder=holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
         self._leadership.released()
@@ -381,7 +390,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         work = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
-            await self._run(work)
+            await self._lease_run(work)
         except Fenced as exc:
             await self._lose(str(exc), about=epoch)
             raise

@@ -29,18 +29,21 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool
 
 from . import codec, dialects, inbox, lease, migrate, repository
 from .errors import CorruptValue, InvalidValue, SchemaError, StoreError, StoreUnavailable
-from .model import TaskStatus, TimeBase
+from .model import INT64_MAX, INT64_MIN, TaskStatus, TimeBase
 from .schema import check_schema_name
-from .store import SqlStore, StoreConfig
+from .store import SqlStore, StoreConfig, _engine_for
 
 DEFAULT_URL: Final = "cronoq.db"
 """Without --url or CRONOQ_DATABASE_URL: the embedded SQLite file in the current directory."""
+DEMO_URL: Final = "cronoq-demo.db"
+"""Where `demo` writes without --url: never DEFAULT_URL, which holds a user's real data once
+they ran `upgrade` there."""
 UNIX: Final = TimeBase(unix_ns=0)
 """Decodes stored times as Unix nanoseconds (the CLI has no engine time base)."""
 COUNT_ALL: Final = 2**62
@@ -68,14 +71,23 @@ class Target:
         if "://" not in self.url:
             return URL.create("sqlite", database=self.url)
         try:
-            return make_url(self.url)
-        except (sa_exc.ArgumentError, ValueError) as exc:
-            raise click.ClickException(dialects.redact(f"bad database URL: {exc}")) from exc
+            return dialects.parse_url(self.url)
+        except InvalidValue as exc:
+            raise click.ClickException(str(exc)) from exc
 
 
 def shown(url: URL) -> str:
-    """`url` as it may be printed: never with its password."""
-    return dialects.redact(url.render_as_string(hide_password=True))
+    """`url` as it may be printed: never with its password (`dialects.safe_url`)."""
+    return dialects.safe_url(url)
+
+
+def shown_target(ctx: click.Context) -> str:
+    """The command line's database as it may be printed ("?" if it cannot be parsed)."""
+    target = ctx.find_object(Target)
+    try:
+        return shown(target.parsed()) if target is not None else "?"
+    except click.ClickException:
+        return "?"
 
 
 def _one_line(text: str) -> str:
@@ -88,6 +100,8 @@ def _errors(where: str) -> Iterator[None]:
     """Turn every store and database error in the block into a one-line `click` error."""
     try:
         yield
+    except BrokenPipeError:
+        raise  # stdout closed by the reader (`| head`): click exits quietly
     except (sa_exc.SQLAlchemyError, OSError) as exc:
         raise _failure(where, dialects.translate(exc)) from exc
     except StoreError as exc:
@@ -127,17 +141,35 @@ def _database(
         if plain and not write:
             reader = _sqlite_reader(url, config)
     with _errors(where):
-        store = (
-            SqlStore(reader, config) if reader else SqlStore.open(url, config, check_schema=False)
-        )
+        # The store's engine, without `SqlStore.open`'s checks: each command checks what it
+        # needs itself (`current` must show a revision this build does not know).
+        engine = reader or _engine_for(url, config)
         try:
-            if need_schema:
-                _require_head(store, target.schema)
-            yield store
+            store = SqlStore(engine, config)
+            try:
+                if target.schema and dialects.name(engine.dialect) == "mysql":
+                    _mysql_database(engine, target.schema, create=create)
+                if need_schema:
+                    _require_head(store, target.schema)
+                yield store
+            finally:
+                store.close()
         finally:
-            store.close()
-            if reader is not None:
-                reader.dispose()
+            engine.dispose()
+
+
+def _mysql_database(engine: Engine, schema: str, *, create: bool) -> None:
+    """MySQL's --schema is a database of its own: `upgrade` creates it (as PostgreSQL's first
+    migration creates its schema); any other command names it and says what to do."""
+    with engine.begin() as conn:
+        if dialects.database_exists(conn, schema):
+            return
+        if not create:
+            raise SchemaError(
+                f"no database {schema!r} on this server (--schema): "
+                f"`cronoq-store --schema {schema} upgrade` creates it"
+            )
+        dialects.create_database(conn, schema)
 
 
 def _sqlite_reader(url: URL, config: StoreConfig) -> Engine:
@@ -242,11 +274,19 @@ _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(text: str) -> timedelta:
-    """A duration such as 30s, 15m, 2h, 7d, 1w or 1h30m; ValueError otherwise."""
+    """A duration such as 30s, 15m, 2h, 7d, 1w or 1h30m; ValueError otherwise.
+
+    Saturates at `timedelta.max` (about 2.7 million years): "older than 99999999999999999999d"
+    means "older than anything", as the store's own bounds do.
+    """
     compact = text.strip().lower().replace(" ", "")
     if not compact or _DURATION.sub("", compact):
         raise ValueError(f"{text!r} is not a duration like 30s, 15m, 2h or 7d")
-    return timedelta(seconds=sum(int(n) * _UNIT_S[u] for n, u in _DURATION.findall(compact)))
+    seconds = sum(int(n) * _UNIT_S[u] for n, u in _DURATION.findall(compact))
+    return timedelta(seconds=seconds) if seconds < _MAX_S else timedelta.max
+
+
+_MAX_S: Final = int(timedelta.max.total_seconds())
 
 
 def _schema_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -298,6 +338,31 @@ class CronoqGroup(click.Group):
                 names.add(name)
         return sorted(names)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; whatever escapes it becomes one line on stderr and status 1.
+
+        Store errors are made one line where they happen (`_errors`); this catches the rest (a
+        bug, a value no check foresaw), so no input ever prints a traceback. A closed pipe
+        (`cronoq-store tasks | head`) is left to click, which exits quietly.
+        """
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except BrokenPipeError:
+            raise
+        except StoreError as exc:
+            raise _failure(shown_target(ctx), exc) from exc
+        except Exception as exc:
+            if os.environ.get("CRONOQ_TRACEBACK"):
+                raise
+            raise click.ClickException(
+                _one_line(
+                    f"internal error ({type(exc).__name__}: {exc}); "
+                    "set CRONOQ_TRACEBACK=1 to see where"
+                )
+            ) from exc
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
         if command is None and cmd_name in LAZY_COMMANDS:
@@ -306,6 +371,7 @@ class CronoqGroup(click.Group):
 
 
 @click.group(cls=CronoqGroup)
+@click.version_option(package_name="cronoq-store", prog_name="cronoq-store")
 @click.option(
     "--url",
     envvar="CRONOQ_DATABASE_URL",
@@ -374,9 +440,9 @@ def current(target: Target, check: bool) -> None:
     """Print the database's schema revision ("none" before the first upgrade)."""
     with _database(target, need_schema=False) as store:
         rev = migrate.current_revision(store.engine, schema=target.schema)
-        if rev is not None and rev not in known_revisions():
-            raise _unknown(rev)
     click.echo(rev or "none")
+    if rev is not None and rev not in known_revisions():
+        raise _failure(shown(target.parsed()), _unknown(rev))
     head = migrate.head_revision()
     if check and rev != head:
         raise click.ClickException(f"not at head {head!r}: run `cronoq-store upgrade`")
@@ -560,12 +626,14 @@ def tasks_cmd(
     as_json: bool,
 ) -> None:
     """List tasks, live and finished, in id order (page on with --after)."""
+    if after is not None and after < INT64_MIN:
+        after = None  # every id is above it
     stmt = repository.list_tasks_stmt(
         pools=pools,
         statuses=[s.lower() for s in statuses],
         key=key,
         tenant=tenant,
-        after=after,
+        after=None if after is None else min(after, INT64_MAX),
         limit=limit,
     )
     with _database(target) as store, store.engine.connect() as conn:
@@ -652,6 +720,8 @@ def show(target: Target, ref: str, by_key: bool, as_json: bool) -> None:
     task_id: int | None = None
     if not by_key and re.fullmatch(r"-?\d+", ref):
         task_id = int(ref)
+        if not INT64_MIN <= task_id <= INT64_MAX:  # no task can have it
+            raise click.ClickException(f"no task with id {task_id} (ids are 64-bit)")
     stmt = (
         repository.task_row_stmt(task_id=task_id)
         if task_id is not None
@@ -788,6 +858,7 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
         if not yes:
             click.confirm("Release it? Only do this if that process is dead", abort=True)
         with store.engine.begin() as conn:
+            dialects.bound_idle(conn, store.config.lease_ttl)  # it touches the leader row
             released = conn.execute(lease.release_stmt(), {"b_holder": view["holder"]}).rowcount
     if released != 1:
         raise click.ClickException("the lease changed hands meanwhile: nothing released")
@@ -801,7 +872,9 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
 
 
 @main.command("demo")
-@click.option("--overwrite", is_flag=True, help="Replace the demo's files if they exist.")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace an earlier demo's files (never another database)."
+)
 @click.option(
     "--ttl",
     type=click.FloatRange(min=0.1),
@@ -809,12 +882,19 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
     show_default=True,
     help="Lease TTL in seconds of the demo's processes.",
 )
-@click.pass_obj
-def demo_cmd(target: Target, overwrite: bool, ttl: float) -> None:
-    """Run the failover demo on a SQLite file (--url, default ./cronoq.db) and check it.
+@click.pass_context
+def demo_cmd(ctx: click.Context, overwrite: bool, ttl: float) -> None:
+    """Run the failover demo on a SQLite file of its own (--url, default ./cronoq-demo.db) and
+    check it. Only a database an earlier demo made is ever overwritten.
 
     Exits with status 1 when the demo's own check fails.
     """
+    target: Target = ctx.obj
+    if ctx.parent is not None and ctx.parent.get_parameter_source("url") in (
+        click.core.ParameterSource.DEFAULT,
+        None,
+    ):
+        target = Target(url=DEMO_URL, schema=target.schema)
     url = target.parsed()
     if url.get_backend_name() != "sqlite" or not url.database:
         raise click.UsageError("demo runs on a SQLite file: pass --url PATH")
@@ -828,8 +908,11 @@ def demo_cmd(target: Target, overwrite: bool, ttl: float) -> None:
         try:
             report = demo.run(Path(url.database), overwrite=overwrite, ttl=ttl)
         except FileExistsError as exc:  # the demo writes a workload of its own, never reuses
+            if overwrite:
+                raise click.ClickException(f"{exc}: pass --url NEW_PATH") from exc
             raise click.ClickException(
-                f"{url.database} exists: pass --overwrite, or --url NEW_PATH"
+                f"{url.database} exists: pass --overwrite (if an earlier demo made it), "
+                "or --url NEW_PATH"
             ) from exc
     click.echo(demo.format_report(report))
     if not getattr(report, "ok", True):

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from .store import SqlStore, StoreConfig
 from .testing import DriverProcess, DriverProcessError, check, enqueuer_argv
@@ -105,7 +105,25 @@ class DemoReport:
         )
 
 
+DEMO_APPLICATION_ID: Final = 0x63716D6F  # "cqmo"
+"""SQLite's `PRAGMA application_id` of a demo's database: only such a file is overwritten."""
+
+
+def is_demo_database(path: Path) -> bool:
+    """Whether `path` is a SQLite database that a demo made (it carries the demo's mark)."""
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+    except OSError:
+        return False
+    # The header: "SQLite format 3\0", and the application id at offset 68 (big-endian).
+    return header[:16] == b"SQLite format 3\x00" and header[68:72] == DEMO_APPLICATION_ID.to_bytes(
+        4, "big"
+    )
+
+
 def _fresh(path: Path, overwrite: bool) -> Path:
+    """Clear the way for a new demo at `path` and mark its database as a demo's; its log."""
     log = path.with_name(path.name + ".acks.jsonl")
     files = [path, Path(f"{path}-wal"), Path(f"{path}-shm"), log]
     existing = [f for f in files if f.exists()]
@@ -114,9 +132,21 @@ def _fresh(path: Path, overwrite: bool) -> Path:
             f"{existing[0]} exists: the demo writes a workload of its own; "
             "pass a new path (or overwrite=True)"
         )
+    if path.exists() and not is_demo_database(path):
+        raise FileExistsError(
+            f"{path} is not a database the demo made: it is never overwritten; pass a new path"
+        )
     for f in existing:
         f.unlink()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as its files are
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute(f"PRAGMA application_id = {DEMO_APPLICATION_ID}")
+        conn.commit()
+    finally:
+        conn.close()
     return log
 
 
@@ -230,8 +260,10 @@ def run(
             deadline = time.monotonic() + timeout
             while store.read_inbox(limit=1) and time.monotonic() < deadline:
                 time.sleep(0.05)  # the leader drains what the app left
-        summaries = [p.stop(timeout=timeout) for p in (other, second)]
-        fenced = summaries[1]["fenced"]
+        # The standby first: stopped after the leader, it would take the lease released at
+        # the leader's stop, and `status` would then show an epoch the report never did.
+        summaries = [p.stop(timeout=timeout) for p in (second, other)]
+        fenced = summaries[0]["fenced"]
     finally:
         for p in procs:
             p.close()

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any, Final
 
 from sqlalchemy import (
+    URL,
     BigInteger,
     Connection,
     Engine,
@@ -31,6 +32,7 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
+    make_url,
     select,
     table,
 )
@@ -39,10 +41,11 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateSchema
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from .errors import StoreError, StoreUnavailable
+from .errors import InvalidValue, StoreError, StoreUnavailable
 
 MIGRATION_LOCK_KEY: Final = 0x63726F6E6F71  # "cronoq"
 MIGRATION_LOCK_NAME: Final = "cronoq_store.migrate"
@@ -178,6 +181,18 @@ def database_size_stmt(dialect: Dialect, schema: str | None) -> Select[Any]:
     )
 
 
+def database_exists(conn: Connection, schema: str) -> bool:
+    """MySQL: whether the server has a database named `schema` (its --schema)."""
+    schemata = table("schemata", sql_column("schema_name"), schema="information_schema")
+    found = conn.execute(select(literal(1)).where(schemata.c.schema_name == schema)).first()
+    return found is not None
+
+
+def create_database(conn: Connection, schema: str) -> None:
+    """MySQL: create the database `schema` if it is missing (the tables name their charset)."""
+    conn.execute(CreateSchema(schema, if_not_exists=True))
+
+
 # Migrations run under one cross-process lock per database.
 
 
@@ -216,30 +231,67 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
 
 
-def bound_transaction(conn: Connection, timeout: timedelta, *, idle: timedelta) -> None:
+def bound_transaction(conn: Connection, timeout: timedelta) -> None:
     """Bound how long each statement of this transaction may wait, so a commit cannot hang.
 
-    PostgreSQL: `statement_timeout` for this transaction only, and `idle` for how long the
-    client may sit inside it: the server ends the session of a leader paused mid-commit, which
-    would otherwise hold the leader row, and so every standby, until it resumed. MySQL: the
-    session's lock wait timeout (whole seconds), set once per connection. SQLite waits only for
-    other writers, and `busy_timeout` already bounds that.
+    PostgreSQL: `statement_timeout` for this transaction only. MySQL: the session's lock wait
+    timeout (whole seconds), set once per connection. SQLite waits only for other writers, and
+    `busy_timeout` already bounds that.
     """
     dialect = name(conn.dialect)
     if dialect == "postgresql":
         ms = max(1, timeout // timedelta(milliseconds=1))
-        idle_ms = max(1, idle // timedelta(milliseconds=1))
-        conn.execute(
-            select(
-                func.set_config("statement_timeout", str(ms), True),
-                func.set_config("idle_in_transaction_session_timeout", str(idle_ms), True),
-            )
-        )
+        conn.execute(select(func.set_config("statement_timeout", str(ms), True)))
     elif dialect == "mysql":
         seconds = max(1, -(-timeout // timedelta(seconds=1)))
         if conn.info.get("cronoq_lock_wait_s") != seconds:
             conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
             conn.info["cronoq_lock_wait_s"] = seconds
+
+
+IDLE_INFO: Final = "cronoq_idle_s"
+"""`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""
+
+
+def idle_bound_supported(dialect: Dialect) -> bool:
+    """Whether the server can end a session idle inside its transaction: PostgreSQL (9.6+),
+    MariaDB 10.3+. SQLite has no server; MySQL has no such setting."""
+    which = name(dialect)
+    if which == "postgresql":
+        return True
+    if which == "mysql" and getattr(dialect, "is_mariadb", False):
+        version = dialect.server_version_info or (0,)
+        return tuple(version[:2]) >= (10, 3)
+    return False
+
+
+def bound_idle(conn: Connection, idle: timedelta | None) -> None:
+    """Make the server end this session if it sits idle inside the transaction past `idle`.
+
+    Called first in every transaction that touches the leader row (takes, renewals, commits,
+    releases) with `idle` = the lease TTL: a client stopped inside one (SIGSTOP, a VM pause)
+    holds the row lock, and with it every standby, only until then; the server rolls the
+    transaction back and closes the session. PostgreSQL: `idle_in_transaction_session_timeout`
+    for this transaction only (`SET LOCAL`). MariaDB 10.3+: the session's
+    `idle_transaction_timeout` (whole seconds, rounded up), set when it differs; any other
+    transaction of the store passes None, which puts the server's default back on a
+    connection we changed, so long reads are never cut. SQLite and MySQL: nothing (see
+    docs/guarantees.md).
+    """
+    if not idle_bound_supported(conn.dialect):
+        return
+    if name(conn.dialect) == "postgresql":
+        if idle is not None:
+            ms = max(1, -(-idle // timedelta(milliseconds=1)))
+            conn.execute(
+                select(func.set_config("idle_in_transaction_session_timeout", str(ms), True))
+            )
+        return
+    seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
+    if conn.info.get(IDLE_INFO, 0) != seconds:
+        value = str(seconds) if seconds else "DEFAULT"
+        conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {value}")
+        conn.info[IDLE_INFO] = seconds
 
 
 # Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never
@@ -270,13 +322,81 @@ _MYSQL_TRANSIENT: Final = frozenset(
         3024,  # query execution interrupted, maximum statement execution time exceeded
     }
 )
-_PASSWORD = re.compile(r"(?i)(password|passwd|pwd)\s*=\s*('[^']*'|\"[^\"]*\"|\S+)")
-_URL_PASSWORD = re.compile(r"(\w+(?:\+\w+)?://[^:/@\s]*:)[^@\s]*@")
+SECRET_QUERY_KEYS: Final = frozenset({"password", "passwd", "pwd", "sslpassword"})
+"""URL query options whose value is a password (psycopg and PyMySQL accept them)."""
+_PASSWORD = re.compile(
+    r"(?i)\b(password|passwd|pwd|sslpassword)\s*=\s*('[^']*'|\"[^\"]*\"|[^\s&;,)'\"]+)"
+)
+# Up to the LAST '@' of the URL's text: an unencoded '@' in a password must not cut it short.
+_URL_PASSWORD = re.compile(r"(\w+(?:\+\w+)?://[^:/@\s]*:)\S*@")
 
 
 def redact(text: str) -> str:
-    """`text` with anything that looks like a password replaced by ***."""
+    """`text` with anything that looks like a password replaced by ***: the one place every
+    printed URL and database message goes through."""
     return _PASSWORD.sub(r"\1=***", _URL_PASSWORD.sub(r"\1***@", text))
+
+
+def safe_url(url: URL) -> str:
+    """`url` as it may be printed: its password and any password query option masked."""
+    query = {k: ("***" if k.lower() in SECRET_QUERY_KEYS else v) for k, v in url.query.items()}
+    text = url.set(query=query).render_as_string(hide_password=True)
+    return redact(text.replace("%2A%2A%2A", "***"))
+
+
+def parse_url(text: str) -> URL:
+    """A database URL, or `InvalidValue` naming what is wrong and never showing the password.
+
+    A URL whose user or password holds an unencoded '@' is refused: SQLAlchemy would split it
+    at the first one and hand the rest of the password to the driver as the host name, which
+    then prints it in its error ("failed to resolve host 'ssW0rd@127.0.0.1'").
+    """
+    scheme, _, rest = text.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0] if "@" in rest else ""
+    if authority.count("@") > 1 or (not authority and rest.split("?", 1)[0].count("@") > 1):
+        raise InvalidValue(
+            f"bad database URL {scheme}://...: more than one '@' before the host; "
+            "a password (or user name) holding '@' must be percent-encoded, '@' as %40"
+        )
+    try:
+        return make_url(text)
+    except (sa_exc.ArgumentError, ValueError) as exc:
+        raise InvalidValue(redact(f"bad database URL: {exc}")) from exc
+
+
+_DRIVERS: Final = {
+    "postgresql": ("postgresql+psycopg", "postgresql", "psycopg"),
+    "postgres": ("postgresql+psycopg", "postgresql", "psycopg"),
+    "mysql": ("mysql+pymysql", "mysql", "pymysql"),
+    "mariadb": ("mysql+pymysql", "mysql", "pymysql"),
+}
+"""Backend name: the URL scheme to write, the extra that installs its driver, the driver."""
+
+
+def url_advice(url: URL) -> str:
+    """What to do about a URL whose dialect or driver cannot be loaded ("" if we know none):
+    the extra to install and the URL form the store is tested with."""
+    backend = url.get_backend_name()
+    if backend not in _DRIVERS:
+        return ""
+    scheme, extra, driver = _DRIVERS[backend]
+    form = safe_url(url.set(drivername=scheme))
+    install = f"pip install 'cronoq-store[{extra}]'"
+    if backend == "postgres":
+        return (
+            f"SQLAlchemy does not know postgres:// (it names the dialect postgresql): "
+            f"write {form} ({install})"
+        )
+    try:
+        named = url.get_driver_name()
+    except sa_exc.SQLAlchemyError:
+        return ""
+    if named == driver:
+        return f"its driver {driver} is not installed: {install}"
+    return (
+        f"{url.drivername}:// means the {named} driver, which cronoq-store "
+        f"does not install: write {form} ({install})"
+    )
 
 
 def _is_transient(exc: sa_exc.DBAPIError) -> bool:

@@ -173,10 +173,7 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     else:
-        try:
-            url = make_url(target)
-        except sa_exc.ArgumentError as exc:
-            raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
+        url = target if isinstance(target, URL) else dialects.parse_url(target)
     if url.get_backend_name() == "sqlite":
         path = sqlite_file(url)
         _create_private(path)
@@ -194,7 +191,9 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
             url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
         )
     except (sa_exc.ArgumentError, ImportError) as exc:
-        raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
+        advice = dialects.url_advice(url)
+        why = dialects.redact(f"bad database URL: {exc}")
+        raise StoreError(f"{why}; {advice}" if advice else why) from exc
 
 
 def _note(note: leadership.Note | None) -> None:
@@ -262,7 +261,7 @@ def commit_work(
     deadline = time.monotonic() + timeout.total_seconds()
 
     def work(conn: Connection) -> None:
-        dialects.bound_transaction(conn, timeout, idle=config.lease_ttl)
+        dialects.bound_transaction(conn, timeout)
         if not lease.fence(conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl):
             raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
         repository.write(conn, base, folded, outputs)
@@ -479,9 +478,17 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
 
     # Transactions: every database error leaves here translated.
 
-    def _run(self, fn: Callable[[Connection], Any]) -> Any:
+    def _run(self, fn: Callable[[Connection], Any], *, idle: timedelta | None = None) -> Any:
+        """Run `fn` in one transaction. Every transaction that touches the leader row passes
+        `idle` = the lease TTL: the server ends it if this process pauses inside it for longer
+        (`dialects.bound_idle`), so a paused holder never blocks a standby past the TTL."""
         with translated(), self.engine.begin() as conn:
+            dialects.bound_idle(conn, idle)
             return fn(conn)
+
+    def _lease_run(self, fn: Callable[[Connection], Any]) -> Any:
+        """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
+        return self._run(fn, idle=self.config.lease_ttl)
 
     def _read(self, fn: Callable[[Connection], Any]) -> Any:
         """Run `fn` in a read-only transaction (on SQLite it does not take the write lock)."""
@@ -490,6 +497,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             self.engine.connect().execution_options(**{dialects.READ_ONLY: True}) as conn,
             conn.begin(),
         ):
+            dialects.bound_idle(conn, None)
             return fn(conn)
 
     # Leadership.
@@ -513,7 +521,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         try:
             if not self._read(lambda c: lease.may_take(c, holder=self.holder)):
                 return None
-            taken: tuple[int, float] | None = self._run(
+            taken: tuple[int, float] | None = self._lease_run(
                 lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl_ns)
             )
         except StoreUnavailable as exc:
@@ -554,7 +562,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
         try:
-            renewed: bool = self._run(
+            renewed: bool = self._lease_run(
                 lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
             )
         except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
@@ -574,7 +582,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         self._stop()
         if self._leadership.epoch is not None:
             try:
-                self._run(lambda c: lease.release(c, holder=self.holder))
+                self._lease_run(lambda c: lease.release(c, holder=self.holder))
             except StoreError as exc:
                 log.warning("could not clear the lease; it will expire: %s", exc)
         self._leadership.released()
@@ -591,7 +599,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         work = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
-            self._run(work)
+            self._lease_run(work)
         except Fenced as exc:
             self._lose(str(exc), about=epoch)
             raise

@@ -173,6 +173,24 @@ class HangPoint(enum.StrEnum):
     """After the commit returned, before the batch is logged as acknowledged."""
     AFTER_ACK = "after-ack"
     """Right after the batch was logged as acknowledged."""
+    STOP_IN_RENEWAL = "stop-in-renewal"
+    """SIGSTOP the whole process inside a lease renewal's transaction, right after its UPDATE
+    of the leader row, before COMMIT (SqlStore only): it holds the row lock while stopped."""
+    STOP_IN_COMMIT = "stop-in-commit"
+    """SIGSTOP the whole process inside a commit, right after its fence UPDATE (SqlStore only)."""
+    STOP_IN_TAKE = "stop-in-take"
+    """SIGSTOP the whole process inside the transaction that takes the lease, right after its
+    UPDATE of the leader row (SqlStore only)."""
+
+
+_SQL_ONLY: Final = frozenset(
+    {
+        HangPoint.IN_COMMIT,
+        HangPoint.STOP_IN_RENEWAL,
+        HangPoint.STOP_IN_COMMIT,
+        HangPoint.STOP_IN_TAKE,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -680,8 +698,8 @@ class WorkloadDriver:
         if isinstance(store, SqlStore):
             self._hook(store)
         self._sql = isinstance(store, SqlStore)
-        if self.config.hang_at is HangPoint.IN_COMMIT and not self._sql:
-            raise ValueError("hanging in-commit needs a SqlStore")
+        if self.config.hang_at in _SQL_ONLY and not self._sql:
+            raise ValueError(f"hanging {self.config.hang_at} needs a SqlStore")
 
     # Events.
 
@@ -721,6 +739,23 @@ class WorkloadDriver:
 
         event.listen(store.engine, "commit", before_commit)
 
+        def after_execute(_conn: object, cursor: Any, statement: str, *_args: object) -> None:
+            """The STOP_IN_* points: right after an UPDATE of the leader row that matched."""
+            if "cronoq_leader" not in statement or not statement.lstrip().startswith("UPDATE"):
+                return
+            if getattr(cursor, "rowcount", 0) != 1:
+                return
+            in_commit = getattr(self._in_commit, "on", False)
+            renewing = threading.current_thread().name.endswith("-renew")
+            if in_commit and self._armed(HangPoint.STOP_IN_COMMIT):
+                self._stop_here(HangPoint.STOP_IN_COMMIT)
+            elif renewing and self._armed(HangPoint.STOP_IN_RENEWAL):
+                self._stop_here(HangPoint.STOP_IN_RENEWAL)
+            elif not in_commit and not renewing and self._armed(HangPoint.STOP_IN_TAKE):
+                self._stop_here(HangPoint.STOP_IN_TAKE)
+
+        event.listen(store.engine, "after_cursor_execute", after_execute)
+
     def request_pause(self) -> None:
         """Stop this process (SIGSTOP) at the next point where it holds no connection."""
         self._pause_requested.set()
@@ -728,8 +763,8 @@ class WorkloadDriver:
     def arm_hang(self, point: HangPoint | None = None) -> None:
         """Hang at `point` (default: the configured `hang_at`) the next time it is reached."""
         point = point or self.config.hang_at
-        if point is HangPoint.IN_COMMIT and not self._sql:
-            raise ValueError("hanging in-commit needs a SqlStore")
+        if point in _SQL_ONLY and not self._sql:
+            raise ValueError(f"hanging {point} needs a SqlStore")
         self._hang_point = point
 
     def _armed(self, point: HangPoint) -> bool:
@@ -739,6 +774,15 @@ class WorkloadDriver:
         self.emit({"event": "hang", "point": point.value, "epoch": self._epoch})
         time.sleep(60)  # waiting to be killed; a test that forgot us must not leave us behind
         os._exit(3)
+
+    def _stop_here(self, point: HangPoint) -> None:
+        """SIGSTOP this process where it stands: inside a transaction holding the leader row."""
+        self._hang_point = None
+        self.emit({"event": "stopping", "point": point.value, "epoch": self._epoch})
+        # Sent to this very thread, so it stops here, before its next statement; a signal sent
+        # to the process may be taken by another thread while this one runs on to COMMIT.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        self.emit({"event": "resumed", "point": point.value, "epoch": self._epoch})
 
     def _pause(self) -> None:
         """SIGSTOP ourselves while no thread holds a connection (so no lock is held)."""

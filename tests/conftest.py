@@ -14,9 +14,10 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, create_engine, make_url, text
+from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
 SERVER_URLS = {
@@ -52,6 +53,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _unreachable: dict[str, str] = {}
+SERVER_CHANGES: list[str] = []
+"""What the tests changed on a server they did not start (printed at the end of the run)."""
+
+
+def raise_mysql_packet(conn: Connection, want: int) -> str | None:
+    """Raise the server's global max_allowed_packet to `want` if it is lower (never lower it);
+    what was changed, "from -> to", or None."""
+    have = int(conn.execute(text("SELECT @@GLOBAL.max_allowed_packet")).scalar_one())
+    if have >= want:
+        return None
+    conn.execute(text(f"SET GLOBAL max_allowed_packet = {int(want)}"))
+    return f"SET GLOBAL max_allowed_packet {have} -> {want} (until the server restarts)"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for change in SERVER_CHANGES:
+        terminalreporter.write_line(f"cronoq tests changed a server they did not start: {change}")
 
 
 def _admin_engine(dialect: str) -> Engine:
@@ -64,7 +82,9 @@ def _admin_engine(dialect: str) -> Engine:
             conn.execute(text("SELECT 1"))
             if dialect == "mysql":
                 # 16 MiB payloads plus their statement exceed MariaDB's default 16 MiB packet.
-                conn.execute(text(f"SET GLOBAL max_allowed_packet = {MYSQL_PACKET}"))
+                changed = raise_mysql_packet(conn, MYSQL_PACKET)
+                if changed:
+                    SERVER_CHANGES.append(f"{make_url(SERVER_URLS[dialect])!r}: {changed}")
     except OperationalError as exc:
         engine.dispose()
         _unreachable[dialect] = str(exc.orig).strip().splitlines()[0]

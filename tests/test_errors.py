@@ -130,3 +130,25 @@ def test_engines_the_store_creates_hide_parameters(tmp_path: Path) -> None:
             assert store.engine.sync_engine.hide_parameters
 
     asyncio.run(main())
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://bob:p@ssW0rd@127.0.0.1:5999/app",
+        "mysql+pymysql://bob:p@ss@W0rd@127.0.0.1:5999/app",
+    ],
+)
+def test_a_password_holding_an_unencoded_at_is_refused_unseen(url: str) -> None:
+    """SQLAlchemy would cut the password at its first '@' and take the rest for the host,
+    which the driver then prints; both faces refuse the URL before connecting, unseen."""
+    from cronoq_store.errors import InvalidValue
+
+    with pytest.raises(InvalidValue) as sync_error:
+        SqlStore.open(url)
+    with pytest.raises(InvalidValue) as async_error:
+        asyncio.run(AsyncSqlStore.open(url))
+    for error in (sync_error.value, async_error.value):
+        text = "".join(traceback.format_exception(error))
+        assert "W0rd" not in text and "%40" in str(error)

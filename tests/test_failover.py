@@ -504,3 +504,189 @@ def test_demo(tmp_path: Path) -> None:
     assert "every committed enqueue became exactly one task; 0 from rolled-back" in text
     with pytest.raises(FileExistsError):
         run_demo(tmp_path / "new" / "demo.db")
+
+
+# A holder stopped inside a transaction that holds the leader row's lock.
+
+IDLE_BOUND = TTL + 1.0
+"""How long the server lets a stopped holder sit idle in its transaction: the lease TTL
+(MariaDB: rounded up to whole seconds)."""
+STOPPED_TAKEOVER_BOUND = IDLE_BOUND + TAKEOVER_BOUND + 3.0
+"""A standby leads within this long of a holder stopping inside its transaction (the server
+ends the session after the TTL; the lease it wrote rolls back). Without the bound it waits for
+the whole stop, however long."""
+
+
+def _stopped_in(
+    dialect: str, point: HangPoint, holder: Driver, others: list[Driver]
+) -> tuple[Driver, Event, Event]:
+    """Arm `holder` to SIGSTOP itself at `point`; the other process that then leads."""
+    mark = holder.mark()
+    marks = [o.mark() for o in others]
+    holder.arm(point)
+    _, stopping = holder.wait("stopping", start=mark, where=lambda e: e["point"] == point.value)
+    holder.wait_stopped()
+    deadline = time.monotonic() + STOPPED_TAKEOVER_BOUND
+    while True:
+        led = [(o, e) for o, m in zip(others, marks, strict=True) for e in o.since(m, "leading")]
+        if led:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"{dialect}: no standby led within {STOPPED_TAKEOVER_BOUND} s of a holder "
+                f"stopping at {point.value}"
+            )
+        time.sleep(0.01)
+    new, lead = led[0]
+    # The takeover happened while the old holder was still stopped, not after it resumed.
+    assert holder.state() == "T", "the stopped holder was resumed before the takeover"
+    assert holder.since(mark, "resumed") == [], holder.tail()
+    takeover = lead["t"] - stopping["t"]
+    _count(dialect, f"stopped:{point.value}")
+    _takeover(dialect, f"stopped:{point.value}", takeover)
+    return new, lead, stopping
+
+
+@pytest.mark.parametrize(
+    "point", [HangPoint.STOP_IN_RENEWAL, HangPoint.STOP_IN_COMMIT], ids=lambda p: p.value
+)
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_leader_stopped_inside_its_transaction_lets_a_standby_through(
+    dialect: str, point: HangPoint, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+) -> None:
+    """A leader SIGSTOPped inside a renewal (or a commit), holding the leader row's lock:
+    the server ends its session after the lease TTL, so a standby leads while it is stopped;
+    resumed, it steps down and writes nothing."""
+    log = tmp_path / "acks.jsonl"
+    a, b = spawn("a", db_url, log), spawn("b", db_url, log)
+    leader, [standby] = _roles([a, b])
+    new, lead, _ = _stopped_in(dialect, point, leader, [standby])
+    assert new is standby
+    new.wait("ack", where=lambda e: e["epoch"] == lead["epoch"])
+    i_stop = leader.mark()
+    leader.signal(signal.SIGCONT)
+    leader.wait("resumed", start=i_stop)
+    leader.wait("standby", start=i_stop)
+    # Resumed, it finds its lease gone. (A batch it committed before it stopped may be
+    # acknowledged only now; `_check` proves that whatever it acknowledged landed, and that
+    # nothing it was fenced on did.)
+    assert leader.since(i_stop, "leadership_lost") or leader.since(i_stop, "fenced")
+    for d in (a, b):
+        assert d.stop()["errors"] == []
+    _check(dialect, reader, log)
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_standby_stopped_inside_its_take_lets_a_third_through(
+    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+) -> None:
+    """A standby SIGSTOPped right after its take UPDATE (the lease row locked, its new epoch
+    not committed) holds no one off past the TTL either."""
+    log = tmp_path / "acks.jsonl"
+    a, b = spawn("a", db_url, log), spawn("b", db_url, log)
+    leader, [taker] = _roles([a, b])
+    # The taker stops inside its take; the leader pauses holding nothing, so its lease runs out.
+    mark, lm = taker.mark(), leader.mark()
+    taker.arm(HangPoint.STOP_IN_TAKE)
+    leader.signal(signal.SIGUSR1)
+    leader.wait("pausing", start=lm)
+    leader.wait_stopped()
+    _, stopping = taker.wait("stopping", start=mark, timeout=STOPPED_TAKEOVER_BOUND)
+    taker.wait_stopped()
+    third = spawn("c", db_url, log)  # only now: it must not be the one that takes first
+    _, ready = third.wait("standby")
+    deadline = time.monotonic() + STOPPED_TAKEOVER_BOUND
+    while not third.since(0, "leading"):
+        assert time.monotonic() < deadline, "no standby led while the taker was stopped"
+        time.sleep(0.01)
+    assert taker.state() == "T" and leader.state() == "T"
+    lead = third.since(0, "leading")[0]
+    _count(dialect, "stopped:stop-in-take")
+    _takeover(dialect, "stopped:stop-in-take", lead["t"] - max(stopping["t"], ready["t"]))
+    third.wait("ack", where=lambda e: e["epoch"] == lead["epoch"])
+    for d in (leader, taker):
+        d.signal(signal.SIGCONT)
+    for d in (a, b, third):
+        assert d.stop()["errors"] == []
+    _check(dialect, reader, log)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)])
+def test_sqlite_a_leader_stopped_inside_its_transaction_holds_everyone(
+    db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+) -> None:
+    """SQLite has no server to end a stopped writer's transaction: its write lock holds every
+    standby until it resumes (docs/guarantees.md says so). Then leadership moves on."""
+    log = tmp_path / "acks.jsonl"
+    a, b = spawn("a", db_url, log), spawn("b", db_url, log)
+    leader, [standby] = _roles([a, b])
+    mark = leader.mark()
+    sm = standby.mark()
+    leader.arm(HangPoint.STOP_IN_RENEWAL)
+    leader.wait("stopping", start=mark)
+    leader.wait_stopped()
+    held = time.monotonic() + STOPPED_TAKEOVER_BOUND
+    while time.monotonic() < held:  # the whole bound a server dialect meets, and more
+        assert not standby.since(sm, "leading"), "a standby led past a stopped SQLite writer"
+        time.sleep(0.05)
+    assert leader.state() == "T"
+    rm = leader.mark()
+    leader.signal(signal.SIGCONT)
+    # Resumed, its renewal commits and its keeper finds the TTL long gone: it steps down, and
+    # one of the two leads anew (the standby may still be backing off from "locked").
+    deadline = time.monotonic() + STOPPED_TAKEOVER_BOUND + 10
+    while not [e for d, m in ((leader, rm), (standby, sm)) for e in d.since(m, "leading")]:
+        assert time.monotonic() < deadline, "nobody led after the SQLite writer resumed"
+        time.sleep(0.05)
+    for d in (a, b):
+        assert d.stop()["errors"] == []
+    _check("sqlite", reader, log)
+
+
+@pytest.mark.sqlite
+def test_demo_from_the_cli_writes_its_own_file_and_status_agrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cronoq-store demo` without --url writes ./cronoq-demo.db (never the CLI's default
+    ./cronoq.db), never overwrites a database it did not make, and `status` afterwards shows
+    the last epoch the demo reported."""
+    from click.testing import CliRunner
+
+    from cronoq_store.cli import main
+    from cronoq_store.demo import is_demo_database
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
+    runner = CliRunner()
+    real = runner.invoke(main, ["upgrade"])  # a user's ./cronoq.db
+    assert real.exit_code == 0, real.output
+    before = (tmp_path / "cronoq.db").read_bytes()
+    refused = runner.invoke(main, ["--url", "cronoq.db", "demo", "--overwrite"])
+    assert refused.exit_code == 1 and "not a database the demo made" in refused.output
+    assert (tmp_path / "cronoq.db").read_bytes() == before
+
+    result = runner.invoke(main, ["demo", "--ttl", str(TTL)])
+    assert result.exit_code == 0, result.output
+    assert is_demo_database(tmp_path / "cronoq-demo.db")
+    assert (tmp_path / "cronoq.db").read_bytes() == before
+    epochs = [int(e) for e in result.output.split("epochs")[1].splitlines()[0].split("->")]
+    assert epochs == sorted(set(epochs)) and len(epochs) == 3
+    status = runner.invoke(main, ["--url", "cronoq-demo.db", "status", "--json"])
+    assert status.exit_code == 0, status.output
+    lease = json.loads(status.output)["lease"]
+    assert lease["state"] == "free" and lease["epoch"] == epochs[-1], (epochs, lease)
+    again = runner.invoke(main, ["demo"])  # no --overwrite: refused, nothing touched
+    assert again.exit_code == 1 and "pass --overwrite" in again.output

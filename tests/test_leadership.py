@@ -39,6 +39,7 @@ from sqlalchemy import URL, Connection, Engine, event, select, text, update
 from cronoq_store import (
     Fenced,
     InvalidValue,
+    SqlStore,
     StoreConfig,
     StoreUnavailable,
     Submitted,
@@ -870,3 +871,57 @@ def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
     assert stored_ids(engine) == set()
     standby.commit(new_epoch, BASE, [submit(2)])
     assert stored_ids(engine) == {2}
+
+
+def _idle_setting(conn: Connection) -> int | None:
+    """The server's idle-in-transaction bound for this session, in ms (None: SQLite)."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        value = conn.execute(text("SELECT current_setting('idle_in_transaction_session_timeout')"))
+        text_ = str(value.scalar_one())
+        return int(text_.removesuffix("ms")) if text_.endswith("ms") else int(text_) * 1000
+    if name in ("mysql", "mariadb"):
+        seconds = conn.execute(text("SELECT @@SESSION.idle_transaction_timeout")).scalar_one()
+        return int(seconds) * 1000
+    return None
+
+
+def test_leader_row_transactions_bound_idle_time_and_no_other_does(
+    dialect: str, db_url: URL, cleanup: list[Callable[[], None]]
+) -> None:
+    """Every take, renewal, commit and release runs with the server's idle-in-transaction bound
+    at the lease TTL; the store's other transactions (recover, queries) run without it, so a
+    long read is never cut, even on a pooled MariaDB connection a renewal used just before."""
+    config = StoreConfig(
+        lease_ttl=timedelta(milliseconds=2500),
+        lease_renew=timedelta(milliseconds=500),
+        lock_poll=timedelta(milliseconds=100),
+        pool_size=1,  # one connection: the read reuses the session the renewal changed
+    )
+    # The sync face's own transactions (`_renew`, `_read`, `_run`); the async face shares
+    # `_lease_run` through the same `dialects.bound_idle`.
+    store = SqlStore.open(db_url, config)
+    cleanup.append(store.close)
+    seen: list[tuple[str, int | None]] = []
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def record(conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
+        locks = "FOR UPDATE" in statement or statement.lstrip().startswith("UPDATE")
+        if "cronoq_leader" in statement and locks:
+            seen.append(("leader-row", _idle_setting(conn)))
+
+    epoch = store.acquire_leadership(timeout=WAIT)
+    store.commit(epoch, BASE, [submit(1)])
+    assert store._renew(epoch)
+    store.release_leadership()
+    event.remove(store.engine, "before_cursor_execute", record)
+    leader_rows = list(seen)
+    outside = store._read(_idle_setting)
+    recovered_under = store._run(_idle_setting)
+    if dialect == "sqlite":
+        assert {v for _, v in leader_rows} == {None}
+        return
+    # MariaDB rounds the TTL up to whole seconds.
+    bound = 2500 if dialect == "postgresql" else 3000
+    assert len(leader_rows) >= 4 and {v for _, v in leader_rows} == {bound}, leader_rows
+    assert outside == 0 and recovered_under == 0

@@ -55,8 +55,8 @@ def test_docs_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 # The blocks of a page run in order in one empty directory, as a reader would type them; a
 # `<!-- setup ... -->` comment right before a block holds Python that makes the data the block
 # shows (it runs in the page's namespace). Only what varies from run to run is normalised:
-# times, lease holders, seconds left on a lease, database sizes, and the spaces and rules of
-# tables; `...` in an expected line matches anything. Revisions are compared as they are, so a
+# times, lease holders, seconds left on a lease, an inbox item's age, database sizes, and the
+# spaces and rules of tables; `...` in an expected line matches anything. Revisions are compared as they are, so a
 # new migration that the docs do not show fails here.
 
 _CONSOLE = re.compile(
@@ -67,6 +67,7 @@ _VARIABLE = [
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"), "<time>"),
     (re.compile(r"[\w.-]+:\d+:[0-9a-f]{16}"), "<holder>"),
     (re.compile(r"expires in -?\d+\.\d s"), "expires in <s> s"),
+    (re.compile(r"oldest [\d.e+-]+ s old"), "oldest <s> s old"),
     (re.compile(r"^size(\s+).*$", flags=re.MULTILINE), "size <size>"),
     (re.compile(r"─+"), "─"),
     (re.compile(r"[ \t]+"), " "),

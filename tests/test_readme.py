@@ -56,8 +56,8 @@ def test_docs_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 # `<!-- setup ... -->` comment right before a block holds Python that makes the data the block
 # shows (it runs in the page's namespace). Only what varies from run to run is normalised:
 # times, lease holders, seconds left on a lease, an inbox item's age, database sizes, and the
-# spaces and rules of tables; `...` in an expected line matches anything. Revisions are compared as they are, so a
-# new migration that the docs do not show fails here.
+# spaces and rules of tables; `...` in an expected line matches anything. Revisions are
+# compared as they are, so a new migration that the docs do not show fails here.
 
 _CONSOLE = re.compile(
     r"(?:^<!-- setup\n(?P<setup>.*?)^-->\n)?^```console\n(?P<body>.*?)^```",

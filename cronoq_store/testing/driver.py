@@ -67,9 +67,6 @@ class DriverSummary:
     """Unexpected errors, one line each."""
 
 
-# The driver.
-
-
 class _StoreWarnings(logging.Handler):
     """Counts (and reports) what the store logs at WARNING and above, busy databases apart."""
 

@@ -26,9 +26,6 @@ def _private_file(path: Path) -> int:
     return fd
 
 
-# Driver processes, for tests and demos.
-
-
 class DriverProcessError(AssertionError):
     """A driver process did not report what was awaited in time, or exited first."""
 

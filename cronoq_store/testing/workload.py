@@ -39,9 +39,6 @@ def output_for(task_id: int, attempt: int) -> bytes:
     return b"out:%d:%d" % (task_id, attempt)
 
 
-# The workload.
-
-
 class _Phase(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"

@@ -48,6 +48,22 @@ INTERNAL = (
     "cli_inbox",
     "bench",
 )
+# A public package's modules: its parts, no promise to users on their own. The package's
+# `__all__` names what of them is public, and its reference page documents it.
+PARTS = {
+    "testing": (
+        "base",
+        "config",
+        "acklog",
+        "workload",
+        "driver",
+        "checker",
+        "enqueuer",
+        "process",
+        "command",
+        "__main__",
+    ),
+}
 # What `cronoq_store` re-exports lives in these; the reference documents each name there.
 HOMES = ("store", "aio", "model", "errors", "inbox")
 # Public at the top level but loaded on first use, so left out of `__all__` (see __init__.py).
@@ -64,6 +80,17 @@ def test_every_module_is_public_or_internal() -> None:
         "classify each module of cronoq_store as PUBLIC (with __all__ and a reference page) "
         "or INTERNAL in tests/test_public_api.py"
     )
+
+
+@pytest.mark.parametrize("package", PARTS)
+def test_every_part_of_a_public_package_is_listed(package: str) -> None:
+    assert package in PUBLIC
+    found = {info.name for info in pkgutil.iter_modules(public_module(package).__path__)}
+    assert found == set(PARTS[package]), (
+        f"list each module of cronoq_store.{package} in PARTS in tests/test_public_api.py"
+    )
+    for part in PARTS[package]:
+        assert not (REFERENCE / f"{package}.{part}.md").exists()
 
 
 @pytest.mark.parametrize("name", ["__init__", *PUBLIC])

@@ -210,14 +210,15 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     _log = log
     _new_flag = asyncio.Event
     _lost: asyncio.Event
+    _listener: inbox.AsyncListener | None
 
     def __init__(self, engine: AsyncEngine, config: StoreConfig | None = None) -> None:
         """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
         super().__init__(engine, config)
-        self._listener = inbox.AsyncListener(self.engine) if inbox.can_listen(engine) else None
-        self._listening = asyncio.Lock()
-        self.inbox_rejected = 0
-        """Undecodable inbox rows this instance has set aside."""
+        self._listening = asyncio.Lock()  # one waiter at a time on the LISTEN connection
+
+    def _new_listener(self) -> inbox.AsyncListener:
+        return inbox.AsyncListener(self.engine)
 
     @classmethod
     async def open(

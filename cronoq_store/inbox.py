@@ -25,7 +25,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Connection, Delete, Insert, Select, bindparam, delete, func, insert, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import Session
 
 from . import codec, dialects
@@ -345,9 +345,10 @@ def check_limit(limit: object) -> int:
 # Waiting for an enqueue: LISTEN on PostgreSQL, a poll elsewhere.
 
 
-def can_listen(engine: Engine | AsyncEngine) -> bool:
-    """Whether `engine` can LISTEN: PostgreSQL through psycopg 3 (whose notifies wait)."""
-    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+def can_listen(dialect: Dialect) -> bool:
+    """Whether an engine of `dialect` can LISTEN: PostgreSQL through psycopg 3 (whose notifies
+    wait)."""
+    return dialect.name == "postgresql" and dialect.driver == "psycopg"
 
 
 def _listen_sql(engine: Engine | AsyncEngine) -> str:

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypedDict, Typ
 
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
 
 from . import dialects, inbox, leadership, lease, migrate, repository
 from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
@@ -273,6 +274,8 @@ def commit_work(
 
 
 class _Engine(Protocol):
+    @property
+    def dialect(self) -> Dialect: ...
     def execution_options(self, **opt: Any) -> Self: ...
 
 
@@ -299,6 +302,12 @@ class _Face(Generic[E, K, C]):
 
     _log: ClassVar[logging.Logger]
     _new_flag: ClassVar[Callable[[], _Flag]]
+    _listener: Any
+
+    def _new_listener(self) -> Any:
+        """A face's own LISTEN connection (PostgreSQL), for `wait_inbox`."""
+        raise NotImplementedError
+
     _lost: _Flag
     """`threading.Event` or `asyncio.Event`: set while this instance does not lead."""
 
@@ -321,6 +330,10 @@ class _Face(Generic[E, K, C]):
         self._lost = type(self)._new_flag()
         self._lost.set()
         self._callbacks: list[C] = []
+        self.inbox_rejected = 0
+        """Undecodable inbox rows this instance has set aside."""
+        # PostgreSQL wakes `wait_inbox` by LISTEN on a connection of its own; elsewhere it polls.
+        self._listener = self._new_listener() if inbox.can_listen(self.engine.dialect) else None
 
     @classmethod
     def _owning(cls, engine: E, config: StoreConfig) -> Self:
@@ -413,13 +426,10 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     _log = log
     _new_flag = threading.Event
     _lost: threading.Event
+    _listener: inbox.Listener | None
 
-    def __init__(self, engine: Engine, config: StoreConfig | None = None) -> None:
-        """Wrap an app's own engine (no I/O: call `migrate()` or use `open`)."""
-        super().__init__(engine, config)
-        self._listener = inbox.Listener(self.engine) if inbox.can_listen(engine) else None
-        self.inbox_rejected = 0
-        """Undecodable inbox rows this instance has set aside."""
+    def _new_listener(self) -> inbox.Listener:
+        return inbox.Listener(self.engine)
 
     @classmethod
     def open(

@@ -13,6 +13,7 @@ __all__ = [
 ]
 
 import contextlib
+import functools
 import re
 import sqlite3
 import time
@@ -25,7 +26,9 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
+    Insert,
     Select,
+    Table,
     bindparam,
     cast,
     event,
@@ -38,6 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import column as sql_column
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
@@ -168,12 +172,14 @@ def reset_open_transactions_only(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begun(conn: Connection) -> None:
-        conn.info[_ENDED] = False
+        if not conn.invalidated:  # (the `info` of an invalidated one raises)
+            conn.info[_ENDED] = False
 
     @event.listens_for(engine, "commit")
     @event.listens_for(engine, "rollback")
     def _ended(conn: Connection) -> None:
-        conn.info[_ENDED] = True
+        if not conn.invalidated:  # its connection is discarded, never reset
+            conn.info[_ENDED] = True
 
     @event.listens_for(engine, "reset")
     def _reset(dbapi_connection: Any, record: Any, state: Any) -> None:
@@ -210,6 +216,28 @@ def _driver_idle(dbapi_connection: Any) -> bool:
 
 _MYSQL_IN_TRANS: Final = 1
 """MySQL's SERVER_STATUS_IN_TRANS flag: the session is inside a transaction."""
+
+
+def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:
+    """An INSERT into `target` that skips a row whose primary key is stored already and
+    returns the primary key of each row it inserted, or None where there is none to trust.
+
+    PostgreSQL's `ON CONFLICT (pk) DO NOTHING` and SQLite's (3.35+, for RETURNING) name the
+    primary key alone, so any other unique index (a live key in use) still refuses the row.
+    MariaDB/MySQL have no such form: `INSERT IGNORE` and `ON DUPLICATE KEY` would also swallow
+    a live-key conflict (and IGNORE turns bad values into warnings), so none is given there.
+    """
+    return _insert_ignoring(name(dialect), target)
+
+
+@functools.cache
+def _insert_ignoring(which: str, target: Table) -> Insert | None:
+    key = list(target.primary_key.columns)
+    if which == "postgresql":
+        return postgresql.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
+    if which == "sqlite" and sqlite3.sqlite_version_info >= (3, 35):
+        return sqlite.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
+    return None
 
 
 def delete_joins(dialect: Dialect) -> bool:

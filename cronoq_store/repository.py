@@ -481,9 +481,13 @@ def write(
     """Write a folded batch (after the fence check), in the order of the design."""
     inserts = folded.inserts
     updates = folded.updates
-    if inserts:
-        # Insert or ignore, as the reference: a task stored already (a replayed batch) keeps
-        # its row, and the transitions folded into its insert are ignored with it.
+    # Insert or ignore, as the reference: a task stored already (a replayed batch) keeps its
+    # row, and the transitions folded into its insert (its dependency rows too) are ignored
+    # with it. One new task is inserted with the dialect's own "ignore duplicates" form where
+    # it has one (`dialects.insert_ignoring`), which says whether it was stored already: no
+    # lookup first. More are looked up first, then loaded in one bulk statement (COPY).
+    ignoring = dialects.insert_ignoring(conn.dialect, tasks) if len(inserts) == 1 else None
+    if inserts and ignoring is None:
         existing: set[int] = set()
         for chunk in _chunks(list(inserts)):
             existing.update(_run_in(conn, existing_ids_stmt(), chunk).scalars())
@@ -533,7 +537,12 @@ def write(
         for chunk in _chunks(finished):
             _run_in(conn, delete_deps_stmt(), chunk)
     # 2. New tasks, and the dependency rows of those still live and of revived ones.
-    if inserts:
+    if ignoring is not None:
+        (new,) = inserts.values()
+        sql, getter = _driver_sql(conn, ignoring, tuple(new))
+        if conn.exec_driver_sql(sql, new if getter is None else getter(new)).first() is None:
+            inserts = {}  # stored already
+    elif inserts:
         _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
     new_deps = [
         d

@@ -187,19 +187,13 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         )
         return engine
     try:
-        engine = create_engine(
-            url,
-            pool_size=config.pool_size,
-            pool_pre_ping=True,
-            hide_parameters=True,
-            **dialects.POOL_RESET,
+        return create_engine(
+            url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
         )
     except (sa_exc.ArgumentError, ImportError) as exc:
         advice = dialects.url_advice(url)
         why = dialects.redact(f"bad database URL: {exc}")
         raise StoreError(f"{why}; {advice}" if advice else why) from exc
-    dialects.reset_open_transactions_only(engine)
-    return engine
 
 
 def _note(note: leadership.Note | None) -> None:

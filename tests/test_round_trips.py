@@ -16,7 +16,6 @@ from cronoq_store import (
     TaskSpec,
     TaskStatus,
     TimeBase,
-    dialects,
 )
 from cronoq_store.store import StoreConfig
 
@@ -79,8 +78,8 @@ def test_statements_do_not_grow_with_batch_size(db_url: URL) -> None:
 def test_a_connection_returned_inside_a_transaction_is_rolled_back(
     dialect: str, db_url: URL
 ) -> None:
-    """The pool skips its ROLLBACK on return only when the driver reports no open transaction:
-    a connection handed back in the middle of one (a raw DB-API use) is still rolled back."""
+    """A connection handed back to the store's pool in the middle of a transaction (a raw
+    DB-API use) is rolled back: nothing it left open reaches the next user of the session."""
     with SqlStore.open(db_url, StoreConfig(pool_size=1)) as store:
         raw = store.engine.raw_connection()
         cursor = raw.cursor()
@@ -92,20 +91,3 @@ def test_a_connection_returned_inside_a_transaction_is_rolled_back(
         with store.engine.connect() as conn:  # the same session (pool_size=1)
             holder = conn.execute(text("SELECT holder FROM cronoq_leader WHERE id = 1")).scalar()
         assert holder is None
-
-
-def test_a_committed_connection_needs_no_rollback_on_return(dialect: str, db_url: URL) -> None:
-    """After a commit through SQLAlchemy, with the driver reporting the session idle (PyMySQL:
-    the server's status flag; psycopg: its transaction status), returning the connection costs
-    no ROLLBACK round trip; inside a transaction (a write, or a read only), or with a driver that
-    cannot tell (SQLite's), it is rolled back."""
-    with SqlStore.open(db_url) as store, store.engine.connect() as conn:
-        driver, info = conn.connection.dbapi_connection, conn.info
-        conn.execute(text("SELECT id FROM cronoq_leader"))
-        assert not dialects.rollback_needless(driver, info)
-        conn.execute(text("UPDATE cronoq_leader SET expires_unix_ns = 0 WHERE id = 1"))
-        assert not dialects.rollback_needless(driver, info)
-        conn.commit()
-        assert dialects.rollback_needless(driver, info) is (dialect != "sqlite")
-        conn.execute(text("SELECT id FROM cronoq_leader"))
-        assert not dialects.rollback_needless(driver, info)

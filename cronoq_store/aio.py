@@ -270,23 +270,32 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _run(self, fn: Callable[[Connection], T], *, idle: timedelta | None = None) -> T:
+    async def _run(
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        idle: timedelta | None = None,
+        timeout: timedelta | None = None,
+    ) -> T:
         """Run `fn` in one transaction on a sync-style connection; errors leave translated.
 
-        `idle`: as `SqlStore._run`, the lease TTL for a transaction that touches the leader row.
+        `idle`, `timeout`: as `SqlStore._run` (the lease TTL for a transaction that touches the
+        leader row; a commit's timeout).
         """
 
         def bounded(conn: Connection) -> T:
-            dialects.bound_idle(conn, idle)
+            dialects.bound(conn, idle=idle, timeout=timeout)
             return fn(conn)
 
         with translated():
             async with self.engine.begin() as conn:
                 return await conn.run_sync(bounded)
 
-    async def _lease_run(self, fn: Callable[[Connection], T]) -> T:
+    async def _lease_run(
+        self, fn: Callable[[Connection], T], *, timeout: timedelta | None = None
+    ) -> T:
         """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
-        return await self._run(fn, idle=self.config.lease_ttl)
+        return await self._run(fn, idle=self.config.lease_ttl, timeout=timeout)
 
     # Leadership.
 
@@ -391,7 +400,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         work = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
-            await self._lease_run(work)
+            await self._lease_run(work, timeout=self.config.commit_timeout)
         except Fenced as exc:
             await self._lose(str(exc), about=epoch)
             raise

@@ -13,6 +13,7 @@ __all__ = [
 ]
 
 import contextlib
+import functools
 import re
 import sqlite3
 import time
@@ -25,7 +26,9 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
+    Insert,
     Select,
+    Table,
     bindparam,
     cast,
     event,
@@ -38,6 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import column as sql_column
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
@@ -147,6 +151,28 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
+def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:
+    """An INSERT into `target` that skips a row whose primary key is stored already and
+    returns the primary key of each row it inserted, or None where there is none to trust.
+
+    PostgreSQL's `ON CONFLICT (pk) DO NOTHING` and SQLite's (3.35+, for RETURNING) name the
+    primary key alone, so any other unique index (a live key in use) still refuses the row.
+    MariaDB/MySQL have no such form: `INSERT IGNORE` and `ON DUPLICATE KEY` would also swallow
+    a live-key conflict (and IGNORE turns bad values into warnings), so none is given there.
+    """
+    return _insert_ignoring(name(dialect), target)
+
+
+@functools.cache
+def _insert_ignoring(which: str, target: Table) -> Insert | None:
+    key = list(target.primary_key.columns)
+    if which == "postgresql":
+        return postgresql.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
+    if which == "sqlite" and sqlite3.sqlite_version_info >= (3, 35):
+        return sqlite.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
+    return None
+
+
 def delete_joins(dialect: Dialect) -> bool:
     """Whether a DELETE of rows chosen by a subquery should join it rather than test IN.
 
@@ -236,17 +262,9 @@ def bound_transaction(conn: Connection, timeout: timedelta) -> None:
 
     PostgreSQL: `statement_timeout` for this transaction only. MySQL: the session's lock wait
     timeout (whole seconds), set once per connection. SQLite waits only for other writers, and
-    `busy_timeout` already bounds that.
+    `busy_timeout` already bounds that. (`bound` sets this and the idle bound together.)
     """
-    dialect = name(conn.dialect)
-    if dialect == "postgresql":
-        ms = max(1, timeout // timedelta(milliseconds=1))
-        conn.execute(select(func.set_config("statement_timeout", str(ms), True)))
-    elif dialect == "mysql":
-        seconds = max(1, -(-timeout // timedelta(seconds=1)))
-        if conn.info.get("cronoq_lock_wait_s") != seconds:
-            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
-            conn.info["cronoq_lock_wait_s"] = seconds
+    bound(conn, idle=None, timeout=timeout, idle_too=False)
 
 
 IDLE_INFO: Final = "cronoq_idle_s"
@@ -278,20 +296,64 @@ def bound_idle(conn: Connection, idle: timedelta | None) -> None:
     connection we changed, so long reads are never cut. SQLite and MySQL: nothing (see
     docs/guarantees.md).
     """
-    if not idle_bound_supported(conn.dialect):
-        return
-    if name(conn.dialect) == "postgresql":
-        if idle is not None:
-            ms = max(1, -(-idle // timedelta(milliseconds=1)))
+    bound(conn, idle=idle, timeout=None)
+
+
+def bound(
+    conn: Connection, *, idle: timedelta | None, timeout: timedelta | None, idle_too: bool = True
+) -> None:
+    """`bound_idle(conn, idle)` (unless not `idle_too`) and, given a `timeout`,
+    `bound_transaction(conn, timeout)`, in one round trip where both need one.
+
+    On PostgreSQL both are transaction-local `set_config` calls, so one SELECT carries both: a
+    commit pays one statement for its bounds, not two. MySQL's are session settings sent only
+    when they change, and SQLite needs neither.
+    """
+    which = name(conn.dialect)
+    if which == "postgresql":
+        settings: list[tuple[str, int]] = []
+        if idle_too and idle is not None:
+            settings.append(("idle_in_transaction_session_timeout", max(1, -(-idle // _MS))))
+        if timeout is not None:
+            settings.append(("statement_timeout", max(1, timeout // _MS)))
+        if settings:
             conn.execute(
-                select(func.set_config("idle_in_transaction_session_timeout", str(ms), True))
+                _set_local_stmt(tuple(name for name, _ in settings)),
+                {f"v{i}": str(ms) for i, (_, ms) in enumerate(settings)},
             )
+        return
+    if which != "mysql":
+        return
+    if timeout is not None:
+        seconds = max(1, -(-timeout // timedelta(seconds=1)))
+        if conn.info.get("cronoq_lock_wait_s") != seconds:
+            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+            conn.info["cronoq_lock_wait_s"] = seconds
+    if not idle_too or not idle_bound_supported(conn.dialect):
         return
     seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
     if conn.info.get(IDLE_INFO, 0) != seconds:
         value = str(seconds) if seconds else "DEFAULT"
         conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {value}")
         conn.info[IDLE_INFO] = seconds
+
+
+_MS: Final = timedelta(milliseconds=1)
+_SET_LOCAL: dict[tuple[str, ...], Select[Any]] = {}
+
+
+def _set_local_stmt(settings: tuple[str, ...]) -> Select[Any]:
+    """PostgreSQL: `SELECT set_config(name, :v0, true), ...`: transaction-local settings, one
+    statement (built once per set of names, so its compiled form is cached)."""
+    stmt = _SET_LOCAL.get(settings)
+    if stmt is None:
+        stmt = _SET_LOCAL[settings] = select(
+            *(
+                func.set_config(literal(setting), bindparam(f"v{i}"), True)
+                for i, setting in enumerate(settings)
+            )
+        )
+    return stmt
 
 
 # Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never

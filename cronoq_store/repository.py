@@ -392,6 +392,13 @@ def status_update_stmt() -> Update:
 
 
 @cache
+def status_update_live_stmt() -> Update:
+    """`status_update_stmt` for a live transition, matching only a task still live (whose
+    live key it keeps): what needs no look at the row first, as a revival does."""
+    return status_update_stmt().where(tasks.c.terminal == False)  # noqa: E712
+
+
+@cache
 def revived_stmt() -> Select[Any]:
     """Which of the given tasks are finished now (a live transition revives them), with deps."""
     return select(tasks.c.id, tasks.c.deps).where(
@@ -472,6 +479,21 @@ def recurring_next_stmt() -> Update:
     )
 
 
+def _revive(conn: Connection, ids: Sequence[int], dep_out: list[dict[str, Any]]) -> set[int]:
+    """Which of `ids` (tasks a live transition names) are finished: a live transition revives
+    them, so their dependency rows return (into `dep_out`); their live key returns in the
+    update itself."""
+    finished: set[int] = set()
+    for chunk in _chunks(ids):
+        for row in _run_in(conn, revived_stmt(), chunk):
+            finished.add(row.id)
+            try:
+                dep_out.extend(dep_rows(row.id, codec.decode_deps(row.deps)))
+            except CorruptValue as exc:  # recovery quarantines the row; nothing to restore
+                log.warning("task %s revived with undecodable dependencies: %s", row.id, exc)
+    return finished
+
+
 def write(
     conn: Connection,
     base: TimeBase,
@@ -481,28 +503,24 @@ def write(
     """Write a folded batch (after the fence check), in the order of the design."""
     inserts = folded.inserts
     updates = folded.updates
-    if inserts:
-        # Insert or ignore, as the reference: a task stored already (a replayed batch) keeps
-        # its row, and the transitions folded into its insert are ignored with it.
+    # Insert or ignore, as the reference: a task stored already (a replayed batch) keeps its
+    # row, and the transitions folded into its insert (its dependency rows too) are ignored
+    # with it. One new task is inserted with the dialect's own "ignore duplicates" form where
+    # it has one (`dialects.insert_ignoring`), which says whether it was stored already: no
+    # lookup first. More are looked up first, then loaded in one bulk statement (COPY).
+    ignoring = dialects.insert_ignoring(conn.dialect, tasks) if len(inserts) == 1 else None
+    if inserts and ignoring is None:
         existing: set[int] = set()
         for chunk in _chunks(list(inserts)):
             existing.update(_run_in(conn, existing_ids_stmt(), chunk).scalars())
         if existing:
             inserts = {i: r for i, r in inserts.items() if i not in existing}
-    # A finished task moved back to a live status is live again: its dependency rows return
-    # (its live key returns in the update itself).
-    revived: list[dict[str, Any]] = []
-    reviving = [i for i, st in updates.items() if not _TERMINAL[st.status]]
-    for chunk in _chunks(reviving):
-        for row in _run_in(conn, revived_stmt(), chunk):
-            try:
-                revived.extend(dep_rows(row.id, codec.decode_deps(row.deps)))
-            except CorruptValue as exc:  # recovery quarantines the row; nothing to restore
-                log.warning("task %s revived with undecodable dependencies: %s", row.id, exc)
     # 1. Transitions of stored tasks first, so the keys they release can be reused below. A
     # task that succeeded in this batch gets its output in the same statement.
+    revived: list[dict[str, Any]] = []
     pending: dict[int, bytes] = dict(outputs)
     if updates:
+        live: list[dict[str, Any]] = []
         plain: list[dict[str, Any]] = []
         with_output: list[dict[str, Any]] = []
         for task_id, st in updates.items():
@@ -519,7 +537,18 @@ def write(
                 with_output.append(params)
             else:
                 plain.append(params)
+                if not params["b_terminal"]:
+                    live.append(params)
         updated = 0
+        if live:
+            # A live transition of a task still live changes no live key: one statement for
+            # all of them. Only when fewer rows matched than were sent can one be a revival.
+            matched = _executemany(conn, status_update_live_stmt(), live).rowcount
+            updated = -1 if matched < 0 else matched
+            done = {p["b_id"] for p in live}
+            if matched != len(live):
+                done -= _revive(conn, list(done), revived)
+            plain = [p for p in plain if p["b_id"] not in done]
         for stmt, rows in ((status_update_stmt(), plain), (status_output_stmt(), with_output)):
             if rows:
                 count = _executemany(conn, stmt, rows).rowcount
@@ -533,7 +562,12 @@ def write(
         for chunk in _chunks(finished):
             _run_in(conn, delete_deps_stmt(), chunk)
     # 2. New tasks, and the dependency rows of those still live and of revived ones.
-    if inserts:
+    if ignoring is not None:
+        (new,) = inserts.values()
+        sql, getter = _driver_sql(conn, ignoring, tuple(new))
+        if conn.exec_driver_sql(sql, new if getter is None else getter(new)).first() is None:
+            inserts = {}  # stored already
+    elif inserts:
         _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
     new_deps = [
         d

@@ -262,7 +262,8 @@ def commit_work(
     deadline = time.monotonic() + timeout.total_seconds()
 
     def work(conn: Connection) -> None:
-        dialects.bound_transaction(conn, timeout)
+        # Its statement timeout (`dialects.bound_transaction`) is set by the caller's
+        # `_lease_run(work, timeout=config.commit_timeout)`, with the idle bound in one go.
         if not lease.fence(conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl):
             raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
         repository.write(conn, base, folded, outputs)
@@ -488,17 +489,26 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
 
     # Transactions: every database error leaves here translated.
 
-    def _run(self, fn: Callable[[Connection], Any], *, idle: timedelta | None = None) -> Any:
+    def _run(
+        self,
+        fn: Callable[[Connection], Any],
+        *,
+        idle: timedelta | None = None,
+        timeout: timedelta | None = None,
+    ) -> Any:
         """Run `fn` in one transaction. Every transaction that touches the leader row passes
         `idle` = the lease TTL: the server ends it if this process pauses inside it for longer
-        (`dialects.bound_idle`), so a paused holder never blocks a standby past the TTL."""
+        (`dialects.bound_idle`), so a paused holder never blocks a standby past the TTL. A
+        commit passes its `timeout` too (`dialects.bound_transaction`), set with it."""
         with translated(), self.engine.begin() as conn:
-            dialects.bound_idle(conn, idle)
+            dialects.bound(conn, idle=idle, timeout=timeout)
             return fn(conn)
 
-    def _lease_run(self, fn: Callable[[Connection], Any]) -> Any:
+    def _lease_run(
+        self, fn: Callable[[Connection], Any], *, timeout: timedelta | None = None
+    ) -> Any:
         """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
-        return self._run(fn, idle=self.config.lease_ttl)
+        return self._run(fn, idle=self.config.lease_ttl, timeout=timeout)
 
     def _read(self, fn: Callable[[Connection], Any]) -> Any:
         """Run `fn` in a read-only transaction (on SQLite it does not take the write lock)."""
@@ -609,7 +619,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         work = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
-            self._lease_run(work)
+            self._lease_run(work, timeout=self.config.commit_timeout)
         except Fenced as exc:
             self._lose(str(exc), about=epoch)
             raise

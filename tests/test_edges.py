@@ -217,6 +217,41 @@ def test_a_revival_clashing_with_a_live_key_writes_nothing(store: SqlStore) -> N
     assert store.get_task(ById(3)) is None
 
 
+def test_live_transitions_of_live_finished_and_missing_tasks_in_one_batch(
+    store: SqlStore,
+) -> None:
+    """Live transitions are one statement for tasks still live; a finished one among them is
+    revived (its key and dependency rows back) and a missing one has no effect, in one batch or
+    one commit each, and a key a batch releases can be taken back by a revival after it."""
+    epoch = lead(store)
+    on_0 = (Dep(target=ById(0)),)
+    store.commit(epoch, BASE, [submit(0), submit(1, deps=on_0), submit(2, key="k", deps=on_0)])
+    store.commit(epoch, BASE, [status(2, TaskStatus.FAILED), submit(3, key="k")])
+    for batches in (
+        [[status(1, TaskStatus.RUNNING), status(2, TaskStatus.RETRYING)]],
+        [[status(9, TaskStatus.RUNNING)], [status(1, TaskStatus.RUNNING)]],
+    ):
+        store.commit(epoch, BASE, [status(2, TaskStatus.FAILED)])  # (already: no change)
+        store.commit(epoch, BASE, [status(3, TaskStatus.CANCELLED)])  # releases "k"
+        for b in batches:
+            store.commit(epoch, BASE, [*b, status(9, TaskStatus.RUNNING)])
+        store.commit(epoch, BASE, [status(2, TaskStatus.RETRYING)])
+        assert state(store, 1) is TaskStatus.RUNNING
+        assert state(store, 2) is TaskStatus.RETRYING
+        assert store.get_task(ById(9)) is None
+        rec = store.recover(BASE)
+        assert [t.id for t in rec.tasks] == [0, 1, 2]
+        assert rec.tasks[2].spec.deps == on_0
+        with pytest.raises(StoreError, match="conflicts"):
+            store.commit(epoch, BASE, [submit(4, key="k")])  # task 2 holds the key again
+        # Within one batch: task 2 finishes, releasing "k", then task 3 is revived with it.
+        store.commit(epoch, BASE, [status(2, TaskStatus.FAILED), status(3, TaskStatus.RUNNING)])
+        assert [t.id for t in store.recover(BASE).tasks] == [0, 1, 3]
+        store.commit(epoch, BASE, [status(3, TaskStatus.CANCELLED)])
+        store.commit(epoch, BASE, [status(2, TaskStatus.RETRYING)])
+        store.commit(epoch, BASE, [status(2, TaskStatus.FAILED)])
+
+
 # 5. Replaying an older batch changes nothing.
 
 

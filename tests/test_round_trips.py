@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import URL, event
+from sqlalchemy import URL, event, text
 
 from cronoq_store import (
     ById,
@@ -17,6 +17,7 @@ from cronoq_store import (
     TaskStatus,
     TimeBase,
 )
+from cronoq_store.store import StoreConfig
 
 BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 
@@ -72,3 +73,21 @@ def test_statements_do_not_grow_with_batch_size(db_url: URL) -> None:
             start += size
         assert counts[10] == counts[200]
         store.release_leadership()
+
+
+def test_a_connection_returned_inside_a_transaction_is_rolled_back(
+    dialect: str, db_url: URL
+) -> None:
+    """A connection handed back to the store's pool in the middle of a transaction (a raw
+    DB-API use) is rolled back: nothing it left open reaches the next user of the session."""
+    with SqlStore.open(db_url, StoreConfig(pool_size=1)) as store:
+        raw = store.engine.raw_connection()
+        cursor = raw.cursor()
+        if dialect == "sqlite":  # its driver runs in autocommit mode under the store
+            cursor.execute("BEGIN")
+        cursor.execute("UPDATE cronoq_leader SET holder = 'left-open' WHERE id = 1")
+        cursor.close()
+        raw.close()  # back to the pool, uncommitted
+        with store.engine.connect() as conn:  # the same session (pool_size=1)
+            holder = conn.execute(text("SELECT holder FROM cronoq_leader WHERE id = 1")).scalar()
+        assert holder is None

@@ -409,3 +409,41 @@ def test_unusable_schema_name_touches_nothing(engine: Engine, dialect: str) -> N
     assert inspect(engine).get_table_names() == []
     if dialect == "postgresql":
         assert not {"cronoq", "cronoq.tasks"} & set(inspect(engine).get_schema_names())
+
+
+def test_a_replayed_single_submission_is_ignored_whole(store: SqlStore) -> None:
+    """A commit of one task already stored changes nothing and raises nothing: not when its
+    key is now held by another live task, not its dependency rows after it finished, not the
+    transitions folded into it. (One new task takes the dialect's insert-or-ignore path, more
+    the lookup-first path: both are checked here.)"""
+    from sqlalchemy import func, select
+
+    from cronoq_store.schema import task_deps
+
+    def dep_rows() -> int:
+        with store.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(task_deps)).scalar_one())
+
+    epoch = store.acquire_leadership()
+    on_9 = (Dep(target=ById(id=TaskId(9))),)
+    store.commit(epoch, BASE, [submit(1, key="k", deps=on_9)])
+    assert dep_rows() == 1
+    store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)])
+    store.commit(epoch, BASE, [submit(2, key="k")])  # the key, released, is now task 2's
+    assert dep_rows() == 0
+    for replay in (
+        [submit(1, key="k", deps=on_9)],
+        [submit(1, key="k", deps=on_9), status(1, TaskStatus.RUNNING)],
+        [submit(1, key="k", deps=on_9), submit(2, key="k")],
+    ):
+        store.commit(epoch, BASE, replay)
+        one = store.get_task(ById(id=TaskId(1)))
+        assert one is not None and one.status is TaskStatus.SUCCEEDED
+        assert dep_rows() == 0
+    newest = store.get_task(ByKey(key="k"))
+    assert newest is not None and newest.id == 2
+    assert [t.id for t in store.recover(BASE).tasks] == [2]
+    # A new task whose key is held is still refused on the single-row path.
+    with pytest.raises(StoreError):
+        store.commit(epoch, BASE, [submit(3, key="k")])
+    assert store.get_task(ById(id=TaskId(3))) is None

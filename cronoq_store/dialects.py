@@ -257,16 +257,6 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
 
 
-def bound_transaction(conn: Connection, timeout: timedelta) -> None:
-    """Bound how long each statement of this transaction may wait, so a commit cannot hang.
-
-    PostgreSQL: `statement_timeout` for this transaction only. MySQL: the session's lock wait
-    timeout (whole seconds), set once per connection. SQLite waits only for other writers, and
-    `busy_timeout` already bounds that. (`bound` sets this and the idle bound together.)
-    """
-    bound(conn, idle=None, timeout=timeout, idle_too=False)
-
-
 IDLE_INFO: Final = "cronoq_idle_s"
 """`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""
 
@@ -302,8 +292,13 @@ def bound_idle(conn: Connection, idle: timedelta | None) -> None:
 def bound(
     conn: Connection, *, idle: timedelta | None, timeout: timedelta | None, idle_too: bool = True
 ) -> None:
-    """`bound_idle(conn, idle)` (unless not `idle_too`) and, given a `timeout`,
-    `bound_transaction(conn, timeout)`, in one round trip where both need one.
+    """`bound_idle(conn, idle)` (unless not `idle_too`) and, given a `timeout`, a bound on how
+    long each statement of this transaction may wait (so a commit cannot hang), in one round
+    trip where both need one.
+
+    The statement bound: PostgreSQL's `statement_timeout` for this transaction only; MySQL's
+    session lock wait timeout (whole seconds), set once per connection; SQLite waits only for
+    other writers, and `busy_timeout` already bounds that.
 
     On PostgreSQL both are transaction-local `set_config` calls, so one SELECT carries both: a
     commit pays one statement for its bounds, not two. MySQL's are session settings sent only

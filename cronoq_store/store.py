@@ -262,7 +262,7 @@ def commit_work(
     deadline = time.monotonic() + timeout.total_seconds()
 
     def work(conn: Connection) -> None:
-        # Its statement timeout (`dialects.bound_transaction`) is set by the caller's
+        # Its statement timeout (`dialects.bound`) is set by the caller's
         # `_lease_run(work, timeout=config.commit_timeout)`, with the idle bound in one go.
         if not lease.fence(conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl):
             raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
@@ -499,7 +499,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """Run `fn` in one transaction. Every transaction that touches the leader row passes
         `idle` = the lease TTL: the server ends it if this process pauses inside it for longer
         (`dialects.bound_idle`), so a paused holder never blocks a standby past the TTL. A
-        commit passes its `timeout` too (`dialects.bound_transaction`), set with it."""
+        commit passes its `timeout` too (`dialects.bound`), set with it."""
         with translated(), self.engine.begin() as conn:
             dialects.bound(conn, idle=idle, timeout=timeout)
             return fn(conn)

@@ -38,6 +38,7 @@ from sqlalchemy import (
     make_url,
     select,
     table,
+    true,
 )
 from sqlalchemy import column as sql_column
 from sqlalchemy import exc as sa_exc
@@ -49,6 +50,7 @@ from sqlalchemy.schema import CreateSchema
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
+from . import execution
 from .errors import InvalidValue, StoreError, StoreUnavailable
 
 MIGRATION_LOCK_KEY: Final = 0x63726F6E6F71  # "cronoq"
@@ -148,7 +150,7 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
     def _begin(conn: Connection) -> None:
         # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
         read_only = conn.get_execution_options().get(READ_ONLY, False)
-        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        execution.run(conn, "BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:
@@ -312,10 +314,10 @@ def bound(
         if timeout is not None:
             settings.append(("statement_timeout", max(1, timeout // _MS)))
         if settings:
-            conn.execute(
-                _set_local_stmt(tuple(name for name, _ in settings)),
-                {f"v{i}": str(ms) for i, (_, ms) in enumerate(settings)},
-            )
+            params = {}
+            for i, (setting, ms) in enumerate(settings):
+                params[f"n{i}"], params[f"v{i}"] = setting, str(ms)
+            execution.run_stmt(conn, _set_local_stmt(len(settings)), params)
         return
     if which != "mysql":
         return
@@ -334,21 +336,15 @@ def bound(
 
 
 _MS: Final = timedelta(milliseconds=1)
-_SET_LOCAL: dict[tuple[str, ...], Select[Any]] = {}
 
 
-def _set_local_stmt(settings: tuple[str, ...]) -> Select[Any]:
-    """PostgreSQL: `SELECT set_config(name, :v0, true), ...`: transaction-local settings, one
-    statement (built once per set of names, so its compiled form is cached)."""
-    stmt = _SET_LOCAL.get(settings)
-    if stmt is None:
-        stmt = _SET_LOCAL[settings] = select(
-            *(
-                func.set_config(literal(setting), bindparam(f"v{i}"), True)
-                for i, setting in enumerate(settings)
-            )
-        )
-    return stmt
+@functools.cache
+def _set_local_stmt(count: int) -> Select[Any]:
+    """PostgreSQL: `SELECT set_config(:n0, :v0, true), ...`: `count` transaction-local
+    settings in one statement."""
+    return select(
+        *(func.set_config(bindparam(f"n{i}"), bindparam(f"v{i}"), true()) for i in range(count))
+    )
 
 
 # Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never

@@ -1,12 +1,25 @@
-"""How the store's work runs, as opposed to what it runs: mechanics with no SQL of their own."""
+"""How the store's work runs, as opposed to what it runs: mechanics with no SQL of their own.
+
+Statements are Core expressions, compiled by SQLAlchemy once per dialect, schema and key set
+(`driver_sql`). How they then run is this module's business: on the DB-API cursor when nothing
+observes the connection's statements (`run`), through SQLAlchemy's execution otherwise.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from operator import itemgetter
+from typing import Any, NamedTuple
 
-__all__ = ["collection_paused"]
+from sqlalchemy import Connection, Delete, Insert, Select, Update
+from sqlalchemy import exc as sa_exc
+
+from .errors import StoreError
+
+__all__ = ["Ran", "collection_paused", "driver_sql", "observed", "run", "run_many", "run_stmt"]
 
 
 @contextlib.contextmanager
@@ -26,3 +39,151 @@ def collection_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+Statement = Insert | Update | Delete | Select[Any]
+Params = Callable[[Mapping[str, Any]], Any]
+
+_COMPILED: dict[tuple[Any, ...], tuple[str, Params | None]] = {}
+
+
+def driver_sql(
+    conn: Connection, stmt: Statement, keys: tuple[str, ...]
+) -> tuple[str, Params | None]:
+    """The driver SQL of `stmt` for parameter `keys`, and how to turn a mapping of them into
+    the driver's parameters (None: the mapping itself, for a named paramstyle).
+
+    Compiled once per statement, dialect, schema and key set. Running it as driver SQL skips
+    SQLAlchemy's per-row parameter processing; the bound types the store uses (int, str,
+    bytes, bool, None) need no bind processing on any supported driver.
+    """
+    translate = conn.get_execution_options().get("schema_translate_map")
+    cache_key = (
+        stmt,  # the object, not id(): a key must keep its statement alive
+        keys,
+        conn.dialect,
+        None if translate is None else tuple(sorted(translate.items(), key=repr)),
+    )
+    hit = _COMPILED.get(cache_key)
+    if hit is None:
+        compiled = stmt.compile(
+            dialect=conn.dialect,
+            column_keys=list(keys),
+            schema_translate_map=translate,
+            render_schema_translate=translate is not None,
+        )
+        # Binds the statement fills itself: constants (`id == 1`) and values computed when
+        # it runs (SQLite's `b_host_now`, a `callable_`).
+        own = {
+            name: bind
+            for bind, name in compiled.bind_names.items()
+            if name not in keys and (bind.callable is not None or not bind.required)
+        }
+        missing = sorted(set(compiled.bind_names.values()) - set(keys) - set(own))
+        if missing:
+            raise StoreError(f"statement needs values for {missing}")
+        order = compiled.positiontup
+        getter: Params | None = None
+        if compiled.positional and order is not None:
+            getter = _positional(tuple(order))
+        if own:
+            getter = _filled(own, getter)
+        hit = _COMPILED[cache_key] = (str(compiled), getter)
+    return hit
+
+
+def _filled(own: Mapping[str, Any], then: Params | None) -> Params:
+    """`then` applied to a mapping with the statement's own binds filled in."""
+
+    def params(row: Mapping[str, Any]) -> Any:
+        full = {n: b.callable() if b.callable is not None else b.value for n, b in own.items()}
+        full.update(row)
+        return full if then is None else then(full)
+
+    return params
+
+
+def _positional(order: tuple[str, ...]) -> Params:
+    """The positional parameters of a mapping, in `order` (always a tuple)."""
+    if len(order) > 1:
+        return itemgetter(*order)
+    if order:
+        key = order[0]
+        return lambda r: (r[key],)
+    return lambda r: ()
+
+
+class Ran(NamedTuple):
+    """What a statement did: rows it matched (the driver's rowcount) and rows it returned."""
+
+    rowcount: int
+    rows: Sequence[Any]
+
+
+def observed(conn: Connection) -> bool:
+    """Whether anything watches `conn`'s statements: a cursor-execute or error listener
+    (tracing, metrics, a test's fault injection) or SQLAlchemy's statement log.
+
+    SQLAlchemy's per-statement machinery exists for them; without them it is a third of a
+    small commit's CPU, and `run` leaves it out. Async drivers always take SQLAlchemy's path.
+    """
+    dispatch: Any = conn.dispatch
+    return bool(
+        conn.dialect.is_async
+        or dispatch.before_cursor_execute
+        or dispatch.after_cursor_execute
+        or conn.dialect.dispatch.handle_error
+        or conn.engine.logger.isEnabledFor(logging.INFO)
+    )
+
+
+def run(conn: Connection, sql: str, params: Any = None, *, many: bool = False) -> Ran:
+    """Run driver SQL in `conn`'s transaction: on its DB-API cursor when nothing observes the
+    connection (`observed`), otherwise through `exec_driver_sql`, so that listeners see every
+    statement. `many`: `params` is a list, run as the driver's executemany.
+
+    A driver error leaves as SQLAlchemy's `DBAPIError` either way (parameters hidden: they are
+    task data), and a lost connection is invalidated as SQLAlchemy would.
+    """
+    if observed(conn):
+        result = conn.exec_driver_sql(sql, params)
+        return Ran(result.rowcount, result.all() if result.returns_rows else [])
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    cursor = dbapi_conn.cursor()
+    try:
+        if many:
+            cursor.executemany(sql, params)
+        elif params is None:
+            cursor.execute(sql)
+        else:
+            cursor.execute(sql, params)
+        return Ran(cursor.rowcount, cursor.fetchall() if cursor.description is not None else [])
+    except conn.dialect.loaded_dbapi.Error as exc:
+        invalidated = conn.dialect.is_disconnect(exc, dbapi_conn, cursor)
+        if invalidated:
+            conn.invalidate(exc)
+        raise sa_exc.DBAPIError.instance(
+            sql,
+            None,
+            exc,
+            conn.dialect.loaded_dbapi.Error,
+            hide_parameters=True,
+            connection_invalidated=invalidated,
+            dialect=conn.dialect,
+            ismulti=many,
+        ) from exc
+    finally:
+        cursor.close()
+
+
+def run_stmt(conn: Connection, stmt: Statement, params: Mapping[str, Any] | None = None) -> Ran:
+    """Run `stmt` once with `params` (compiled once: `driver_sql`)."""
+    params = params or {}
+    sql, getter = driver_sql(conn, stmt, tuple(params))
+    return run(conn, sql, params if getter is None else getter(params))
+
+
+def run_many(conn: Connection, stmt: Statement, rows: Sequence[Mapping[str, Any]]) -> Ran:
+    """Run `stmt` once per row (all rows share one key set) as one driver executemany."""
+    sql, getter = driver_sql(conn, stmt, tuple(rows[0]))
+    return run(conn, sql, rows if getter is None else [getter(r) for r in rows], many=True)

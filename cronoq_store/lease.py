@@ -21,7 +21,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Row, Select, Update, and_, bindparam, case, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from . import codec, leadership
+from . import codec, execution, leadership
 from .dialects import db_now_ns
 from .errors import LeaderRowMissing
 from .schema import leader
@@ -198,7 +198,8 @@ def take(conn: Connection, *, holder: str, ttl_ns: int) -> tuple[int, float] | N
 def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
     """Extend our lease by `ttl_ns`; False when it was taken over (`LeaderRowMissing` when the
     row is gone)."""
-    result = conn.execute(renew_stmt(), {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns})
+    params = {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns}
+    result = execution.run_stmt(conn, renew_stmt(), params)
     if result.rowcount == 1:
         return True
     require_row(conn)
@@ -208,10 +209,8 @@ def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
 def fence(conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int) -> bool:
     """Run the fence check, raising the high-water to `next_id`; False when we do not lead
     (`LeaderRowMissing` when nobody can: the row is gone)."""
-    result = conn.execute(
-        fence_stmt(),
-        {"b_epoch": epoch, "b_holder": holder, "b_next_id": next_id, "b_ttl": ttl_ns},
-    )
+    params = {"b_epoch": epoch, "b_holder": holder, "b_next_id": next_id, "b_ttl": ttl_ns}
+    result = execution.run_stmt(conn, fence_stmt(), params)
     if result.rowcount == 1:
         return True
     require_row(conn)

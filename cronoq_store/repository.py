@@ -17,7 +17,6 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import (
     Boolean,
     Connection,
-    CursorResult,
     Delete,
     Insert,
     Integer,
@@ -83,52 +82,12 @@ def _chunks(values: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[An
 
 # Bulk statements: compiled once per dialect, run as the driver's executemany.
 
-_DRIVER_SQL: dict[tuple[Any, ...], tuple[str, Callable[[Mapping[str, Any]], Any] | None]] = {}
-
-
-def _driver_sql(
-    conn: Connection, stmt: Insert | Update | Delete, keys: tuple[str, ...]
-) -> tuple[str, Callable[[Mapping[str, Any]], Any] | None]:
-    """The driver SQL of `stmt` for `keys`, and how to turn a row dict into its parameters.
-
-    Compiled once per statement, dialect, schema and key set. Running it through
-    `exec_driver_sql` skips SQLAlchemy's per-row parameter processing, which costs more than
-    the driver's own executemany for wide rows; the bound types here (int, str, bytes, bool,
-    None) need no bind processing on any supported driver.
-    """
-    translate = conn.get_execution_options().get("schema_translate_map")
-    cache_key = (
-        stmt,  # the object, not id(): a key must keep its statement alive
-        keys,
-        conn.dialect,
-        None if translate is None else tuple(sorted(translate.items(), key=repr)),
-    )
-    hit = _DRIVER_SQL.get(cache_key)
-    if hit is None:
-        compiled = stmt.compile(
-            dialect=conn.dialect,
-            column_keys=list(keys),
-            schema_translate_map=translate,
-            render_schema_translate=translate is not None,
-        )
-        missing = sorted(set(compiled.binds) - set(keys))
-        if missing:
-            raise StoreError(f"bulk statement needs values for {missing}")
-        order = compiled.positiontup
-        getter: Callable[[Mapping[str, Any]], Any] | None = None
-        if compiled.positional and order is not None:
-            getter = itemgetter(*order) if len(order) > 1 else lambda r, k=order[0]: (r[k],)
-        hit = _DRIVER_SQL[cache_key] = (str(compiled), getter)
-    return hit
-
 
 def _executemany(
     conn: Connection, stmt: Insert | Update | Delete, rows: Sequence[Mapping[str, Any]]
-) -> CursorResult[Any]:
+) -> execution.Ran:
     """Run `stmt` once per row (all rows share one key set) as one driver executemany."""
-    sql, getter = _driver_sql(conn, stmt, tuple(rows[0]))
-    params: Any = rows if getter is None else [getter(r) for r in rows]
-    return conn.exec_driver_sql(sql, params)
+    return execution.run_many(conn, stmt, rows)
 
 
 SMALL_IN: Final = 8
@@ -139,7 +98,7 @@ _FULL_IN: dict[tuple[Any, ...], tuple[str, tuple[str, ...] | None]] = {}
 
 def _run_in(
     conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]
-) -> CursorResult[Any]:
+) -> execution.Ran:
     """Run `stmt` (its one expanding parameter "ids" bound to `ids`).
 
     A full chunk (the usual case in large commits and in prune), and a short list (a small
@@ -149,7 +108,7 @@ def _run_in(
     """
     count = len(ids)
     if count != IN_CHUNK and not 0 < count <= SMALL_IN:
-        return conn.execute(stmt, {"ids": list(ids)})
+        return _expanded(conn, stmt, ids)
     translate = conn.get_execution_options().get("schema_translate_map")
     key = (
         stmt,  # the object, not id(): a key must keep its statement alive
@@ -167,12 +126,20 @@ def _run_in(
         state = compiled.construct_expanded_state({"ids": list(range(count))})
         names = tuple(state.positiontup or state.parameters)
         if len(names) != count:  # not a statement of one IN list
-            return conn.execute(stmt, {"ids": list(ids)})
+            return _expanded(conn, stmt, ids)
         hit = _FULL_IN[key] = (state.statement, None if compiled.positional else names)
     sql, names_or_none = hit
     if names_or_none is None:
-        return conn.exec_driver_sql(sql, tuple(ids))
-    return conn.exec_driver_sql(sql, dict(zip(names_or_none, ids, strict=True)))
+        return execution.run(conn, sql, tuple(ids))
+    return execution.run(conn, sql, dict(zip(names_or_none, ids, strict=True)))
+
+
+def _expanded(
+    conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]
+) -> execution.Ran:
+    """`stmt` with its IN list rendered for `ids` by SQLAlchemy (any length)."""
+    result = conn.execute(stmt, {"ids": list(ids)})
+    return execution.Ran(result.rowcount, result.all() if result.returns_rows else [])
 
 
 def _can_copy(conn: Connection) -> bool:
@@ -205,13 +172,18 @@ def _copy_sql(conn: Connection, stmt: Insert, columns: Sequence[str]) -> str:
     return sql
 
 
+COPY_MIN: Final = 32
+"""Fewer rows than this are inserted with executemany even where COPY is available: COPY's
+own round trips (start, end) cost more than it saves on a handful of rows."""
+
+
 def _insert_many(conn: Connection, stmt: Insert, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert `rows`: COPY on psycopg, the driver's executemany elsewhere.
+    """Insert `rows`: COPY on psycopg, the driver's executemany elsewhere (and for few rows).
 
     psycopg's executemany still sends one INSERT per row (pipelined); COPY streams them in one
     statement, two to three times faster for a batch of 1000.
     """
-    if len(rows) < 2 or not _can_copy(conn):
+    if len(rows) < COPY_MIN or not _can_copy(conn):
         _executemany(conn, stmt, rows)
         return
     keys = set(rows[0])
@@ -485,12 +457,12 @@ def _revive(conn: Connection, ids: Sequence[int], dep_out: list[dict[str, Any]])
     update itself."""
     finished: set[int] = set()
     for chunk in _chunks(ids):
-        for row in _run_in(conn, revived_stmt(), chunk):
-            finished.add(row.id)
+        for task_id, deps in _run_in(conn, revived_stmt(), chunk).rows:
+            finished.add(task_id)
             try:
-                dep_out.extend(dep_rows(row.id, codec.decode_deps(row.deps)))
+                dep_out.extend(dep_rows(task_id, codec.decode_deps(deps)))
             except CorruptValue as exc:  # recovery quarantines the row; nothing to restore
-                log.warning("task %s revived with undecodable dependencies: %s", row.id, exc)
+                log.warning("task %s revived with undecodable dependencies: %s", task_id, exc)
     return finished
 
 
@@ -512,7 +484,7 @@ def write(
     if inserts and ignoring is None:
         existing: set[int] = set()
         for chunk in _chunks(list(inserts)):
-            existing.update(_run_in(conn, existing_ids_stmt(), chunk).scalars())
+            existing.update(row[0] for row in _run_in(conn, existing_ids_stmt(), chunk).rows)
         if existing:
             inserts = {i: r for i, r in inserts.items() if i not in existing}
     # 1. Transitions of stored tasks first, so the keys they release can be reused below. A
@@ -564,8 +536,7 @@ def write(
     # 2. New tasks, and the dependency rows of those still live and of revived ones.
     if ignoring is not None:
         (new,) = inserts.values()
-        sql, getter = _driver_sql(conn, ignoring, tuple(new))
-        if conn.exec_driver_sql(sql, new if getter is None else getter(new)).first() is None:
+        if not execution.run_stmt(conn, ignoring, new).rows:
             inserts = {}  # stored already
     elif inserts:
         _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))

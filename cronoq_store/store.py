@@ -29,7 +29,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
-from . import dialects, inbox, leadership, lease, migrate, repository
+from . import dialects, execution, inbox, leadership, lease, migrate, repository
 from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
 from .model import (
     INT64_MAX,
@@ -188,13 +188,13 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         )
         return engine
     try:
-        return create_engine(
-            url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
-        )
+        engine = create_engine(url, pool_size=config.pool_size, hide_parameters=True)
     except (sa_exc.ArgumentError, ImportError) as exc:
         advice = dialects.url_advice(url)
         why = dialects.redact(f"bad database URL: {exc}")
         raise StoreError(f"{why}; {advice}" if advice else why) from exc
+    execution.ping_when_idle(engine, execution.PING_IDLE)
+    return engine
 
 
 def _note(note: leadership.Note | None) -> None:

@@ -1,0 +1,143 @@
+"""The store's connections: lost while pooled and found out, and who may watch a commit.
+
+A store made by `SqlStore.open` pings a pooled connection only when it sat unused past
+`execution.PING_IDLE`; a connection lost sooner fails one commit with `StoreUnavailable` and
+the next one succeeds. A commit's statements skip SQLAlchemy's execution machinery only while
+nothing observes them (`execution.observed`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import URL, Engine, create_engine, event, select, text
+
+from cronoq_store import (
+    SqlStore,
+    StoreUnavailable,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TimeBase,
+    execution,
+)
+from cronoq_store.schema import tasks
+from cronoq_store.store import StoreConfig
+
+BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
+SERVERS = [
+    pytest.param("postgresql", marks=pytest.mark.postgresql),
+    pytest.param("mysql", marks=pytest.mark.mysql),
+]
+# No renewal during a test: every connection the test kills is one a commit would use.
+QUIET = StoreConfig(lease_ttl=timedelta(seconds=120), lease_renew=timedelta(seconds=60))
+
+
+def submit(i: int) -> Submitted:
+    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=f"k{i}"))
+
+
+def stored(engine: Engine) -> set[int]:
+    with engine.connect() as conn:
+        return set(conn.execute(select(tasks.c.id)).scalars())
+
+
+@pytest.fixture
+def admin(db_url: URL) -> Iterator[Engine]:
+    engine = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+def kill_other_sessions(admin: Engine, dialect: str) -> int:
+    """End every other session on this test's database, as a server restart would; how many."""
+    with admin.connect() as conn:
+        if dialect == "postgresql":
+            return len(
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).all()
+            )
+        ids = conn.execute(
+            text(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+        ).scalars()
+        killed = 0
+        for session in list(ids):
+            conn.execute(text(f"KILL {int(session)}"))
+            killed += 1
+        return killed
+
+
+@pytest.mark.parametrize("dialect", SERVERS, indirect=True)
+def test_a_connection_lost_while_idle_is_replaced_unseen(
+    db_url: URL, admin: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(execution, "PING_IDLE", 0.0)  # every checkout is past the idle bound
+    with SqlStore.open(db_url, QUIET) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [submit(1)])
+        assert kill_other_sessions(admin, dialect) >= 1
+        store.commit(epoch, BASE, [submit(2)])  # the ping finds it dead; the pool reconnects
+        assert stored(admin) == {1, 2}
+        assert store.is_leader
+
+
+@pytest.mark.parametrize("dialect", SERVERS, indirect=True)
+def test_a_connection_lost_within_the_idle_bound_fails_one_commit(
+    db_url: URL, admin: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(execution, "PING_IDLE", 3600.0)  # no checkout here is pinged
+    with SqlStore.open(db_url, QUIET) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [submit(1)])
+        assert kill_other_sessions(admin, dialect) >= 1
+        failed = 0
+        for _ in range(store.config.pool_size + 1):  # each dead pooled connection fails once
+            try:
+                store.commit(epoch, BASE, [submit(2), submit(3)])
+                break
+            except StoreUnavailable:
+                failed += 1
+                assert stored(admin) == {1}  # nothing half-written
+        else:
+            pytest.fail("commits kept failing after the pool dropped its dead connections")
+        assert failed >= 1
+        assert stored(admin) == {1, 2, 3}
+        assert store.is_leader
+
+
+@pytest.mark.parametrize(
+    "dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)], indirect=True
+)
+def test_statements_skip_sqlalchemy_only_while_unobserved(db_url: URL) -> None:
+    def listener(*_args: Any) -> None:
+        pass
+
+    with SqlStore.open(db_url) as store, store.engine.connect() as conn:
+        assert not execution.observed(conn)
+        for name in ("before_cursor_execute", "after_cursor_execute"):
+            event.listen(store.engine, name, listener)
+            with store.engine.connect() as watched:
+                assert execution.observed(watched), name
+            event.remove(store.engine, name, listener)
+        event.listen(store.engine, "handle_error", listener)
+        assert execution.observed(conn)
+        event.remove(store.engine, "handle_error", listener)
+        logger = logging.getLogger("sqlalchemy.engine.Engine")
+        level = logger.level
+        logger.setLevel(logging.INFO)
+        try:
+            assert execution.observed(conn)
+        finally:
+            logger.setLevel(level)
+        assert not execution.observed(conn)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from functools import wraps
+from functools import lru_cache, wraps
 from itertools import accumulate
 from typing import Any, Final, ParamSpec, TypeVar, get_args
 
@@ -331,7 +331,20 @@ def encode_tags(tags: frozenset[str]) -> str:
     return _dumps_plain(sorted({clean(t) for t in tags}))
 
 
+SHARED_TAGS_MAX: Final = 256
+"""Tag sets stored as JSON text up to this long are decoded once and shared (`decode_tags`)."""
+
+
 def decode_tags(text: str) -> frozenset[str]:
+    """The stored tag set. Tasks mostly repeat a few tag sets, and a frozenset can be shared:
+    short texts decode once (a cache of the last 4,096), saving a recovery the parse, the
+    check and a tracked object per task."""
+    if type(text) is str and len(text) <= SHARED_TAGS_MAX:
+        return _shared_tags(text)
+    return _decode_tags(text)
+
+
+def _decode_tags(text: str) -> frozenset[str]:
     if text == "[]":
         return frozenset()
     items = _expect("tags", _loads_plain("tags", text), list)
@@ -339,6 +352,9 @@ def decode_tags(text: str) -> frozenset[str]:
         if type(t) is not str:
             _expect("tags", t, str)
     return frozenset(items)
+
+
+_shared_tags = lru_cache(maxsize=4096)(_decode_tags)
 
 
 def encode_labels(labels: Mapping[str, str]) -> str:

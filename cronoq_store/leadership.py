@@ -241,10 +241,13 @@ class KeeperShell(Generic[R, L]):
 
     def renewed(self, started: float) -> None:
         """Count a successful renewal that started at monotonic time `started` (a committed
-        fence check extends the lease too): the deadline moves to `started` plus the TTL."""
+        fence check extends the lease too): the deadline moves to `started` plus the TTL.
+
+        Wakes no one: it only moves what the keeper waits for later, never sooner, so a thread
+        asleep until the old time wakes then and waits again. (Waking both threads after every
+        commit cost two thread switches a commit.)"""
         with self._guard:
             self._core.renewed(started)
-            self._wake()
 
     def _due(self, now: float) -> Wait | StepDown | None:
         """Act on the core's decision at `now` (call under `_guard`): start a renewal that is

@@ -140,6 +140,43 @@ def test_keeper_leads_only_while_the_lease_cannot_have_expired(script: list[obje
     assert stopped or len(stepped_down) == 1
 
 
+def _when(decision: Renew | Wait | StepDown | None, now: float) -> float:
+    """When a keeper's driver must act on `decision` made at `now` (an overdue one: now)."""
+    if isinstance(decision, Renew):
+        return max(now, decision.at)
+    if isinstance(decision, Wait):
+        return max(now, decision.until)
+    return now if isinstance(decision, StepDown) else float("inf")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    renewals=st.lists(st.tuples(st.floats(0, 3 * TTL), st.booleans()), max_size=6),
+    running=st.booleans(),
+    later=st.floats(0, 2 * TTL),
+    ago=st.floats(0, TTL),
+)
+def test_a_fence_renewal_never_makes_a_decision_due_sooner(
+    renewals: list[tuple[float, bool]], running: bool, later: float, ago: float
+) -> None:
+    """Why a commit's fence renewal wakes neither keeper thread (`KeeperShell.renewed`): it
+    only ever moves the next renewal or the deadline later, so a thread asleep until the old
+    time wakes then and waits again, and nothing is missed by not waking it now."""
+    keeper, now = Keeping(every=EVERY, ttl=TTL, renewed_at=0.0), 0.0
+    for gap, ok in renewals:
+        now += gap
+        keeper.started(now)
+        keeper.ended(now, ok or StoreUnavailable("down"))
+    if running:
+        keeper.started(now)
+    now += later
+    twin = Keeping(every=EVERY, ttl=TTL, renewed_at=0.0)
+    twin.__dict__.update(keeper.__dict__)
+    before = _when(twin.next(now), now)
+    keeper.renewed(max(0.0, now - ago))
+    assert _when(keeper.next(now), now) >= before
+
+
 def step_down_reason(keeper: Keeping, now: float) -> str:
     decision = keeper.next(now)
     assert isinstance(decision, StepDown), decision

@@ -44,6 +44,7 @@ from .errors import CorruptValue, InvalidValue, StoreError
 from .model import (
     INT64_MAX,
     INT64_MIN,
+    ById,
     Dep,
     InboxTaken,
     Recovered,
@@ -260,15 +261,17 @@ def _status(base: TimeBase, m: StatusChanged) -> _Status:
 
 def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
     """The `cronoq_task_deps` rows of a live task's dependencies."""
-    return [
-        {
-            "task_id": task_id,
-            "ordinal": i,
-            "target_id": getattr(d.target, "id", None),
-            "target_key": codec.clean_opt(getattr(d.target, "key", None)),
-        }
-        for i, d in enumerate(deps)
-    ]
+    rows: list[dict[str, Any]] = []
+    for i, d in enumerate(deps):
+        target = d.target  # narrowed by type, not getattr with a default: no AttributeError
+        if isinstance(target, ById):
+            target_id, target_key = target.id, None
+        else:
+            target_id, target_key = None, codec.clean(target.key)
+        rows.append(
+            {"task_id": task_id, "ordinal": i, "target_id": target_id, "target_key": target_key}
+        )
+    return rows
 
 
 def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:

@@ -508,6 +508,10 @@ def test_demo(tmp_path: Path) -> None:
 
 # A holder stopped inside a transaction that holds the leader row's lock.
 
+WATCH = "--watch-statements"
+"""The stop-in-* points watch statements; every other driver process runs unobserved, on the
+fast path production takes (`execution.observed`)."""
+
 IDLE_BOUND = TTL + 1.0
 """How long the server lets a stopped holder sit idle in its transaction: the lease TTL
 (MariaDB: rounded up to whole seconds)."""
@@ -564,7 +568,7 @@ def test_leader_stopped_inside_its_transaction_lets_a_standby_through(
     the server ends its session after the lease TTL, so a standby leads while it is stopped;
     resumed, it steps down and writes nothing."""
     log = tmp_path / "acks.jsonl"
-    a, b = spawn("a", db_url, log), spawn("b", db_url, log)
+    a, b = spawn("a", db_url, log, WATCH), spawn("b", db_url, log, WATCH)
     leader, [standby] = _roles([a, b])
     new, lead, _ = _stopped_in(dialect, point, leader, [standby])
     assert new is standby
@@ -595,7 +599,7 @@ def test_standby_stopped_inside_its_take_lets_a_third_through(
     """A standby SIGSTOPped right after its take UPDATE (the lease row locked, its new epoch
     not committed) holds no one off past the TTL either."""
     log = tmp_path / "acks.jsonl"
-    a, b = spawn("a", db_url, log), spawn("b", db_url, log)
+    a, b = spawn("a", db_url, log, WATCH), spawn("b", db_url, log, WATCH)
     leader, [taker] = _roles([a, b])
     # The taker stops inside its take; the leader pauses holding nothing, so its lease runs out.
     mark, lm = taker.mark(), leader.mark()
@@ -605,7 +609,7 @@ def test_standby_stopped_inside_its_take_lets_a_third_through(
     leader.wait_stopped()
     _, stopping = taker.wait("stopping", start=mark, timeout=STOPPED_TAKEOVER_BOUND)
     taker.wait_stopped()
-    third = spawn("c", db_url, log)  # only now: it must not be the one that takes first
+    third = spawn("c", db_url, log, WATCH)  # only now: it must not be the one that takes first
     _, ready = third.wait("standby")
     deadline = time.monotonic() + STOPPED_TAKEOVER_BOUND
     while not third.since(0, "leading"):
@@ -631,7 +635,7 @@ def test_sqlite_a_leader_stopped_inside_its_transaction_holds_everyone(
     """SQLite has no server to end a stopped writer's transaction: its write lock holds every
     standby until it resumes (docs/guarantees.md says so). Then leadership moves on."""
     log = tmp_path / "acks.jsonl"
-    a, b = spawn("a", db_url, log), spawn("b", db_url, log)
+    a, b = spawn("a", db_url, log, WATCH), spawn("b", db_url, log, WATCH)
     leader, [standby] = _roles([a, b])
     mark = leader.mark()
     sm = standby.mark()

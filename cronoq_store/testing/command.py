@@ -50,6 +50,7 @@ def _drive(args: argparse.Namespace) -> int:
         rest=args.rest,
         seed=args.seed,
         hang_at=HangPoint(args.hang_at) if args.hang_at else None,
+        watch_statements=args.watch_statements,
     )
     # Signals are handled from the start: a SIGTERM while the store opens stops cleanly too.
     stop_event = threading.Event()
@@ -70,7 +71,10 @@ def _drive(args: argparse.Namespace) -> int:
             except (OSError, ValueError):
                 point = None
         for driver in drivers:
-            driver.arm_hang(point)
+            try:
+                driver.arm_hang(point)
+            except ValueError as exc:  # a signal handler must not raise: say why, go on
+                sys.stderr.write(f"cannot arm: {exc}\n")
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -160,6 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="file naming the hang point that SIGUSR2 arms (else --hang-at)",
     )
     drive.add_argument("--exit-with-parent", action="store_true")
+    drive.add_argument(
+        "--watch-statements",
+        action="store_true",
+        help="watch the engine's statements (the stop-in-* hang points need it)",
+    )
     enq.add_argument("--rollback", type=float, default=0.25, help="share rolled back")
     enq.add_argument("--keyed", type=float, default=0.1, help="share with a key (may clash)")
     enq.add_argument("--seed", type=int, default=None)

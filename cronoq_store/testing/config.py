@@ -28,6 +28,11 @@ class HangPoint(enum.StrEnum):
     UPDATE of the leader row (SqlStore only)."""
 
 
+STOPS: Final = frozenset(
+    {HangPoint.STOP_IN_RENEWAL, HangPoint.STOP_IN_COMMIT, HangPoint.STOP_IN_TAKE}
+)
+"""The hang points found by watching statements (`DriverConfig.watch_statements`)."""
+
 SQL_ONLY: Final = frozenset(
     {
         HangPoint.IN_COMMIT,
@@ -59,6 +64,10 @@ class DriverConfig:
     """Seed of the workload's randomness (random when None)."""
     hang_at: HangPoint | None = None
     """The fault that `arm_hang()` (SIGUSR2 for a process) arms when it names none."""
+    watch_statements: bool = False
+    """Watch the engine's statements (an `after_cursor_execute` listener), as the STOP_IN_*
+    points need. Off (the default, as in production), commits run unobserved, on the store's
+    fast path (`execution.observed`)."""
     acquire_slice: float = 0.25
     """Seconds per `acquire_leadership` call, so a standby notices a stop request."""
     key_pool: int = 16

@@ -28,7 +28,7 @@ from ..model import (
 from ..store import SqlStore
 from .acklog import AckLog
 from .base import BASE, Emit, Event, Store, digest
-from .config import SQL_ONLY, DriverConfig, HangPoint
+from .config import SQL_ONLY, STOPS, DriverConfig, HangPoint
 from .workload import Workload, _Live, _Phase, _Planned
 
 
@@ -190,7 +190,8 @@ class WorkloadDriver:
             elif not in_commit and not renewing and self._armed(HangPoint.STOP_IN_TAKE):
                 self._stop_here(HangPoint.STOP_IN_TAKE)
 
-        event.listen(store.engine, "after_cursor_execute", after_execute)
+        if self.config.watch_statements or self.config.hang_at in STOPS:
+            event.listen(store.engine, "after_cursor_execute", after_execute)
 
     def request_pause(self) -> None:
         """Stop this process (SIGSTOP) at the next point where it holds no connection."""
@@ -201,6 +202,8 @@ class WorkloadDriver:
         point = point or self.config.hang_at
         if point in SQL_ONLY and not self._sql:
             raise ValueError(f"hanging {point} needs a SqlStore")
+        if point in STOPS and not (self.config.watch_statements or self.config.hang_at in STOPS):
+            raise ValueError(f"stopping at {point} needs DriverConfig.watch_statements")
         self._hang_point = point
 
     def _armed(self, point: HangPoint) -> bool:

@@ -140,7 +140,7 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _wal(cursor, busy_timeout)
             cursor.execute(f"PRAGMA synchronous = {sync}")
             cursor.execute("PRAGMA foreign_keys = OFF")
         finally:
@@ -151,6 +151,27 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
         # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
         read_only = conn.get_execution_options().get(READ_ONLY, False)
         execution.run(conn, "BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def _wal(cursor: sqlite3.Cursor, busy_timeout: timedelta) -> None:
+    """Switch to WAL, waiting up to `busy_timeout` for another connection's lock.
+
+    SQLite answers the switch with SQLITE_BUSY at once, without calling the busy handler,
+    while another connection holds a write lock in rollback-journal mode (as a process that
+    has just created the file does while others open it): retried here until that lock goes.
+    """
+    deadline = time.monotonic() + busy_timeout.total_seconds()
+    pause = 0.001
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF in _SQLITE_TRANSIENT
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from importlib.metadata import requires
@@ -378,3 +380,24 @@ def test_refs_take_their_field_by_position() -> None:
         ByKey("")
     with pytest.raises(InvalidValue):
         ById("5")  # type: ignore[arg-type]
+
+
+def test_sqlite_opens_while_another_connection_writes_in_rollback_mode(tmp_path: Path) -> None:
+    """SQLite answers the switch to WAL with SQLITE_BUSY at once, without its busy handler,
+    while another connection holds a write lock in rollback-journal mode (as one process
+    creating the file does while others open it: seen as "database is locked" when three
+    processes opened a fresh file together). The store waits for that lock as for any other,
+    up to its busy timeout, instead of failing the open."""
+    path = tmp_path / "x.db"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (x INTEGER)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO other VALUES (1)")
+    release = threading.Timer(0.3, lambda: writer.execute("COMMIT"))  # well inside 5 s
+    release.start()
+    try:
+        with SqlStore.open(path) as store:
+            assert store.recover(BASE).tasks == []
+    finally:
+        release.join()
+        writer.close()

@@ -17,11 +17,15 @@ import pytest
 from sqlalchemy import URL, Engine, create_engine, event, select, text
 
 from cronoq_store import (
+    ById,
+    Dep,
     SqlStore,
+    StatusChanged,
     StoreUnavailable,
     Submitted,
     TaskId,
     TaskSpec,
+    TaskStatus,
     TimeBase,
     execution,
 )
@@ -141,3 +145,35 @@ def test_statements_skip_sqlalchemy_only_while_unobserved(db_url: URL) -> None:
         finally:
             logger.setLevel(level)
         assert not execution.observed(conn)
+
+
+def test_a_listener_sees_every_write_of_a_commit(db_url: URL) -> None:
+    """Observed, a commit runs through SQLAlchemy's execution, and PostgreSQL's inserts leave
+    COPY (which no listener sees) for executemany: the fence, both inserts and the update."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(" ".join(statement.split()[:3]).upper())
+
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        dep = (Dep(target=ById(id=TaskId(1))),)
+        batch = [
+            Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", deps=dep))
+            for i in range(1, 11)
+        ]
+        event.listen(store.engine, "before_cursor_execute", record)
+        try:
+            store.commit(epoch, BASE, batch)
+            store.commit(
+                epoch,
+                BASE,
+                [StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=1)],
+            )
+        finally:
+            event.remove(store.engine, "before_cursor_execute", record)
+        assert "UPDATE CRONOQ_LEADER SET" in seen
+        assert "INSERT INTO CRONOQ_TASKS" in seen
+        assert "INSERT INTO CRONOQ_TASK_DEPS" in seen
+        assert "UPDATE CRONOQ_TASKS SET" in seen
+        assert stored(store.engine) == set(range(1, 11))

@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
@@ -24,9 +24,11 @@ __all__ = [
     "PING_IDLE",
     "Ran",
     "collection_paused",
+    "compile_key",
     "driver_sql",
     "observed",
     "ping_when_idle",
+    "positional",
     "run",
     "run_many",
     "run_stmt",
@@ -58,6 +60,14 @@ Params = Callable[[Mapping[str, Any]], Any]
 _COMPILED: dict[tuple[Any, ...], tuple[str, Params | None]] = {}
 
 
+def compile_key(conn: Connection, stmt: Any, variant: Hashable) -> tuple[Any, ...]:
+    """What a statement's compiled form depends on: the statement (the object, not its id:
+    a key must keep it alive), a `variant` of its parameters, the dialect and the schema."""
+    translate = conn.get_execution_options().get("schema_translate_map")
+    schema = None if translate is None else tuple(sorted(translate.items(), key=repr))
+    return (stmt, variant, conn.dialect, schema)
+
+
 def driver_sql(
     conn: Connection, stmt: Statement, keys: tuple[str, ...]
 ) -> tuple[str, Params | None]:
@@ -69,12 +79,7 @@ def driver_sql(
     bytes, bool, None) need no bind processing on any supported driver.
     """
     translate = conn.get_execution_options().get("schema_translate_map")
-    cache_key = (
-        stmt,  # the object, not id(): a key must keep its statement alive
-        keys,
-        conn.dialect,
-        None if translate is None else tuple(sorted(translate.items(), key=repr)),
-    )
+    cache_key = compile_key(conn, stmt, keys)
     hit = _COMPILED.get(cache_key)
     if hit is None:
         compiled = stmt.compile(
@@ -96,7 +101,7 @@ def driver_sql(
         order = compiled.positiontup
         getter: Params | None = None
         if compiled.positional and order is not None:
-            getter = _positional(tuple(order))
+            getter = positional(tuple(order))
         if own:
             getter = _filled(own, getter)
         hit = _COMPILED[cache_key] = (str(compiled), getter)
@@ -114,7 +119,7 @@ def _filled(own: Mapping[str, Any], then: Params | None) -> Params:
     return params
 
 
-def _positional(order: tuple[str, ...]) -> Params:
+def positional(order: Sequence[str]) -> Params:
     """The positional parameters of a mapping, in `order` (always a tuple)."""
     if len(order) > 1:
         return itemgetter(*order)

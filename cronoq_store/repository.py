@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from operator import itemgetter
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import (
@@ -111,12 +110,7 @@ def _run_in(
     if count != IN_CHUNK and not 0 < count <= SMALL_IN:
         return _expanded(conn, stmt, ids)
     translate = conn.get_execution_options().get("schema_translate_map")
-    key = (
-        stmt,  # the object, not id(): a key must keep its statement alive
-        count,
-        conn.dialect,
-        None if translate is None else tuple(sorted(translate.items(), key=repr)),
-    )
+    key = execution.compile_key(conn, stmt, count)
     hit = _FULL_IN.get(key)
     if hit is None:
         compiled = stmt.compile(
@@ -181,19 +175,12 @@ def _copy_form(
 ) -> tuple[str, Callable[[Mapping[str, Any]], Any]]:
     """The COPY statement for rows with `keys`, and how to turn a row into its values in
     column order: built once per statement, key set, dialect and schema."""
-    translate = conn.get_execution_options().get("schema_translate_map")
-    cache_key = (
-        stmt,  # the object, not id(): a key must keep its statement alive
-        keys,
-        conn.dialect,
-        None if translate is None else tuple(sorted(translate.items(), key=repr)),
-    )
+    cache_key = execution.compile_key(conn, stmt, keys)
     hit = _COPY.get(cache_key)
     if hit is None:
         wanted = set(keys)
         columns = [c.name for c in stmt.table.c if c.name in wanted]
-        getter = itemgetter(*columns) if len(columns) > 1 else lambda r, k=columns[0]: (r[k],)
-        hit = _COPY[cache_key] = (_copy_sql(conn, stmt, columns), getter)
+        hit = _COPY[cache_key] = (_copy_sql(conn, stmt, columns), execution.positional(columns))
     return hit
 
 

@@ -10,13 +10,13 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 
 from ..errors import StoreError
 from ..store import SqlStore, StoreConfig
@@ -40,6 +40,47 @@ def _store_config(args: argparse.Namespace) -> StoreConfig:
     return StoreConfig(lease_ttl=ttl, lease_renew=renew, lock_poll=poll)
 
 
+def _handle_signals(
+    stop_event: threading.Event,
+    handlers: Mapping[signal.Signals, Callable[[], None]],
+    *,
+    exit_with_parent: bool,
+) -> None:
+    """SIGTERM and SIGINT set `stop_event`, the other signals call their handler, all on a
+    thread of their own; with `exit_with_parent`, so does the parent's exit.
+
+    A Python signal handler runs on the main thread between any two bytecodes, also while that
+    thread holds the lock inside `Event.wait`: setting the Event there waits on its own thread
+    forever (a stopped enqueuer once never exited). So the interpreter's C handler only writes
+    the signal's number to a socket (`signal.set_wakeup_fd`) and a thread acts on it.
+    """
+    actions = {signal.SIGTERM: stop_event.set, signal.SIGINT: stop_event.set, **handlers}
+    receiver, sender = socket.socketpair()
+    sender.setblocking(False)
+    signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    for signum in actions:
+        signal.signal(signum, lambda _sig, _frame: None)  # the wake-up byte is the signal
+
+    def dispatch() -> None:
+        with receiver, sender:  # the sender lives as long as the thread reading it
+            while True:
+                for signum in receiver.recv(64):
+                    action = actions.get(signal.Signals(signum))
+                    if action is not None:
+                        action()
+
+    threading.Thread(target=dispatch, daemon=True, name="signals").start()
+    if exit_with_parent:
+        parent = os.getppid()
+
+        def watch() -> None:
+            while not stop_event.wait(0.5):
+                if os.getppid() != parent:
+                    stop_event.set()
+
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def _drive(args: argparse.Namespace) -> int:
     config = DriverConfig(
         batch=args.batch,
@@ -56,14 +97,11 @@ def _drive(args: argparse.Namespace) -> int:
     stop_event = threading.Event()
     drivers: list[WorkloadDriver] = []
 
-    def stop(_sig: int, _frame: FrameType | None) -> None:
-        stop_event.set()
-
-    def pause(_sig: int, _frame: FrameType | None) -> None:
+    def pause() -> None:
         for driver in drivers:
             driver.request_pause()
 
-    def arm(_sig: int, _frame: FrameType | None) -> None:
+    def arm() -> None:
         point = None
         if args.control:
             try:
@@ -73,22 +111,14 @@ def _drive(args: argparse.Namespace) -> int:
         for driver in drivers:
             try:
                 driver.arm_hang(point)
-            except ValueError as exc:  # a signal handler must not raise: say why, go on
+            except ValueError as exc:
                 sys.stderr.write(f"cannot arm: {exc}\n")
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGUSR1, pause)
-    signal.signal(signal.SIGUSR2, arm)
-    if args.exit_with_parent:
-        parent = os.getppid()
-
-        def watch() -> None:
-            while not stop_event.wait(0.5):
-                if os.getppid() != parent:
-                    stop_event.set()
-
-        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    _handle_signals(
+        stop_event,
+        {signal.SIGUSR1: pause, signal.SIGUSR2: arm},
+        exit_with_parent=args.exit_with_parent,
+    )
     with SqlStore.open(args.url, _store_config(args)) as store:
         driver = WorkloadDriver(store, args.log, config, emit=_emit_stdout, stop_event=stop_event)
         drivers.append(driver)
@@ -104,17 +134,7 @@ def _drive(args: argparse.Namespace) -> int:
 
 def _enqueue(args: argparse.Namespace) -> int:
     stop_event = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _s, _f: stop_event.set())
-    signal.signal(signal.SIGINT, lambda _s, _f: stop_event.set())
-    if args.exit_with_parent:
-        parent = os.getppid()
-
-        def watch() -> None:
-            while not stop_event.wait(0.5):
-                if os.getppid() != parent:
-                    stop_event.set()
-
-        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    _handle_signals(stop_event, {}, exit_with_parent=args.exit_with_parent)
     _emit_stdout({"event": "started", "t": time.time()})
     summary = run_enqueuer(
         args.url,

@@ -73,3 +73,24 @@ def test_sigterm_while_the_main_thread_holds_the_stop_events_lock(
     assert done.returncode == 0, done.stderr
     events = [json.loads(line)["event"] for line in done.stdout.splitlines()]
     assert events[0] == "started" and events[-1] == "exit", done.stdout
+
+
+@pytest.mark.sqlite
+def test_a_missed_exit_reports_where_each_thread_was(tmp_path: Path) -> None:
+    """`stop` on a process that does not exit fails with every thread's stack in the error."""
+    from cronoq_store.testing import DriverProcess, DriverProcessError, HangPoint
+
+    with DriverProcess(
+        tmp_path / "k.db",
+        tmp_path / "k.jsonl",
+        stderr_path=tmp_path / "k.stderr",
+        control_path=tmp_path / "k.control",
+    ) as proc:
+        proc.wait("ack")
+        proc.arm(HangPoint.AFTER_ACK)  # it sleeps there, deaf to SIGTERM, until killed
+        proc.wait("hang")
+        with pytest.raises(DriverProcessError) as failed:
+            proc.stop(timeout=1.0)
+    message = str(failed.value)
+    assert "no exit event within 1.0 s" in message
+    assert "most recent call first" in message and "in _hang" in message, message

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -196,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     enq.add_argument("--exit-with-parent", action="store_true")
     drive.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
+    # A process that misses its exit tells where every thread is (`DriverProcess.stop`).
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     if args.command == "drive":
         logging.basicConfig(level=args.log_level, stream=sys.stderr)
         return _drive(args)

@@ -207,9 +207,31 @@ class DriverProcess:
         self.wait("started", timeout=timeout)
         self.proc.send_signal(signal.SIGCONT)
         self.proc.send_signal(signal.SIGTERM)
-        _, ev = self.wait("exit", timeout=timeout)
+        try:
+            _, ev = self.wait("exit", timeout=timeout)
+        except DriverProcessError as exc:
+            raise DriverProcessError(f"{exc}\n  where it was:{self._stacks()}") from None
         self.proc.wait(timeout)
         return ev
+
+    def _stacks(self, bound: float = 5.0) -> str:
+        """Every thread's stack of a process that still runs (SIGQUIT: the kit's processes
+        dump them to stderr), for the error of a missed exit."""
+        if self.proc.poll() is not None or self.stderr_path is None:
+            return " (exited, or no stderr file)"
+        start = self.stderr_path.stat().st_size
+        self.proc.send_signal(signal.SIGQUIT)
+        deadline = time.monotonic() + bound
+        text = ""
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            with self.stderr_path.open("rb") as f:
+                f.seek(start)
+                now = f.read().decode(errors="replace")
+            if "most recent call first" in now and now == text:
+                break  # the dump has stopped growing
+            text = now
+        return "\n" + text[-6000:]
 
     def close(self) -> None:
         """Kill it if it still runs, reap it, and close its pipe."""

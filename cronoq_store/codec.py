@@ -181,9 +181,10 @@ def _loads(column: str, text: object) -> Any:
 
 _new = object.__new__
 _set = object.__setattr__
-"""Building dependencies from values this module has already checked skips their
-`__post_init__`: validating each dependency of 100,000 recovered tasks a second time costs a
-large share of recovery."""
+"""Building dependencies, specs and recovered tasks from values this module has already
+checked skips their `__init__` and `__post_init__`: validating each of 100,000 recovered
+tasks a second time costs a large share of recovery."""
+_ABSENT: Final = object()
 
 
 def _loads_plain(column: str, text: object) -> Any:
@@ -252,25 +253,26 @@ def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
     """Dependencies, checked here as `Dep`, `ById` and `ByKey` would check them."""
     deps = []
     for item in _expect(column, obj, list):
-        item = _expect(column, item, dict)
+        if type(item) is not dict:
+            _expect(column, item, dict)
         on = item.get("on")
         if len(item) != 2 or on not in _DEP_ON:
             raise CorruptValue(f"{column}: a dependency needs id or key, and on ({_DEP_ON})")
         target: ById | ByKey
-        if "id" in item:
-            task_id = item["id"]
+        task_id = item.get("id", _ABSENT)
+        if task_id is not _ABSENT:
             if type(task_id) is not int or not INT64_MIN <= task_id <= INT64_MAX:
                 raise CorruptValue(f"{column}: a dependency id must be a 64-bit int")
             target = _new(ById)
             _set(target, "id", task_id)
-        elif "key" in item:
-            key = item["key"]
+        else:
+            key = item.get("key")
             if type(key) is not str or not key:
+                if "key" not in item:
+                    raise CorruptValue(f"{column}: a dependency needs id or key, and on")
                 raise CorruptValue(f"{column}: a dependency key must be a non-empty str")
             target = _new(ByKey)
             _set(target, "key", key)
-        else:
-            raise CorruptValue(f"{column}: a dependency needs id or key, and on")
         dep = _new(Dep)
         _set(dep, "target", target)
         _set(dep, "on", on)
@@ -432,32 +434,14 @@ def _opt_nonneg(value: object) -> bool:
     return value is None or (type(value) is int and 0 <= value <= INT64_MAX)
 
 
-def _scalars_valid(f: dict[str, Any]) -> bool:
-    """Whether `TaskSpec.__post_init__` would accept these decoded fields.
-
-    Only its scalar checks are repeated: the containers come from this module's decoders, which
-    checked every item and return exactly the types (tuple, dict, frozenset) `__post_init__`
-    would normalise to, so its second walk and copies of them (a tenth of recovery) are skipped.
-    """
-    key, tenant, deadline = f["key"], f["tenant"], f["deadline"]
-    return (
-        type(f["pool"]) is str
-        and f["pool"] != ""
-        and type(f["kind"]) is str
-        and (key is None or (type(key) is str and key != ""))
-        and (tenant is None or type(tenant) is str)
-        and (deadline is None or (type(deadline) is int and INT64_MIN <= deadline <= INT64_MAX))
-        and _opt_nonneg(f["duration_hint_ns"])
-        and _opt_nonneg(f["timeout_ns"])
-        and type(f["deps"]) is tuple
-        and type(f["resources"]) is dict
-        and type(f["tags"]) is frozenset
-        and type(f["labels"]) is dict
-    )
-
-
 def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
-    """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged."""
+    """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged.
+
+    Built without `TaskSpec.__post_init__` once its scalar checks pass here: the containers
+    come from this module's decoders, which checked every item and return exactly the types
+    (tuple, dict, frozenset) `__post_init__` would normalise to, so its second walk and copies
+    of them (a tenth of recovery) are skipped, as are a dict of the fields and a loop over it.
+    """
     try:
         fixed_at = _stored_time("fixed_at_unix_ns", row["fixed_at_unix_ns"])
         fixed = (
@@ -469,31 +453,61 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
                 on_miss=row["fixed_on_miss"],
             )
         )
+        deadline = _stored_time("deadline_unix_ns", row["deadline_unix_ns"])
+        if deadline is not None:
+            deadline = from_unix(base, deadline)
         payload = row["payload"]
-        fields = {
-            "payload": bytes(payload) if payload is not None else b"",
-            "kind": row["kind"],
-            "pool": row["pool"],
-            "priority": priority_from(row["priority"]),
-            "key": row["key"],
-            "deadline": from_unix_opt(
-                base, _stored_time("deadline_unix_ns", row["deadline_unix_ns"])
-            ),
-            "fixed_start": fixed,
-            "duration_hint_ns": row["duration_hint_ns"],
-            "timeout_ns": row["timeout_ns"],
-            "retry": decode_retry(row["retry"]),
-            "deps": decode_deps(row["deps"]),
-            "resources": decode_resources(row["resources"]),
-            "tags": decode_tags(row["tags"]),
-            "labels": decode_labels(row["labels"]),
-            "tenant": row["tenant"],
-        }
-        if not _scalars_valid(fields):
-            return TaskSpec(**fields)  # raises, naming the field
+        pool, kind, key, tenant = row["pool"], row["kind"], row["key"], row["tenant"]
+        hint, timeout = row["duration_hint_ns"], row["timeout_ns"]
+        retry = decode_retry(row["retry"])
+        deps = decode_deps(row["deps"])
+        resources = decode_resources(row["resources"])
+        tags = decode_tags(row["tags"])
+        labels = decode_labels(row["labels"])
+        priority = priority_from(row["priority"])
+        payload = bytes(payload) if payload is not None else b""
+        if not (
+            type(pool) is str
+            and pool != ""
+            and type(kind) is str
+            and (key is None or (type(key) is str and key != ""))
+            and (tenant is None or type(tenant) is str)
+            and _opt_nonneg(hint)
+            and _opt_nonneg(timeout)
+        ):
+            return TaskSpec(  # raises, naming the field
+                payload=payload,
+                kind=kind,
+                pool=pool,
+                priority=priority,
+                key=key,
+                deadline=deadline,
+                fixed_start=fixed,
+                duration_hint_ns=hint,
+                timeout_ns=timeout,
+                retry=retry,
+                deps=deps,
+                resources=resources,
+                tags=tags,
+                labels=labels,
+                tenant=tenant,
+            )
         spec = _new(TaskSpec)
-        for name, value in fields.items():
-            _set(spec, name, value)
+        _set(spec, "payload", payload)
+        _set(spec, "kind", kind)
+        _set(spec, "pool", pool)
+        _set(spec, "priority", priority)
+        _set(spec, "key", key)
+        _set(spec, "deadline", deadline)
+        _set(spec, "fixed_start", fixed)
+        _set(spec, "duration_hint_ns", hint)
+        _set(spec, "timeout_ns", timeout)
+        _set(spec, "retry", retry)
+        _set(spec, "deps", deps)
+        _set(spec, "resources", resources)
+        _set(spec, "tags", tags)
+        _set(spec, "labels", labels)
+        _set(spec, "tenant", tenant)
         return spec
     except InvalidValue as exc:
         raise CorruptValue(str(exc)) from exc
@@ -676,13 +690,13 @@ def live_task_from_row(base: TimeBase, row: Mapping[Any, Any]) -> RecoveredTask:
     status = status_pair(row["status"], row["terminal"])
     if status.is_terminal:  # status_pair has checked the flag agrees: this row has finished
         raise CorruptValue(f"status: {status.value!r} is not live")
-    return RecoveredTask(
-        id=TaskId(_int("id", row["id"])),
-        seq=_int("seq", row["seq"]),
-        arrival=from_unix(base, _int("arrival_unix_ns", row["arrival_unix_ns"])),
-        spec=spec_from_columns(base, row),
-        attempt=max(0, _int("attempt", row["attempt"])),
-    )
+    task = _new(RecoveredTask)  # every field is checked here: no __init__ to run
+    _set(task, "id", TaskId(_int("id", row["id"])))
+    _set(task, "seq", _int("seq", row["seq"]))
+    _set(task, "arrival", from_unix(base, _int("arrival_unix_ns", row["arrival_unix_ns"])))
+    _set(task, "spec", spec_from_columns(base, row))
+    _set(task, "attempt", max(0, _int("attempt", row["attempt"])))
+    return task
 
 
 @_row_decoder("finished task row")

@@ -704,10 +704,14 @@ class _Quarantine:
         try:
             return decoder(base, row)
         except CorruptValue as exc:
-            log.error("quarantining undecodable task row %r: %s", row["id"], exc)
-            key = row["key"] if isinstance(row["key"], str) else None
-            self.rows[row["id"]] = (key, f"corrupt task row: {exc}")
+            self.set_aside(row, exc)
             return None
+
+    def set_aside(self, row: Any, exc: CorruptValue) -> None:
+        """Keep `row` for quarantine, with why it did not decode."""
+        log.error("quarantining undecodable task row %r: %s", row["id"], exc)
+        key = row["key"] if isinstance(row["key"], str) else None
+        self.rows[row["id"]] = (key, f"corrupt task row: {exc}")
 
     def write(self, conn: Connection, base: TimeBase, now_unix_ns: int) -> list[RecoveredTerminal]:
         """Mark every row set aside failed (releasing its key and dependency rows); what
@@ -753,11 +757,13 @@ def recover(
     bad = _Quarantine()
     live: list[RecoveredTask] = []
     result = conn.execute(live_tasks_stmt().execution_options(yield_per=STREAM_ROWS))
+    decode, keep = codec.live_task_from_row, live.append  # the hot loop of a recovery
     with execution.collection_paused():  # every object decoded is kept: no garbage to find
         for row in result.mappings():
-            task = bad.decode(codec.live_task_from_row, base, row)
-            if task is not None:
-                live.append(task)
+            try:
+                keep(decode(base, row))
+            except CorruptValue as exc:
+                bad.set_aside(row, exc)
     result.close()
     for row in conn.execute(odd_flag_tasks_stmt()).mappings():
         bad.decode(codec.live_task_from_row, base, row)  # always refused: the flag is damaged

@@ -38,6 +38,9 @@ Run as a process:
 and exits 1 when an invariant does not hold. Signals steer a driving process: SIGTERM or SIGINT
 stops it gracefully (releasing the lease), SIGUSR1 makes it stop itself (SIGSTOP) at a point
 where it holds no database connection, and SIGUSR2 arms the fault chosen with `--hang-at`.
+Signals are acted on by a thread of the process's own, wherever its main thread is; SIGQUIT
+makes any of its processes print every thread's stack to stderr (`DriverProcess.stop` sends
+it to a process that misses its exit, and puts the stacks in its error).
 """
 
 from __future__ import annotations

@@ -465,35 +465,8 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
         tags = decode_tags(row["tags"])
         labels = decode_labels(row["labels"])
         priority = priority_from(row["priority"])
-        payload = bytes(payload) if payload is not None else b""
-        if not (
-            type(pool) is str
-            and pool != ""
-            and type(kind) is str
-            and (key is None or (type(key) is str and key != ""))
-            and (tenant is None or type(tenant) is str)
-            and _opt_nonneg(hint)
-            and _opt_nonneg(timeout)
-        ):
-            return TaskSpec(  # raises, naming the field
-                payload=payload,
-                kind=kind,
-                pool=pool,
-                priority=priority,
-                key=key,
-                deadline=deadline,
-                fixed_start=fixed,
-                duration_hint_ns=hint,
-                timeout_ns=timeout,
-                retry=retry,
-                deps=deps,
-                resources=resources,
-                tags=tags,
-                labels=labels,
-                tenant=tenant,
-            )
         spec = _new(TaskSpec)
-        _set(spec, "payload", payload)
+        _set(spec, "payload", bytes(payload) if payload is not None else b"")
         _set(spec, "kind", kind)
         _set(spec, "pool", pool)
         _set(spec, "priority", priority)
@@ -508,6 +481,16 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
         _set(spec, "tags", tags)
         _set(spec, "labels", labels)
         _set(spec, "tenant", tenant)
+        if not (
+            type(pool) is str
+            and pool != ""
+            and type(kind) is str
+            and (key is None or (type(key) is str and key != ""))
+            and (tenant is None or type(tenant) is str)
+            and _opt_nonneg(hint)
+            and _opt_nonneg(timeout)
+        ):
+            spec.__post_init__()  # the full checks: raises, naming the field
         return spec
     except InvalidValue as exc:
         raise CorruptValue(str(exc)) from exc

@@ -466,7 +466,7 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
         labels = decode_labels(row["labels"])
         priority = priority_from(row["priority"])
         spec = _new(TaskSpec)
-        _set(spec, "payload", bytes(payload) if payload is not None else b"")
+        _set(spec, "payload", b"" if payload is None else stored_blob("payload", payload))
         _set(spec, "kind", kind)
         _set(spec, "pool", pool)
         _set(spec, "priority", priority)
@@ -496,6 +496,14 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
         raise CorruptValue(str(exc)) from exc
     except TypeError as exc:
         raise CorruptValue(f"task spec: malformed column ({exc})") from exc
+
+
+def stored_blob(column: str, value: object) -> bytes:
+    """A stored binary column's bytes; anything else is damage (`CorruptValue`): SQLite keeps
+    any type in any column, and `bytes(5)` would read an integer as five zero bytes."""
+    if type(value) is bytes:
+        return value
+    return bytes(_expect(column, value, (bytes, bytearray, memoryview)))
 
 
 def _stored_time(column: str, value: object) -> int | None:

@@ -916,7 +916,7 @@ def record_from(row: Mapping[Any, Any]) -> TaskRecord:
         status=TaskStatus.from_name(row["status"]),
         attempt=row["attempt"],
         message=row["message"],
-        output=None if row["output"] is None else bytes(row["output"]),
+        output=None if row["output"] is None else codec.stored_blob("output", row["output"]),
         updated=updated,
     )
 
@@ -1013,7 +1013,7 @@ def load_output(conn: Connection, task_id: int) -> bytes | None:
     if not INT64_MIN <= task_id <= INT64_MAX:
         return None
     out = conn.execute(output_of_stmt(), {"id": task_id}).scalar()
-    return None if out is None else bytes(out)
+    return None if out is None else codec.stored_blob("output", out)
 
 
 # Operators' read-only queries (the CLI's).

@@ -174,6 +174,34 @@ def test_text_in_integer_columns_is_quarantined(store: SqlStore) -> None:
     assert_quarantined(store, epoch, {i: f"k{i}" for i in (1, 2, 3, 4, 5, 7)}, healthy=[6])
 
 
+@pytest.mark.sqlite
+@pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
+def test_a_payload_that_is_not_a_blob_is_quarantined(store: SqlStore) -> None:
+    """SQLite keeps any type in the payload column: an integer must not decode as that many
+    zero bytes, nor text as its encoding; both rows are set aside, their neighbour is not."""
+    epoch = store.acquire_leadership()
+    store.commit(epoch, BASE, [submit(i, key=f"k{i}") for i in range(1, 4)])
+    raw(store, "UPDATE cronoq_tasks SET payload = 5 WHERE id = 1")
+    raw(store, "UPDATE cronoq_tasks SET payload = 'text' WHERE id = 2")
+    assert_quarantined(store, epoch, {1: "k1", 2: "k2"}, healthy=[3])
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
+def test_an_output_that_is_not_a_blob_is_refused(store: SqlStore) -> None:
+    """Reading an output stored as an integer raises `CorruptValue`, never five zero bytes."""
+    epoch = store.acquire_leadership()
+    store.commit(epoch, BASE, [submit(1)])
+    done = StatusChanged(id=TaskId(1), status=TaskStatus.SUCCEEDED, attempt=1, at=0, message=None)
+    store.commit(epoch, BASE, [done], [(TaskId(1), b"out")])
+    assert store.load_output(TaskId(1)) == b"out"
+    raw(store, "UPDATE cronoq_tasks SET output = 5 WHERE id = 1")
+    with pytest.raises(CorruptValue, match="output"):
+        store.load_output(TaskId(1))
+    with pytest.raises(CorruptValue, match="output"):
+        store.get_task(ById(id=TaskId(1)))
+
+
 def test_status_and_flag_out_of_range_are_quarantined(store: SqlStore, dialect: str) -> None:
     epoch = store.acquire_leadership()
     now = time.time_ns()

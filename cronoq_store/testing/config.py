@@ -78,6 +78,11 @@ class DriverConfig:
     """Drain the inbox as an engine would: each batch makes up to `batch` waiting items into
     tasks (`Submitted` + `InboxTaken` in the same commit), dropping those whose key is live."""
 
+    @property
+    def watches_statements(self) -> bool:
+        """Whether a driver watches statements: told to, or configured to stop at a STOP_IN_*."""
+        return self.watch_statements or self.hang_at in STOPS
+
     def __post_init__(self) -> None:
         if self.batch < 1:
             raise ValueError("DriverConfig.batch must be at least 1")

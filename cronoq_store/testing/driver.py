@@ -190,7 +190,7 @@ class WorkloadDriver:
             elif not in_commit and not renewing and self._armed(HangPoint.STOP_IN_TAKE):
                 self._stop_here(HangPoint.STOP_IN_TAKE)
 
-        if self.config.watch_statements or self.config.hang_at in STOPS:
+        if self.config.watches_statements:
             event.listen(store.engine, "after_cursor_execute", after_execute)
 
     def request_pause(self) -> None:
@@ -202,7 +202,7 @@ class WorkloadDriver:
         point = point or self.config.hang_at
         if point in SQL_ONLY and not self._sql:
             raise ValueError(f"hanging {point} needs a SqlStore")
-        if point in STOPS and not (self.config.watch_statements or self.config.hang_at in STOPS):
+        if point in STOPS and not self.config.watches_statements:
             raise ValueError(f"stopping at {point} needs DriverConfig.watch_statements")
         self._hang_point = point
 

@@ -9,6 +9,7 @@ __all__ = [
     "ById",
     "ByKey",
     "CorruptValue",
+    "DatabaseBehind",
     "Dep",
     "Fenced",
     "FixedStart",
@@ -16,6 +17,7 @@ __all__ = [
     "InboxTaken",
     "InvalidValue",
     "LeaderRowMissing",
+    "LostCommits",
     "Mutation",
     "Priority",
     "Recovered",
@@ -48,6 +50,7 @@ __all__ = [
 ]
 
 from .errors import CorruptValue as CorruptValue
+from .errors import DatabaseBehind as DatabaseBehind
 from .errors import Fenced as Fenced
 from .errors import InvalidValue as InvalidValue
 from .errors import LeaderRowMissing as LeaderRowMissing
@@ -64,6 +67,7 @@ from .model import Dep as Dep
 from .model import FixedStart as FixedStart
 from .model import InboxItem as InboxItem
 from .model import InboxTaken as InboxTaken
+from .model import LostCommits as LostCommits
 from .model import Mutation as Mutation
 from .model import Priority as Priority
 from .model import Recovered as Recovered

@@ -37,7 +37,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, inbox, lease, migrate, repository
-from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
+from .errors import (
+    DatabaseBehind,
+    Fenced,
+    InvalidValue,
+    LeaderRowMissing,
+    StoreError,
+    StoreUnavailable,
+)
 from .leadership import GiveUp, KeeperShell, Note, Retry, Wait
 from .model import ById, ByKey, InboxItem
 
@@ -92,7 +99,7 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
 
 def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> AsyncEngine:
     """An `AsyncEngine` set up as `SqlStore.open` sets up its engine (SQLite: same pragmas)."""
-    url = async_url(target)
+    url = dialects.check_hosts(async_url(target))
     try:
         if url.get_backend_name() == "sqlite":
             path = sqlite_file(url)
@@ -318,8 +325,8 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             except Exception:
                 log.exception("leadership-lost callback failed")
 
-    async def _try_take(self, ttl_ns: int) -> tuple[int, float] | StoreUnavailable | None:
-        """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
+    async def _try_take(self, ttl_ns: int) -> lease.Lease | StoreUnavailable | None:
+        """One attempt at the lease: taken, held (None), or unreachable."""
         holder = self.holder
         try:
             return await self._lease_run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns))
@@ -343,11 +350,11 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             _note(step.note)
             if isinstance(step, GiveUp):
                 raise step.error
-            if isinstance(taken, tuple):
+            if isinstance(taken, lease.Lease):
                 break
             if isinstance(step, Retry):
                 await asyncio.sleep(max(0.0, step.at - time.monotonic()))
-        epoch, started = taken
+        epoch, started, commit_seq = taken
 
         async def lost(why: str) -> None:
             await self._lose(why, about=keeper)
@@ -357,20 +364,32 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             lost=lost,
             **keeper_timing(self.config, epoch, started),
         )
-        return self._lead(epoch, keeper)
+        return self._lead(epoch, keeper, commit_seq)
 
     async def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
         holder = self.holder
+        acked = self._acked()
         try:
             renewed: bool = await self._lease_run(
-                lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl)
+                lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl, acked=acked)
             )
+        except DatabaseBehind as exc:
+            await self._record_lost(exc)
+            await self._lose(str(exc), about=epoch)
+            return False
         except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
             await self._lose(str(exc), about=epoch)
             return False
         return renewed
+
+    async def _record_lost(self, exc: DatabaseBehind) -> None:
+        """Record what `exc` found missing for the next recovery; a failure only logs."""
+        try:
+            await self._lease_run(self._lost_commits(exc))
+        except StoreError as error:
+            log.warning("could not record the lost commits in the lease row: %s", error)
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
@@ -397,14 +416,18 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     ) -> None:
         """As `SqlStore.commit`: make `batch` durable in one transaction, or raise and write
         nothing; committing the same batch again changes nothing."""
-        work = self._commit_work(epoch, base, batch, outputs)
+        work, seq = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
             await self._lease_run(work, timeout=self.config.commit_timeout)
+        except DatabaseBehind as exc:
+            await self._record_lost(exc)
+            await self._lose(str(exc), about=epoch)
+            raise
         except Fenced as exc:
             await self._lose(str(exc), about=epoch)
             raise
-        self._fence_renewed(epoch, started)
+        self._fence_renewed(epoch, started, seq)
 
     async def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""

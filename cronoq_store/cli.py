@@ -8,6 +8,7 @@ afterwards, and no password in anything printed. Scripts use `--json`; people ge
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -29,13 +30,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import URL, Engine, create_engine, event
+from sqlalchemy import URL, Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool
 
 from . import codec, dialects, inbox, lease, migrate, repository
 from .errors import CorruptValue, InvalidValue, SchemaError, StoreError, StoreUnavailable
-from .model import INT64_MAX, INT64_MIN, TaskStatus, TimeBase
+from .model import INT64_MAX, INT64_MIN, LostCommits, TaskStatus, TimeBase
 from .schema import check_schema_name
 from .store import SqlStore, StoreConfig, _engine_for
 
@@ -489,6 +490,48 @@ def _lease_text(view: Mapping[str, Any]) -> str:
     )
 
 
+def _server(conn: Connection) -> dict[str, Any] | None:
+    """PostgreSQL: the role of the server reached and its synchronous replication, or None."""
+    stmt = dialects.server_role_stmt(conn.dialect)
+    if stmt is None:
+        return None
+    try:
+        row = conn.execute(stmt).one()
+    except sa_exc.DBAPIError:  # a courtesy, as the size: a locked-down server may refuse it
+        conn.rollback()
+        return None
+    return {
+        "role": "standby" if row.standby else "primary",
+        "synchronous_standby_names": row.names,
+        "synchronous_standbys_connected": int(row.connected),
+        "synchronous_commit": row.commit,
+    }
+
+
+def _server_text(server: Mapping[str, Any]) -> str:
+    if server["role"] == "standby":
+        return "standby (read-only: a leader cannot commit here; reach the primary)"
+    names, commit = server["synchronous_standby_names"], server["synchronous_commit"]
+    if not names or commit in ("off", "local"):
+        return (
+            f"primary, no synchronous standby (synchronous_standby_names {names!r}, "
+            f"synchronous_commit {commit}): a failover to an asynchronous replica can lose "
+            "acknowledged commits"
+        )
+    return (
+        f"primary, synchronous standbys {names!r} ({server['synchronous_standbys_connected']} "
+        f"connected), synchronous_commit {commit}"
+    )
+
+
+def _lost_text(lost: LostCommits) -> str:
+    count = "an unknown number of" if lost.commits is None else f"up to {lost.commits}"
+    return (
+        f"the leader of epoch {lost.epoch} found {count} acknowledged commits missing "
+        f"({_when(lost.noticed_unix_ns)}); cleared by the next leader's first commit"
+    )
+
+
 def _schedule(name: str, spec_text: str, payload: bytes | None, nxt: int | None, last: Any) -> Any:
     """A stored schedule as a dict; an undecodable one says why instead of failing status."""
     out: dict[str, Any] = {"name": name, "next": _when(nxt), "last_task": last}
@@ -529,6 +572,8 @@ def status(target: Target, as_json: bool) -> None:
         url = shown(store.engine.url)
         dialect = dialects.name(conn.dialect)
         waiting = inbox.depth(conn)
+        server = _server(conn)
+        lost = repository.lost_commits(conn)
     size_bytes = None if size is None else int(size)
     data: dict[str, Any] = {
         "database": url,
@@ -541,13 +586,21 @@ def status(target: Target, as_json: bool) -> None:
         "recurring": schedules,
         "inbox": waiting,
     }
+    if server is not None:
+        data["server"] = server
+    if lost is not None:
+        data["lost_commits"] = dataclasses.asdict(lost)
     if as_json:
         _echo_json(data)
         return
     click.echo(f"database   {url} ({dialect})")
     click.echo(f"schema     {revision} (head)")
     click.echo(f"size       {_size_text(size_bytes)}")
+    if server is not None:
+        click.echo(f"server     {_server_text(server)}")
     click.echo(f"lease      {_lease_text(lease_view)}")
+    if lost is not None:
+        click.echo(f"lost       {_lost_text(lost)}")
     age = waiting["oldest_age_s"]
     click.echo(
         f"inbox      {waiting['items']} waiting"

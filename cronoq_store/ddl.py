@@ -82,3 +82,9 @@ def insert_missing(table: sa.Table, rows: Sequence[Mapping[str, Any]], key: str 
     missing = [dict(r) for r in rows if r[key] not in stored]
     if missing:
         op.bulk_insert(table, missing)
+
+
+def add_column(table: str, column: sa.Column[Any]) -> None:
+    """`op.add_column`, unless `table` already has a column of that name."""
+    if not has_column(table, column.name):
+        op.add_column(table, column, schema=schema())

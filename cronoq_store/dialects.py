@@ -230,6 +230,27 @@ def database_size_stmt(dialect: Dialect, schema: str | None) -> Select[Any]:
     )
 
 
+def server_role_stmt(dialect: Dialect) -> Select[Any] | None:
+    """PostgreSQL: whether the server is a standby, its synchronous standbys as configured and
+    as connected, and `synchronous_commit`: what decides whether a failover can lose
+    acknowledged commits (docs/deploying.md). None elsewhere."""
+    if name(dialect) != "postgresql":
+        return None
+    replication = table("pg_stat_replication", sql_column("sync_state"), schema="pg_catalog")
+    connected = (
+        select(func.count())
+        .select_from(replication)
+        .where(replication.c.sync_state.in_(("sync", "quorum")))
+        .scalar_subquery()
+    )
+    return select(
+        func.pg_is_in_recovery().label("standby"),
+        func.current_setting("synchronous_standby_names").label("names"),
+        func.current_setting("synchronous_commit").label("commit"),
+        connected.label("connected"),
+    )
+
+
 def database_exists(conn: Connection, schema: str) -> bool:
     """MySQL: whether the server has a database named `schema` (its --schema)."""
     schemata = table("schemata", sql_column("schema_name"), schema="information_schema")
@@ -436,6 +457,39 @@ def parse_url(text: str) -> URL:
         return make_url(text)
     except (sa_exc.ArgumentError, ValueError) as exc:
         raise InvalidValue(redact(f"bad database URL: {exc}")) from exc
+
+
+_HOST_WITH_PORT = re.compile(r"[^:,\[\]]+:\d+")
+
+
+def check_hosts(url: URL) -> URL:
+    """`url`, or `InvalidValue` for PostgreSQL host lists that can never connect.
+
+    libpq reads `?host=a:5433,b:5434` as two host names with colons in them ("failed to
+    resolve host 'b:5434'"), and a port list whose length fits neither one port nor one per
+    host is refused at every connect: errors a leader would retry as unavailable forever.
+    """
+    if url.get_backend_name() not in ("postgresql", "postgres"):
+        return url
+    hosts = url.query.get("host", ())
+    hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts)
+    forms = (
+        "one host= per server with its port (?host=h1:5432&host=h2:5432), or host and port "
+        "lists (?host=h1,h2&port=5432,5432), with target_session_attrs=read-write"
+    )
+    for value in hosts:
+        names = value.split(",")
+        if len(names) > 1 and any(_HOST_WITH_PORT.fullmatch(n.strip()) for n in names):
+            raise InvalidValue(
+                f"bad database URL: host={value!r} puts ports inside a host list, which "
+                f"libpq reads as host names; write {forms}"
+            )
+    port = url.query.get("port")
+    if isinstance(port, str) and len(hosts) == 1:
+        count, ports = len(hosts[0].split(",")), len(port.split(","))
+        if ports not in (1, count):
+            raise InvalidValue(f"bad database URL: {ports} ports for {count} hosts; write {forms}")
+    return url
 
 
 _DRIVERS: Final = {

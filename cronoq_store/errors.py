@@ -7,8 +7,13 @@ retrying, and `Fenced` to step down. Database errors are translated in one place
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .model import LostCommits
+
 __all__ = [
     "CorruptValue",
+    "DatabaseBehind",
     "Fenced",
     "InvalidValue",
     "LeaderRowMissing",
@@ -31,6 +36,20 @@ class StoreUnavailable(StoreError):
 
 class Fenced(StoreError):
     """Another instance took leadership: this one must not write again until it leads anew."""
+
+
+class DatabaseBehind(Fenced):
+    """The database holds less than this leader made durable: commits it acknowledged are gone.
+
+    An asynchronous failover that promoted a replica behind the primary (or a restored backup)
+    does this. The leader steps down instead of writing on, and records the gap in the lease
+    row, which the next `recover` reports (`Recovered.lost`). See docs/guarantees.md.
+    """
+
+    def __init__(self, message: str, *, lost: LostCommits) -> None:
+        super().__init__(message)
+        self.lost = lost
+        """What the leader found missing (its `noticed_unix_ns` on this host's clock)."""
 
 
 class SchemaError(StoreError):

@@ -294,6 +294,11 @@ class Leadership(Generic[K]):
         self.epoch: int | None = None
         self.keeper: K | None = None
         self.lost = True
+        self.sent = 0
+        """The last commit sequence number handed to a commit under this lease."""
+        self.acked = 0
+        """The highest commit sequence number known to have landed: a database whose lease
+        row holds less has lost commits this leader acknowledged."""
 
     @property
     def leading(self) -> int | None:
@@ -304,8 +309,19 @@ class Leadership(Generic[K]):
         """Whether a commit under `epoch` may be tried (the database's fence has the last say)."""
         return not self.lost and epoch == self.epoch
 
-    def acquired(self, epoch: int, keeper: K) -> None:
+    def acquired(self, epoch: int, keeper: K, commit_seq: int = 0) -> None:
+        """Lead under `epoch`, the lease row's commit sequence standing at `commit_seq`."""
         self.epoch, self.keeper, self.lost = epoch, keeper, False
+        self.sent = self.acked = commit_seq
+
+    def next_commit(self) -> tuple[int, int]:
+        """A commit's sequence number and the fence's floor (the last one acknowledged).
+
+        A commit whose outcome stays unknown never raises the floor, so the next one passes
+        whether it landed or not.
+        """
+        self.sent += 1
+        return self.sent, self.acked
 
     def lose(self, *, keeper: K | None = None, epoch: int | None = None) -> Lost[K] | None:
         """Step down, once: a `Lost`, or None when already lost or when the news is stale (from
@@ -319,9 +335,13 @@ class Leadership(Generic[K]):
         self.lost = True
         return Lost(self.epoch, self.keeper)
 
-    def fence_renewed(self, epoch: int) -> K | None:
-        """The keeper to tell that a commit under `epoch` landed (None if it no longer leads)."""
-        return self.keeper if self.may_commit(epoch) else None
+    def fence_renewed(self, epoch: int, seq: int) -> K | None:
+        """The keeper to tell that commit `seq` under `epoch` landed (None if it no longer
+        leads)."""
+        if not self.may_commit(epoch):
+            return None
+        self.acked = max(self.acked, seq)
+        return self.keeper
 
     def detach(self) -> K | None:
         """The keeper, to be stopped and joined; none keeps the lease from here on."""

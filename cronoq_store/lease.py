@@ -1,7 +1,11 @@
 """The leader lease: who may write, under which fencing epoch, until when.
 
 Taking the lease bumps the epoch; the fence check of every commit (`fence`) matches only the
-current epoch and holder, so a paused old leader can never write after a takeover. Expiry is
+current epoch and holder, so a paused old leader can never write after a takeover. Every commit
+also raises the row's `commit_seq` to its own sequence number, and fences and renewals match only
+while it is at least the leader's last acknowledged one: a database that went back in time (an
+asynchronous failover losing its tail) shows up as `DatabaseBehind`, never as a fence that
+passes on a rolled-back row. Expiry is
 written and compared on the database's clock (`dialects.db_now_ns`). `Keeper` renews the lease
 from threads and steps down on the holder's own monotonic clock.
 """
@@ -16,14 +20,27 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import cache
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
-from sqlalchemy import Connection, Row, Select, Update, and_, bindparam, case, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    Select,
+    Update,
+    and_,
+    bindparam,
+    case,
+    null,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from . import codec, execution, leadership
 from .dialects import db_now_ns
-from .errors import LeaderRowMissing
+from .errors import DatabaseBehind, LeaderRowMissing
+from .model import LostCommits
 from .schema import leader
 
 log = logging.getLogger(__name__)
@@ -90,12 +107,6 @@ def lease_view(conn: Connection) -> Row[Any]:
     return row
 
 
-def require_row(conn: Connection) -> None:
-    """Raise `LeaderRowMissing` if the lease row is gone (why an update of it matched nothing)."""
-    if conn.execute(epoch_stmt()).first() is None:
-        raise LeaderRowMissing()
-
-
 def may_take(conn: Connection, *, holder: str) -> bool:
     """Whether the lease looks free, expired or ours, read without locking anything.
 
@@ -119,16 +130,25 @@ def lock(conn: Connection) -> None:
 
 @cache
 def epoch_stmt() -> Select[Any]:
-    """The current epoch (read back by the transaction that just took the lease)."""
-    return select(leader.c.epoch).where(leader.c.id == 1)
+    """The current epoch and commit sequence (read back by the transaction that just took the
+    lease: the new leader's commits number on from there)."""
+    return select(leader.c.epoch, leader.c.commit_seq).where(leader.c.id == 1)
+
+
+@cache
+def diagnosis_stmt() -> Select[Any]:
+    """Why a fence or renewal matched nothing: the row as it is."""
+    return select(leader.c.epoch, leader.c.holder, leader.c.commit_seq).where(leader.c.id == 1)
 
 
 def _held() -> ColumnElement[bool]:
-    """The lease row while `b_holder` holds it under `b_epoch`."""
+    """The lease row while `b_holder` holds it under `b_epoch`, and it holds every commit we
+    acknowledged (`b_acked`)."""
     return and_(
         leader.c.id == 1,
         leader.c.epoch == bindparam("b_epoch"),
         leader.c.holder == bindparam("b_holder"),
+        leader.c.commit_seq >= bindparam("b_acked"),
     )
 
 
@@ -140,7 +160,9 @@ def renew_stmt() -> Update:
 
 @cache
 def fence_stmt() -> Update:
-    """Fence check, the first write of every commit: extend our lease, raise the id high-water.
+    """Fence check, the first write of every commit: extend our lease, raise the id high-water
+    and the commit sequence (`b_seq`; raised, never lowered, as two commits of one leader may
+    land out of order), clear a gap recorded under another epoch (it has been recovered from).
 
     It matches only while we hold the lease under our epoch. Its row lock serializes the commit
     against a takeover on PostgreSQL and MySQL (a plain read of the epoch would not, under READ
@@ -155,6 +177,31 @@ def fence_stmt() -> Update:
                 else_=leader.c.next_id,
             ),
             expires_unix_ns=db_now_ns() + bindparam("b_ttl"),
+            commit_seq=case(
+                (leader.c.commit_seq < bindparam("b_seq"), bindparam("b_seq")),
+                else_=leader.c.commit_seq,
+            ),
+            lost_epoch=case(
+                (leader.c.lost_epoch == bindparam("b_epoch"), leader.c.lost_epoch), else_=null()
+            ),
+        )
+    )
+
+
+@cache
+def record_lost_stmt() -> Update:
+    """Record a gap the leader `b_holder` found under `b_epoch`, and free its lease if the row
+    still names it (so a standby need not wait out the rolled-back expiry)."""
+    ours = and_(leader.c.epoch == bindparam("b_epoch"), leader.c.holder == bindparam("b_holder"))
+    return (
+        update(leader)
+        .where(leader.c.id == 1)
+        .values(
+            lost_epoch=bindparam("b_epoch"),
+            lost_commits=bindparam("b_commits"),
+            lost_unix_ns=db_now_ns(),
+            holder=case((ours, null()), else_=leader.c.holder),
+            expires_unix_ns=case((ours, 0), else_=leader.c.expires_unix_ns),
         )
     )
 
@@ -169,8 +216,20 @@ def release_stmt() -> Update:
     )
 
 
-def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
-    """Take the lease if it is free, expired or already ours; the new epoch, or None.
+class Lease(NamedTuple):
+    """A lease just taken."""
+
+    epoch: int
+    """The new fencing epoch."""
+    started: float
+    """The monotonic time the lease runs from."""
+    commit_seq: int
+    """The row's commit sequence when taken: this leader's commits number on from it."""
+
+
+def _take(conn: Connection, *, holder: str, ttl_ns: int) -> tuple[int, int] | None:
+    """Take the lease if it is free, expired or already ours; the new epoch and the row's
+    commit sequence, or None.
 
     Expiry is judged on the database's clock, so a host whose clock runs ahead cannot steal a
     live lease. The epoch rises by one per take (`next_epoch`), never on renewal.
@@ -178,43 +237,111 @@ def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
     taken = conn.execute(take_stmt(), {"b_holder": holder, "b_ttl": ttl_ns}).rowcount == 1
     if not taken:
         return None
-    epoch: int = conn.execute(epoch_stmt()).scalar_one()
-    return epoch
+    epoch, seq = conn.execute(epoch_stmt()).one()
+    return int(epoch), int(seq)
 
 
-def take(conn: Connection, *, holder: str, ttl_ns: int) -> tuple[int, float] | None:
-    """`try_take` after waiting for the lease row's lock: the new epoch and the monotonic time
-    the lease runs from, or None.
+def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
+    """`_take`'s epoch: the new epoch, or None."""
+    taken = _take(conn, holder=holder, ttl_ns=ttl_ns)
+    return None if taken is None else taken[0]
+
+
+def take(conn: Connection, *, holder: str, ttl_ns: int) -> Lease | None:
+    """`try_take` after waiting for the lease row's lock: the lease, or None.
 
     The time is read once the lock is ours, not before: a killed leader's commit can hold it for
     a while, and a lease timed from before that wait would be lost on arrival.
     """
     lock(conn)
     started = time.monotonic()
-    epoch = try_take(conn, holder=holder, ttl_ns=ttl_ns)
-    return None if epoch is None else (epoch, started)
+    taken = _take(conn, holder=holder, ttl_ns=ttl_ns)
+    return None if taken is None else Lease(taken[0], started, taken[1])
 
 
-def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int) -> bool:
+def _diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
+    """Why our fence or renewal matched nothing: return when another instance took the lease
+    (fenced, as designed); raise `LeaderRowMissing` when the row is gone, `DatabaseBehind`
+    when the database went back in time.
+
+    Back in time: the row still names us but holds fewer commits than we acknowledged; or it
+    names our epoch under another holder, or an earlier epoch than ours (within half the epoch
+    range, which wraps), either of which no takeover produces (epochs rise by one per take): our
+    own take was lost with the tail.
+    """
+    row = conn.execute(diagnosis_stmt()).one_or_none()
+    if row is None:
+        raise LeaderRowMissing()
+    missing = acked - int(row.commit_seq)
+    if row.epoch == epoch and row.holder == holder:
+        if missing <= 0:
+            return  # not ours to judge (cannot happen: the fence would have matched)
+        raise DatabaseBehind(
+            f"epoch {epoch}: the database holds commit {row.commit_seq} of this leader's "
+            f"sequence, but it acknowledged up to {acked}: up to {missing} acknowledged commits "
+            "are gone (an asynchronous failover that lost its tail?); stepping down",
+            lost=LostCommits(epoch=epoch, commits=missing, noticed_unix_ns=time.time_ns()),
+        )
+    behind = (epoch - int(row.epoch)) % MAX_EPOCH
+    regranted = row.epoch == epoch and row.holder is not None  # None: released, by us or --force
+    earlier = row.epoch != 0 and 0 < behind < MAX_EPOCH // 2  # 0: a restored row's
+    if regranted or earlier:
+        raise DatabaseBehind(
+            f"epoch {epoch}: the database has the lease at epoch {row.epoch} held by "
+            f"{row.holder!r}, which no takeover after this leader's produces: it lost this "
+            "leader's own take and the commits after it (an asynchronous failover that lost "
+            "its tail?); stepping down",
+            lost=LostCommits(
+                epoch=epoch,
+                commits=missing if missing > 0 else None,
+                noticed_unix_ns=time.time_ns(),
+            ),
+        )
+
+
+def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int, acked: int) -> bool:
     """Extend our lease by `ttl_ns`; False when it was taken over (`LeaderRowMissing` when the
-    row is gone)."""
-    params = {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns}
+    row is gone, `DatabaseBehind` when it lost commits we `acked`)."""
+    params = {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns, "b_acked": acked}
     result = execution.run_stmt(conn, renew_stmt(), params)
     if result.rowcount == 1:
         return True
-    require_row(conn)
+    _diagnose(conn, epoch=epoch, holder=holder, acked=acked)
     return False
 
 
-def fence(conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int) -> bool:
-    """Run the fence check, raising the high-water to `next_id`; False when we do not lead
-    (`LeaderRowMissing` when nobody can: the row is gone)."""
-    params = {"b_epoch": epoch, "b_holder": holder, "b_next_id": next_id, "b_ttl": ttl_ns}
+def fence(
+    conn: Connection,
+    *,
+    epoch: int,
+    holder: str,
+    next_id: int,
+    ttl_ns: int,
+    seq: int,
+    acked: int,
+) -> bool:
+    """Run the fence check, raising the high-water to `next_id` and the commit sequence to
+    `seq`; False when we do not lead (`LeaderRowMissing` when nobody can: the row is gone;
+    `DatabaseBehind` when it lost commits we `acked`)."""
+    params = {
+        "b_epoch": epoch,
+        "b_holder": holder,
+        "b_next_id": next_id,
+        "b_ttl": ttl_ns,
+        "b_seq": seq,
+        "b_acked": acked,
+    }
     result = execution.run_stmt(conn, fence_stmt(), params)
     if result.rowcount == 1:
         return True
-    require_row(conn)
+    _diagnose(conn, epoch=epoch, holder=holder, acked=acked)
     return False
+
+
+def record_lost(conn: Connection, *, holder: str, lost: LostCommits) -> None:
+    """Record `lost` in the lease row for the next recovery, freeing our lease there."""
+    params = {"b_epoch": lost.epoch, "b_holder": holder, "b_commits": lost.commits}
+    execution.run_stmt(conn, record_lost_stmt(), params)
 
 
 def release(conn: Connection, *, holder: str) -> None:

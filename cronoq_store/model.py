@@ -19,6 +19,7 @@ __all__ = [
     "FixedStart",
     "InboxItem",
     "InboxTaken",
+    "LostCommits",
     "Misfire",
     "Mutation",
     "OnMiss",
@@ -579,6 +580,25 @@ class RecoveredRecurring:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LostCommits:
+    """Commits a leader had acknowledged that the database no longer held when it looked.
+
+    Recorded by that leader as it stepped down (`DatabaseBehind`): the database had gone back
+    in time, as after an asynchronous failover that promoted a replica behind the primary.
+    What the lost commits held (tasks submitted, finished, their ids) is gone with them; an
+    engine should say so to its operators and re-submit what its callers still expect.
+    """
+
+    epoch: int
+    """The epoch the leader committed under."""
+    commits: int | None
+    """At most this many of its commits are missing; None when the database had lost the
+    leader's lease itself (the take), so the count cannot be told."""
+    noticed_unix_ns: int
+    """When the leader noticed, on the database's clock (the host's for SQLite)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Recovered:
     """Everything a new leader needs to resume; `next_id` is above every id ever used."""
 
@@ -590,6 +610,8 @@ class Recovered:
     """Tasks finished within `StoreConfig.retention`, and older ones a live task depends on."""
     recurring: list[RecoveredRecurring] = field(default_factory=list)
     """Every schedule, by name."""
+    lost: LostCommits | None = None
+    """Commits an earlier leader found missing, until a leader of another epoch commits."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

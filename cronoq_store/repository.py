@@ -46,6 +46,7 @@ from .model import (
     ById,
     Dep,
     InboxTaken,
+    LostCommits,
     Recovered,
     RecoveredRecurring,
     RecoveredTask,
@@ -624,6 +625,26 @@ def high_water_stmt() -> Select[Any]:
 
 
 @cache
+def lost_stmt() -> Select[Any]:
+    """The gap a leader recorded in the lease row when it found the database behind it."""
+    return select(leader.c.lost_epoch, leader.c.lost_commits, leader.c.lost_unix_ns).where(
+        leader.c.id == 1, leader.c.lost_epoch.is_not(None)
+    )
+
+
+def lost_commits(conn: Connection) -> LostCommits | None:
+    """`lost_stmt`'s record, or None."""
+    row = conn.execute(lost_stmt()).one_or_none()
+    if row is None:
+        return None
+    return LostCommits(
+        epoch=int(row.lost_epoch),
+        commits=None if row.lost_commits is None else int(row.lost_commits),
+        noticed_unix_ns=int(row.lost_unix_ns or 0),
+    )
+
+
+@cache
 def live_tasks_stmt() -> Select[Any]:
     """Live tasks in id order."""
     return select(*_LIVE_COLUMNS).where(tasks.c.terminal == False).order_by(tasks.c.id)  # noqa: E712
@@ -784,7 +805,17 @@ def recover(
         except CorruptValue as exc:
             # Left in place, so it can be repaired, but not scheduled.
             log.error("skipping undecodable recurring schedule %r: %s", row["name"], exc)
-    return Recovered(next_id=next_id, tasks=live, terminal=terminal, recurring=schedules)
+    lost = lost_commits(conn)
+    if lost is not None:
+        log.error(
+            "the leader of epoch %s found up to %s of its acknowledged commits missing from "
+            "the database (an asynchronous failover that lost its tail?): what they held is "
+            "not recovered",
+            lost.epoch,
+            "?" if lost.commits is None else lost.commits,
+            extra={"epoch": lost.epoch, "lost_commits": lost.commits},
+        )
+    return Recovered(next_id=next_id, tasks=live, terminal=terminal, recurring=schedules, lost=lost)
 
 
 # Repair.

@@ -36,6 +36,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeEngine
@@ -168,12 +169,26 @@ leader = Table(
     Column("expires_unix_ns", BigInteger, nullable=False),
     Column("next_id", BigInteger, nullable=False),
     # The first task id never committed: recovery never hands out a used id, pruned or not.
+    Column("commit_seq", BigInteger, nullable=False, server_default=text("0")),
+    # Raised by every commit to its leader's sequence number: a leader that made seq N durable
+    # and finds less here knows the database lost commits (an asynchronous failover's tail).
+    Column("lost_epoch", Integer),
+    Column("lost_commits", BigInteger),
+    Column("lost_unix_ns", BigInteger),
+    # What the leader that found such a gap recorded, for the next recovery to report.
     CheckConstraint("id = 1", name="single_row"),
     **MYSQL_TABLE_ARGS,
 )
 """The one lease row (id = 1): who leads, under which fencing epoch, until when."""
 
-LEADER_ROW: Final = {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "next_id": 0}
+LEADER_ROW: Final = {
+    "id": 1,
+    "epoch": 0,
+    "holder": None,
+    "expires_unix_ns": 0,
+    "next_id": 0,
+    "commit_seq": 0,
+}
 """The leader row as the first migration inserts it: the first leader gets epoch 1."""
 
 #: The inbox's ids: BIGINT, but SQLite assigns ids only to an INTEGER PRIMARY KEY (its rowid).

@@ -30,7 +30,14 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
 from . import dialects, execution, inbox, leadership, lease, migrate, repository
-from .errors import Fenced, InvalidValue, LeaderRowMissing, StoreError, StoreUnavailable
+from .errors import (
+    DatabaseBehind,
+    Fenced,
+    InvalidValue,
+    LeaderRowMissing,
+    StoreError,
+    StoreUnavailable,
+)
 from .model import (
     INT64_MAX,
     ById,
@@ -175,6 +182,7 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     else:
         url = target if isinstance(target, URL) else dialects.parse_url(target)
+    dialects.check_hosts(url)
     if url.get_backend_name() == "sqlite":
         path = sqlite_file(url)
         _create_private(path)
@@ -250,8 +258,13 @@ def commit_work(
     outputs: Sequence[tuple[TaskId, bytes]],
     config: StoreConfig,
     now_unix_ns: int,
+    seq: int,
+    acked: int,
 ) -> Callable[[Connection], None]:
-    """The body of one commit transaction; folds (and refuses bad values) before any I/O."""
+    """The body of one commit transaction; folds (and refuses bad values) before any I/O.
+
+    It raises the lease row's commit sequence to `seq`, and fences off unless the row holds at
+    least `acked` (`lease.fence`)."""
     folded = repository.fold(base, now_unix_ns, batch)
     outputs = repository.checked_outputs(outputs)
     # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
@@ -264,7 +277,9 @@ def commit_work(
     def work(conn: Connection) -> None:
         # Its statement timeout (`dialects.bound`) is set by the caller's
         # `_lease_run(work, timeout=config.commit_timeout)`, with the idle bound in one go.
-        if not lease.fence(conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl):
+        if not lease.fence(
+            conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq, acked=acked
+        ):
             raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
         repository.write(conn, base, folded, outputs)
         if time.monotonic() > deadline:
@@ -381,10 +396,11 @@ class _Face(Generic[E, K, C]):
         self._log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
         return list(self._callbacks)
 
-    def _lead(self, epoch: int, keeper: K) -> int:
-        """Lead under `epoch`, kept by `keeper` (started here)."""
+    def _lead(self, epoch: int, keeper: K, commit_seq: int) -> int:
+        """Lead under `epoch`, kept by `keeper` (started here), the lease row's commit sequence
+        standing at `commit_seq`."""
         with self._lock:
-            self._leadership.acquired(epoch, keeper)
+            self._leadership.acquired(epoch, keeper, commit_seq)
             self._lost.clear()
         keeper.start()
         self._log.info("cronoq leadership acquired (epoch %s)", epoch)
@@ -397,10 +413,13 @@ class _Face(Generic[E, K, C]):
 
     def _commit_work(
         self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs
-    ) -> Callable[[Connection], None]:
-        """The body of a commit under `epoch`; `Fenced` at once if it does not lead."""
-        if not self._leadership.may_commit(epoch):
-            raise Fenced(f"epoch {epoch} does not lead")
+    ) -> tuple[Callable[[Connection], None], int]:
+        """The body of a commit under `epoch` and its commit sequence number; `Fenced` at once
+        if it does not lead."""
+        with self._lock:
+            if not self._leadership.may_commit(epoch):
+                raise Fenced(f"epoch {epoch} does not lead")
+            seq, acked = self._leadership.next_commit()
         return commit_work(
             epoch=epoch,
             holder=self.holder,
@@ -409,14 +428,30 @@ class _Face(Generic[E, K, C]):
             outputs=outputs,
             config=self.config,
             now_unix_ns=self._now(),
-        )
+            seq=seq,
+            acked=acked,
+        ), seq
 
-    def _fence_renewed(self, epoch: int, started: float) -> None:
-        """A commit under `epoch`, begun at monotonic time `started`, landed: its fence check
+    def _acked(self) -> int:
+        """The highest commit sequence number known to have landed (renewals check it)."""
+        with self._lock:
+            return self._leadership.acked
+
+    def _lost_commits(self, exc: DatabaseBehind) -> Callable[[Connection], None]:
+        """The transaction that records what `exc` found missing (and frees our lease)."""
+        self._log.error(
+            "cronoq leader found the database behind it: %s",
+            exc,
+            extra={"epoch": exc.lost.epoch, "lost_commits": exc.lost.commits},
+        )
+        return partial(lease.record_lost, holder=self.holder, lost=exc.lost)
+
+    def _fence_renewed(self, epoch: int, started: float, seq: int) -> None:
+        """Commit `seq` under `epoch`, begun at monotonic time `started`, landed: its fence check
         extended the lease, so it counts as a renewal. (A commit holds the leader row to its
         end, so the keeper's own renewal waits behind a long one.)"""
         with self._lock:
-            keeper = self._leadership.fence_renewed(epoch)
+            keeper = self._leadership.fence_renewed(epoch, seq)
         if keeper is not None:
             keeper.renewed(started)
 
@@ -536,12 +571,12 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             except Exception:
                 log.exception("leadership-lost callback failed")
 
-    def _try_take(self, ttl_ns: int) -> tuple[int, float] | StoreUnavailable | None:
-        """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
+    def _try_take(self, ttl_ns: int) -> lease.Lease | StoreUnavailable | None:
+        """One attempt at the lease: taken, held (None), or unreachable."""
         try:
             if not self._read(lambda c: lease.may_take(c, holder=self.holder)):
                 return None
-            taken: tuple[int, float] | None = self._lease_run(
+            taken: lease.Lease | None = self._lease_run(
                 lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl_ns)
             )
         except StoreUnavailable as exc:
@@ -566,29 +601,41 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             _note(step.note)
             if isinstance(step, leadership.GiveUp):
                 raise step.error
-            if isinstance(taken, tuple):
+            if isinstance(taken, lease.Lease):
                 break
             if isinstance(step, leadership.Retry):
                 time.sleep(max(0.0, step.at - time.monotonic()))
-        epoch, started = taken
+        epoch, started, commit_seq = taken
         keeper = lease.Keeper(
             renew=lambda: self._renew(epoch),
             lost=lambda why: self._lose(why, about=keeper),
             **keeper_timing(self.config, epoch, started),
         )
-        return self._lead(epoch, keeper)
+        return self._lead(epoch, keeper, commit_seq)
 
     def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
         ttl = _ns(self.config.lease_ttl)
+        acked = self._acked()
         try:
             renewed: bool = self._lease_run(
-                lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl)
+                lambda c: lease.renew(c, epoch=epoch, holder=self.holder, ttl_ns=ttl, acked=acked)
             )
+        except DatabaseBehind as exc:
+            self._record_lost(exc)
+            self._lose(str(exc), about=epoch)
+            return False
         except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
             self._lose(str(exc), about=epoch)
             return False
         return renewed
+
+    def _record_lost(self, exc: DatabaseBehind) -> None:
+        """Record what `exc` found missing for the next recovery; a failure only logs."""
+        try:
+            self._lease_run(self._lost_commits(exc))
+        except StoreError as error:
+            log.warning("could not record the lost commits in the lease row: %s", error)
 
     def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
@@ -616,14 +663,18 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
 
         Idempotent: committing the same batch again (after a timeout, say) changes nothing.
         """
-        work = self._commit_work(epoch, base, batch, outputs)
+        work, seq = self._commit_work(epoch, base, batch, outputs)
         started = time.monotonic()
         try:
             self._lease_run(work, timeout=self.config.commit_timeout)
+        except DatabaseBehind as exc:
+            self._record_lost(exc)
+            self._lose(str(exc), about=epoch)
+            raise
         except Fenced as exc:
             self._lose(str(exc), about=epoch)
             raise
-        self._fence_renewed(epoch, started)
+        self._fence_renewed(epoch, started, seq)
 
     def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""

@@ -62,7 +62,8 @@ def delete_leader_row(engine: Engine) -> None:
 
 def leader_row(engine: Engine) -> dict[str, object] | None:
     with engine.connect() as conn:
-        row = conn.execute(select(leader)).mappings().one_or_none()
+        lease = (leader.c.id, leader.c.epoch, leader.c.holder, leader.c.expires_unix_ns)
+        row = conn.execute(select(*lease, leader.c.next_id)).mappings().one_or_none()
     return None if row is None else dict(row)
 
 

@@ -37,6 +37,7 @@ from faces import (
 from sqlalchemy import URL, Connection, Engine, event, select, text, update
 
 from cronoq_store import (
+    DatabaseBehind,
     Fenced,
     InvalidValue,
     SqlStore,
@@ -175,10 +176,14 @@ def test_lease_transitions(
         return tx(lambda conn: lease.try_take(conn, holder=holder, ttl_ns=ttl))
 
     def renew(holder: str, epoch: int) -> bool:
-        return tx(lambda conn: lease.renew(conn, epoch=epoch, holder=holder, ttl_ns=ttl))
+        return tx(lambda conn: lease.renew(conn, epoch=epoch, holder=holder, ttl_ns=ttl, acked=0))
 
     def fence(holder: str, epoch: int) -> bool:
-        return tx(lambda conn: lease.fence(conn, epoch=epoch, holder=holder, next_id=0, ttl_ns=ttl))
+        return tx(
+            lambda conn: lease.fence(
+                conn, epoch=epoch, holder=holder, next_id=0, ttl_ns=ttl, seq=0, acked=0
+            )
+        )
 
     # Free (as migrated): the first leader gets epoch 1, its lease runs `ttl` on the db clock.
     assert take("a") == 1
@@ -199,8 +204,13 @@ def test_lease_transitions(
 
     # Renewed by its holder: a full TTL again, the epoch unchanged; nobody else can renew.
     assert renew("a", 1)
-    assert not renew("b", 1)
-    assert not renew("a", 2)
+    assert not renew("b", 0)
+    # Identities no takeover produces (our epoch under another holder, an epoch above the
+    # row's) mean the database lost our own take: refused loudly, the row untouched.
+    with pytest.raises(DatabaseBehind, match="lost this leader's own take"):
+        renew("b", 1)
+    with pytest.raises(DatabaseBehind, match="lost this leader's own take"):
+        renew("a", 2)
     row = lease_row(migrated)
     assert (row.epoch, row.holder) == (1, "a")
     assert ttl - SECOND < row.expires_unix_ns - row.now <= ttl
@@ -438,7 +448,7 @@ def test_race_harness_catches_a_plain_select_check(
     """Proof that the race test can fail: a fence that only reads the epoch is caught."""
 
     def plain_select_fence(
-        conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int
+        conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int, **_: int
     ) -> bool:
         row = conn.execute(select(leader.c.epoch, leader.c.holder).where(leader.c.id == 1)).one()
         return bool(row.epoch == epoch and row.holder == holder)

@@ -288,7 +288,7 @@ def test_leadership_ignores_stale_keepers_and_epochs() -> None:
     assert state.leading is None and state.lose() is None  # never led: nothing to lose
     state.acquired(3, first)
     assert state.leading == 3 and state.may_commit(3) and not state.may_commit(2)
-    assert state.fence_renewed(3) is first and state.fence_renewed(2) is None
+    assert state.fence_renewed(3, 1) is first and state.fence_renewed(2, 1) is None
     assert state.lose(keeper=second) is None  # a keeper of another lease
     assert state.lose(epoch=2) is None  # a commit fenced under an older epoch
     lost = state.lose(keeper=first)

@@ -49,8 +49,8 @@ def test_epochs_rise_by_one_per_takeover_and_wrap(migrated: Engine, tx: Tx) -> N
     assert _take(tx, "b") is None  # held and live
 
     def renewals(conn: Any) -> tuple[bool, bool]:
-        mine = lease.renew(conn, epoch=1, holder="a", ttl_ns=10 * SECOND)
-        theirs = lease.renew(conn, epoch=1, holder="b", ttl_ns=10 * SECOND)
+        mine = lease.renew(conn, epoch=1, holder="a", ttl_ns=10 * SECOND, acked=0)
+        theirs = lease.renew(conn, epoch=0, holder="b", ttl_ns=10 * SECOND, acked=0)
         return mine, theirs
 
     assert tx(renewals) == (True, False)

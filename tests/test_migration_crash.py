@@ -90,7 +90,17 @@ def assert_schema_complete(engine: Engine) -> None:
     with engine.connect() as conn:
         rows = conn.execute(select(leader)).mappings().all()
         assert [dict(r) for r in rows] == [
-            {"id": 1, "epoch": 0, "holder": None, "expires_unix_ns": 0, "next_id": 0}
+            {
+                "id": 1,
+                "epoch": 0,
+                "holder": None,
+                "expires_unix_ns": 0,
+                "next_id": 0,
+                "commit_seq": 0,
+                "lost_epoch": None,
+                "lost_commits": None,
+                "lost_unix_ns": None,
+            }
         ]
         context = MigrationContext.configure(
             conn,

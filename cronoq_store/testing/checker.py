@@ -12,6 +12,8 @@ from typing import Any
 
 from sqlalchemy import select
 
+from .. import codec
+from ..errors import CorruptValue
 from ..model import (
     ById,
     InboxItem,
@@ -61,6 +63,9 @@ class StoredTask:
     """Its stored message."""
     output: bytes | None
     """Its stored output."""
+    digest: str | None = None
+    """The digest of its stored spec (`base.digest`); None where the store cannot show it, or
+    the spec does not decode."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -93,6 +98,9 @@ class CheckReport:
     """The fencing epochs seen in the log, in order."""
     lost: list[str] = field(default_factory=list)
     """Acknowledged mutations missing, or tasks behind their last acknowledged transition."""
+    lost_submissions: int = 0
+    """Acknowledged new tasks not stored with the spec they were submitted with (missing, or
+    their id holding another task: an asynchronous failover can hand lost ids out again)."""
     partial: list[str] = field(default_factory=list)
     """Batches only partly visible."""
     fenced_visible: list[str] = field(default_factory=list)
@@ -152,16 +160,18 @@ def _stored_tasks(store: Store, ids: Sequence[int]) -> Iterator[StoredTask]:
     """Every stored task (SqlStore: one scan), or the given ids one by one (any store)."""
     if isinstance(store, SqlStore):
         t = tasks_table.c
-        stmt = select(t.id, t.key, t.status, t.attempt, t.message, t.output).order_by(t.id)
+        spec = (t[name] for name in codec.SPEC_COLUMNS if name != "key")
+        stmt = select(t.id, t.key, t.status, t.attempt, t.message, t.output, *spec).order_by(t.id)
         with store.engine.connect() as conn:
-            for row in conn.execute(stmt):
+            for row in conn.execute(stmt).mappings():
                 yield StoredTask(
-                    id=row.id,
-                    key=row.key,
-                    status=row.status,
-                    attempt=row.attempt,
-                    message=row.message,
-                    output=None if row.output is None else bytes(row.output),
+                    id=row["id"],
+                    key=row["key"],
+                    status=row["status"],
+                    attempt=row["attempt"],
+                    message=row["message"],
+                    output=None if row["output"] is None else bytes(row["output"]),
+                    digest=_spec_digest(row),
                 )
         return
     for task_id in ids:
@@ -175,6 +185,20 @@ def _stored_tasks(store: Store, ids: Sequence[int]) -> Iterator[StoredTask]:
                 message=rec.message,
                 output=rec.output,
             )
+
+
+def _spec_digest(row: Mapping[Any, Any]) -> str | None:
+    try:
+        return digest(codec.spec_from_columns(BASE, row))
+    except CorruptValue:
+        return None
+
+
+def _holds(stored: Mapping[int, StoredTask], task_id: int, spec_digest: str) -> bool:
+    """Whether `task_id` is stored as the task submitted with `spec_digest` (by id alone where
+    the store cannot show specs)."""
+    got = stored.get(task_id)
+    return got is not None and got.digest in (None, spec_digest)
 
 
 def check(store: Store, log_path: str | os.PathLike[str]) -> CheckReport:
@@ -206,14 +230,15 @@ def check(store: Store, log_path: str | os.PathLike[str]) -> CheckReport:
     stored = {t.id: t for t in _stored_tasks(store, all_ids)}
     report.tasks_stored = len(stored)
 
-    # Which batches committed: all their new tasks are stored, or none is.
+    # Which batches committed: all their new tasks are stored, or none is. A task counts as
+    # stored when its id holds the spec it was submitted with, not merely its id.
     visible: list[dict[str, Any]] = []
     for batch, rec in intents.items():
-        ids = [int(m["id"]) for m in rec["muts"] if m["op"] == "submit"]
-        seen = sum(1 for i in ids if i in stored)
-        if ids and 0 < seen < len(ids):
-            report.partial.append(f"{batch}: {seen} of {len(ids)} new tasks stored")
-        if (ids and seen == len(ids)) or (not ids and batch in acked):
+        subs = [(int(m["id"]), str(m["digest"])) for m in rec["muts"] if m["op"] == "submit"]
+        seen = sum(1 for i, d in subs if _holds(stored, i, d))
+        if subs and 0 < seen < len(subs):
+            report.partial.append(f"{batch}: {seen} of {len(subs)} new tasks stored")
+        if (subs and seen == len(subs)) or (not subs and batch in acked):
             visible.append(rec)
             if batch not in acked:
                 report.visible_unacked_batches += 1
@@ -223,6 +248,8 @@ def check(store: Store, log_path: str | os.PathLike[str]) -> CheckReport:
             report.invisible_batches += 1
             if batch in acked:
                 report.lost.append(f"{batch}: acknowledged batch not stored")
+        if batch in acked:
+            report.lost_submissions += len(subs) - seen
 
     # Replay the committed batches in commit order: epoch, then sequence within the term.
     visible.sort(key=lambda r: (int(r["epoch"]), int(r["seq"])))
@@ -273,7 +300,7 @@ def check(store: Store, log_path: str | os.PathLike[str]) -> CheckReport:
         if str(rec["batch"]) not in acked:
             continue
         for m in rec["muts"]:
-            if m["op"] == "submit" and int(m["id"]) not in stored:
+            if m["op"] == "submit" and not _holds(stored, int(m["id"]), str(m["digest"])):
                 report.lost.append(f"{rec['batch']}: task {m['id']} not stored")
     for task_id, (prog, m) in best.items():
         got = stored.get(task_id)

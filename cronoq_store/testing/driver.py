@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 
@@ -30,6 +30,8 @@ from .acklog import AckLog
 from .base import BASE, Emit, Event, Store, digest
 from .config import SQL_ONLY, STOPS, DriverConfig, HangPoint
 from .workload import Workload, _Live, _Phase, _Planned
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,7 +57,8 @@ class DriverSummary:
     released: int = 0
     """Terms that ended by releasing the lease."""
     unavailable: int = 0
-    """Commits that raised `StoreUnavailable` and were retried."""
+    """Calls (commits, recoveries, inbox reads) that raised `StoreUnavailable` and were
+    retried."""
     store_warnings: int = 0
     """Records the store logged at WARNING or above (a leadership loss among them)."""
     busy_warnings: int = 0
@@ -244,6 +247,17 @@ class WorkloadDriver:
         if seconds > 0:
             self.stop_event.wait(seconds)
 
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()`, retried while it raises `StoreUnavailable`, as an engine retries a store
+        that cannot be reached (a failover, a restart): every 50 ms, until it answers."""
+        while True:
+            try:
+                return call()
+            except StoreUnavailable as exc:
+                self.summary.unavailable += 1
+                self.emit({"event": "unavailable", "call": what, "message": str(exc)})
+                self._wait(0.05)
+
     def lead(self) -> bool:
         """Become leader and recover; False when stopped first."""
         self.emit({"event": "standby"})
@@ -265,7 +279,7 @@ class WorkloadDriver:
         self.summary.terms += 1
         self.summary.epochs.append(epoch)
         began = time.monotonic()
-        recovered = self.store.recover(BASE)
+        recovered = self._retrying("recover", lambda: self.store.recover(BASE))
         self.workload.reset(recovered, epoch)
         self.workload.seq = 0
         self.emit(
@@ -280,6 +294,9 @@ class WorkloadDriver:
                 "recovered_tasks": len(recovered.tasks),
                 "recovered_terminal": len(recovered.terminal),
                 "recovered_recurring": len(recovered.recurring),
+                "lost": None
+                if recovered.lost is None
+                else {"epoch": recovered.lost.epoch, "commits": recovered.lost.commits},
             }
         )
         return True
@@ -292,8 +309,10 @@ class WorkloadDriver:
         taken, dropped = self._take_inbox(planned)
         self.workload.seq += 1
         seq = self.workload.seq
-        batch_id = f"{self.run_id}:{epoch}:{seq}"
-        head = {"batch": batch_id, "run": self.run_id, "epoch": epoch, "seq": seq}
+        # Unique even when a lossy failover grants an epoch twice: the term is this driver's.
+        term = self.summary.terms
+        batch_id = f"{self.run_id}:{term}:{epoch}:{seq}"
+        head = {"batch": batch_id, "run": self.run_id, "epoch": epoch, "seq": seq, "term": term}
         self._log.append({"type": "intent", **head, "muts": planned.records}, sync=False)
         retried = False
         while True:
@@ -353,7 +372,7 @@ class WorkloadDriver:
         read: Callable[..., list[InboxItem]] | None = getattr(self.store, "read_inbox", None)
         if not self.config.inbox or read is None:
             return 0, 0
-        items = read(limit=self.config.batch, base=BASE)
+        items = self._retrying("read_inbox", lambda: read(limit=self.config.batch, base=BASE))
         live_keys = {s.key for s in planned.live.values() if s.key is not None}
         at = self.workload._now()
         taken = dropped = 0

@@ -30,9 +30,11 @@ venv: $(BIN)/.installed
 demo: venv
 	$(BIN)/cronoq-store demo --overwrite  # ./cronoq-demo.db; it never overwrites another database
 
+# The replica tests' clusters are dropped when pytest ends, however it ends (the fixture drops
+# them too; this catches a run killed before its teardown).
 test: venv
 	scripts/test-servers
-	CRONOQ_REQUIRE_DIALECTS=1 $(BIN)/pytest
+	trap 'scripts/pg-pair clean' EXIT; CRONOQ_REQUIRE_DIALECTS=1 $(BIN)/pytest
 
 # Each from PyPI by uv, which also resolves the floors (--resolution lowest-direct).
 .venv-lowest/.installed: RANGE_PYTHON = $(PYTHON_LOWEST)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pgpair import PgPair, PgPairError
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
@@ -143,3 +144,28 @@ def engine(db_url: URL) -> Iterator[Engine]:
         assert eng.pool.checkedout() == 0, "a test left a connection checked out"
     finally:
         eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_pair() -> Iterator[PgPair]:
+    """A PostgreSQL primary with a streaming replica of our own (tests/pgpair.py), built
+    synchronous once per session and dropped at its end; `pg_pair.fresh(sync=...)` rebuilds it
+    after a test crashed, stopped or promoted something. Where it cannot be built the test
+    skips, except under `CRONOQ_REQUIRE_DIALECTS` (or CI): there it fails."""
+    why = PgPair.unavailable()
+    if why is not None:
+        if _required():
+            pytest.fail(f"no PostgreSQL primary/replica pair: {why}", pytrace=False)
+        pytest.skip(f"no PostgreSQL primary/replica pair: {why}")
+    pair = PgPair()
+    try:
+        pair.build(sync=True)
+    except PgPairError as exc:
+        pair.destroy()
+        if _required():
+            pytest.fail(f"could not build the PostgreSQL pair: {exc}", pytrace=False)
+        pytest.skip(f"could not build the PostgreSQL pair: {exc}")
+    try:
+        yield pair
+    finally:
+        pair.destroy()

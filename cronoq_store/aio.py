@@ -328,10 +328,18 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     async def _try_take(self, ttl_ns: int) -> lease.Lease | StoreUnavailable | None:
         """One attempt at the lease: taken, held (None), or unreachable."""
         holder = self.holder
+        acked, last = self._take_floor()
         try:
-            return await self._lease_run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns))
+            taken: lease.Lease | None = await self._lease_run(
+                lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last)
+            )
         except StoreUnavailable as exc:
             return exc
+        except DatabaseBehind as exc:
+            await self._record_lost(exc)
+            self._gap_recorded()
+            return None  # tried again at the next poll, on the database's history
+        return taken
 
     async def acquire_leadership(self, timeout: float | None = None) -> int:
         """Wait until this instance leads; returns the new fencing epoch.

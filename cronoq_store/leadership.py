@@ -297,8 +297,10 @@ class Leadership(Generic[K]):
         self.sent = 0
         """The last commit sequence number handed to a commit under this lease."""
         self.acked = 0
-        """The highest commit sequence number known to have landed: a database whose lease
-        row holds less has lost commits this leader acknowledged."""
+        """The highest commit sequence number known to have landed, kept across terms: a
+        database whose lease row holds less has lost commits this instance acknowledged."""
+        self.acked_epoch = 0
+        """The epoch `acked` was reached under."""
 
     @property
     def leading(self) -> int | None:
@@ -310,9 +312,11 @@ class Leadership(Generic[K]):
         return not self.lost and epoch == self.epoch
 
     def acquired(self, epoch: int, keeper: K, commit_seq: int = 0) -> None:
-        """Lead under `epoch`, the lease row's commit sequence standing at `commit_seq`."""
+        """Lead under `epoch`, the lease row's commit sequence standing at `commit_seq` (never
+        below `acked`: the take checks)."""
         self.epoch, self.keeper, self.lost = epoch, keeper, False
         self.sent = self.acked = commit_seq
+        self.acked_epoch = epoch
 
     def next_commit(self) -> tuple[int, int]:
         """A commit's sequence number and the fence's floor (the last one acknowledged).
@@ -347,6 +351,11 @@ class Leadership(Generic[K]):
         """The keeper, to be stopped and joined; none keeps the lease from here on."""
         keeper, self.keeper = self.keeper, None
         return keeper
+
+    def gap_recorded(self) -> None:
+        """A database behind this instance was noticed and the gap recorded: its history is
+        the one to build on now (the next take reads the row's sequence)."""
+        self.acked = 0
 
     def released(self) -> None:
         self.epoch = None

@@ -247,16 +247,33 @@ def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
     return None if taken is None else taken[0]
 
 
-def take(conn: Connection, *, holder: str, ttl_ns: int) -> Lease | None:
+def take(
+    conn: Connection, *, holder: str, ttl_ns: int, acked: int = 0, last_epoch: int = 0
+) -> Lease | None:
     """`try_take` after waiting for the lease row's lock: the lease, or None.
 
     The time is read once the lock is ours, not before: a killed leader's commit can hold it for
     a while, and a lease timed from before that wait would be lost on arrival.
+
+    `acked` is the highest commit sequence number this instance saw land (under `last_epoch`):
+    a row below it means the database lost commits of ours (an instance that lost its lease in
+    the outage of a lossy failover retakes it there), and raises `DatabaseBehind`, the take
+    rolled back with it.
     """
     lock(conn)
     started = time.monotonic()
     taken = _take(conn, holder=holder, ttl_ns=ttl_ns)
-    return None if taken is None else Lease(taken[0], started, taken[1])
+    if taken is None:
+        return None
+    epoch, seq = taken
+    if seq < acked:
+        raise DatabaseBehind(
+            f"the database holds commit {seq} of the lease's sequence, but this instance "
+            f"committed up to {acked} under epoch {last_epoch}: up to {acked - seq} "
+            "acknowledged commits are gone (an asynchronous failover that lost its tail?)",
+            lost=LostCommits(epoch=last_epoch, commits=acked - seq, noticed_unix_ns=time.time_ns()),
+        )
+    return Lease(epoch, started, seq)
 
 
 def _diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:

@@ -432,6 +432,16 @@ class _Face(Generic[E, K, C]):
             acked=acked,
         ), seq
 
+    def _take_floor(self) -> tuple[int, int]:
+        """What a take checks the row against: the highest commit sequence number this
+        instance saw land, and its epoch."""
+        with self._lock:
+            return self._leadership.acked, self._leadership.acked_epoch
+
+    def _gap_recorded(self) -> None:
+        with self._lock:
+            self._leadership.gap_recorded()
+
     def _acked(self) -> int:
         """The highest commit sequence number known to have landed (renewals check it)."""
         with self._lock:
@@ -576,11 +586,18 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         try:
             if not self._read(lambda c: lease.may_take(c, holder=self.holder)):
                 return None
+            acked, last = self._take_floor()
             taken: lease.Lease | None = self._lease_run(
-                lambda c: lease.take(c, holder=self.holder, ttl_ns=ttl_ns)
+                lambda c: lease.take(
+                    c, holder=self.holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last
+                )
             )
         except StoreUnavailable as exc:
             return exc
+        except DatabaseBehind as exc:
+            self._record_lost(exc)
+            self._gap_recorded()
+            return None  # tried again at the next poll, on the database's history
         return taken
 
     def acquire_leadership(self, timeout: float | None = None) -> int:

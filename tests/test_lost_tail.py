@@ -199,3 +199,28 @@ def test_status_shows_the_gap_and_the_server_role(db_url: URL, engine: Engine) -
         assert "server     primary" in text
     else:
         assert "server" not in data
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_an_instance_retaking_its_lease_on_a_database_behind_it_reports_the_gap(
+    face: str, db_url: URL, engine: Engine, cleanup: list[Callable[[], None]]
+) -> None:
+    """The leader lost its lease in the failover's outage (its keeper could not renew), so no
+    fence of its own finds the gap; it is its next take that does, before it leads again."""
+    store = open_face(face, db_url, QUIET, cleanup)
+    epoch = store.acquire_leadership(timeout=10)
+    store.commit(epoch, BASE, [submit(1)])
+    replica = snapshot(engine)
+    store.commit(epoch, BASE, [submit(2)])
+    store.commit(epoch, BASE, [submit(3)])
+    store.release_leadership()  # as a keeper that could not renew steps down
+    roll_back_to(engine, replica, keep_below=2)  # the row names it, under its epoch, again
+
+    again = store.acquire_leadership(timeout=10)
+    assert again != epoch
+    recovered = store.recover(BASE)
+    assert [t.id for t in recovered.tasks] == [1]
+    assert recovered.lost is not None
+    assert (recovered.lost.epoch, recovered.lost.commits) == (epoch, 2)
+    store.commit(again, BASE, [submit(4)])  # builds on the database's history from here
+    assert store.recover(BASE).lost is None

@@ -36,7 +36,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, inbox, lease, migrate, repository
+from . import dialects, inbox, lease, migrate, repository, telemetry
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -315,10 +315,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         return await _wait(self._lost, timeout)
 
     async def _lose(
-        self, why: str, level: int = logging.ERROR, *, about: AsyncKeeper | int | None = None
+        self,
+        why: str | StoreError,
+        level: int = logging.ERROR,
+        *,
+        about: AsyncKeeper | int | None = None,
+        released: bool = False,
     ) -> None:
-        """Step down (once), then await the callbacks (`_step_down` decides, with no await)."""
-        for callback in self._step_down(why, level, about):
+        """Step down (once), then await the callbacks (`_step_down` decides, with no await);
+        `released` when by choice, else lost for `why`."""
+        reason = None if released else telemetry.lost_reason(why)
+        for callback in self._step_down(str(why), level, about, reason):
             try:
                 if inspect.isawaitable(result := callback()):
                     await result
@@ -348,31 +355,32 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         cannot be reached, raises `StoreUnavailable` after `timeout` seconds; an instance that
         leads already steps down first and leads anew under the next epoch.
         """
-        await self._lose("taking the lease anew", logging.INFO)
+        await self._lose("taking the lease anew", logging.INFO, released=True)
         await self._stop()
         acquiring = acquiring_for(self.config, timeout, time.monotonic())
         ttl = _ns(self.config.lease_ttl)
-        while True:
-            taken = await self._try_take(ttl)
-            step = acquiring.attempted(time.monotonic(), taken)
-            _note(step.note)
-            if isinstance(step, GiveUp):
-                raise step.error
-            if isinstance(taken, lease.Lease):
-                break
-            if isinstance(step, Retry):
-                await asyncio.sleep(max(0.0, step.at - time.monotonic()))
-        epoch, started, commit_seq = taken
+        with self._telemetry.acquiring():
+            while True:
+                taken = await self._try_take(ttl)
+                step = acquiring.attempted(time.monotonic(), taken)
+                _note(step.note)
+                if isinstance(step, GiveUp):
+                    raise step.error
+                if isinstance(taken, lease.Lease):
+                    break
+                if isinstance(step, Retry):
+                    await asyncio.sleep(max(0.0, step.at - time.monotonic()))
+            epoch, started, commit_seq = taken
 
-        async def lost(why: str) -> None:
-            await self._lose(why, about=keeper)
+            async def lost(why: str) -> None:
+                await self._lose(why, about=keeper)
 
-        keeper = AsyncKeeper(
-            renew=lambda: self._renew(epoch),
-            lost=lost,
-            **keeper_timing(self.config, epoch, started),
-        )
-        return self._lead(epoch, keeper, commit_seq)
+            keeper = AsyncKeeper(
+                renew=lambda: self._renew(epoch),
+                lost=lost,
+                **keeper_timing(self.config, epoch, started),
+            )
+            return self._lead(epoch, keeper, commit_seq)
 
     async def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
@@ -385,10 +393,10 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             )
         except DatabaseBehind as exc:
             await self._record_lost(exc)
-            await self._lose(str(exc), about=epoch)
+            await self._lose(exc, about=epoch)
             return False
         except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
-            await self._lose(str(exc), about=epoch)
+            await self._lose(exc, about=epoch)
             return False
         return renewed
 
@@ -407,7 +415,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
 
     async def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once."""
-        await self._lose("released", logging.INFO)
+        await self._lose("released", logging.INFO, released=True)
         await self._stop()
         if self._leadership.epoch is not None:
             holder = self.holder
@@ -424,36 +432,44 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     ) -> None:
         """As `SqlStore.commit`: make `batch` durable in one transaction, or raise and write
         nothing; committing the same batch again changes nothing."""
-        work, seq = self._commit_work(epoch, base, batch, outputs)
-        started = time.monotonic()
-        try:
-            await self._lease_run(work, timeout=self.config.commit_timeout)
-        except DatabaseBehind as exc:
-            await self._record_lost(exc)
-            await self._lose(str(exc), about=epoch)
-            raise
-        except Fenced as exc:
-            await self._lose(str(exc), about=epoch)
-            raise
-        self._fence_renewed(epoch, started, seq)
+        with self._telemetry.commit(epoch, batch):
+            work, seq = self._commit_work(epoch, base, batch, outputs)
+            started = time.monotonic()
+            try:
+                await self._lease_run(work, timeout=self.config.commit_timeout)
+            except DatabaseBehind as exc:
+                await self._record_lost(exc)
+                await self._lose(exc, about=epoch)
+                raise
+            except Fenced as exc:
+                await self._lose(exc, about=epoch)
+                raise
+            self._fence_renewed(epoch, started, seq)
 
     async def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""
         now = self._now()
         retention = self.config.retention
-        return await self._run(
-            lambda c: repository.recover(c, base, now_unix_ns=now, retention=retention)
-        )
+        with self._telemetry.recovering():
+            result, quarantined = await self._run(
+                lambda c: repository.recover(c, base, now_unix_ns=now, retention=retention)
+            )
+        self._recovered(result, quarantined)
+        return result
 
     async def prune(self, older_than: timedelta) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs."""
         cutoff = self._now() - _ns(older_than)
         total = 0
-        while True:
-            n = await self._run(lambda c: repository.prune_batch(c, cutoff))
-            total += n
-            if n < repository.PRUNE_BATCH:
-                return total
+        with self._telemetry.pruning():
+            try:
+                while True:
+                    n = await self._run(lambda c: repository.prune_batch(c, cutoff))
+                    total += n
+                    if n < repository.PRUNE_BATCH:
+                        return total
+            finally:
+                self._telemetry.pruned(total)
 
     # Queries.
 
@@ -501,9 +517,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             if not got.bad:
                 return items
             now = self._now()
-            self.inbox_rejected += await self._run(
-                partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)
-            )
+            self._set_aside(await self._run(partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)))
             after = got.last_id
             if len(items) >= limit:
                 return items

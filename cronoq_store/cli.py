@@ -524,6 +524,72 @@ def _server_text(server: Mapping[str, Any]) -> str:
     )
 
 
+def _prometheus(data: Mapping[str, Any]) -> str:
+    """`status`'s figures in the Prometheus text exposition format (gauges, `cronoq_` names,
+    units in the names, the schema revision as a label)."""
+    out: list[str] = []
+
+    def gauge(name: str, text: str, samples: list[tuple[dict[str, str], float]]) -> None:
+        out.append(f"# HELP {name} {text}")
+        out.append(f"# TYPE {name} gauge")
+        for labels, value in samples:
+            shown = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            out.append(f"{name}{{{shown}}} {value:g}" if shown else f"{name} {value:g}")
+
+    lease_view, waiting = data["lease"], data["inbox"]
+    gauge(
+        "cronoq_schema_info",
+        "The schema revision of the database (label), and this build's head.",
+        [({"revision": str(data["revision"]), "head": str(data["head"])}, 1)],
+    )
+    gauge(
+        "cronoq_tasks",
+        "Stored tasks by pool and status.",
+        [({"pool": r["pool"], "status": r["status"]}, r["count"]) for r in data["tasks"]],
+    )
+    gauge("cronoq_inbox_items", "Items waiting in the inbox.", [({}, waiting["items"])])
+    age = waiting["oldest_age_s"]
+    gauge(
+        "cronoq_inbox_oldest_age_seconds",
+        "Age of the oldest item waiting in the inbox (0 when empty).",
+        [({}, 0 if age is None else age)],
+    )
+    gauge(
+        "cronoq_inbox_set_aside",
+        "Inbox rows set aside as undecodable.",
+        [({}, waiting["set_aside"])],
+    )
+    gauge("cronoq_lease_epoch", "The lease's fencing epoch.", [({}, lease_view["epoch"])])
+    gauge(
+        "cronoq_lease_held",
+        "1 while a leader holds an unexpired lease, else 0.",
+        [({}, 1 if lease_view["state"] == "held" else 0)],
+    )
+    left = lease_view["expires_in_s"]
+    gauge(
+        "cronoq_lease_expires_in_seconds",
+        "Seconds until the lease expires, on the database's clock (negative: expired; 0: free).",
+        [({}, 0 if left is None else left)],
+    )
+    gauge(
+        "cronoq_prune_backlog_tasks",
+        "Finished tasks last updated longer ago than the retention (what prune would delete).",
+        [({}, data["prune_backlog"]["tasks"])],
+    )
+    if "lost_commits" in data:
+        lost = data["lost_commits"]
+        gauge(
+            "cronoq_lost_commits",
+            "Commits a leader found missing (an asynchronous failover); -1 when unknown.",
+            [({"epoch": str(lost["epoch"])}, -1 if lost["commits"] is None else lost["commits"])],
+        )
+    return "\n".join(out) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def _lost_text(lost: LostCommits) -> str:
     count = "an unknown number of" if lost.commits is None else f"up to {lost.commits}"
     return (
@@ -549,10 +615,28 @@ def _schedule(name: str, spec_text: str, payload: bytes | None, nxt: int | None,
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts (--format json).")
+@click.option(
+    "--format",
+    "form",
+    type=click.Choice(["text", "json", "prometheus"]),
+    default="text",
+    show_default=True,
+    help="prometheus: the text exposition format, for a textfile collector or a scrape job.",
+)
+@click.option(
+    "--retention",
+    metavar="DURATION",
+    callback=_duration_option,
+    default="1h",
+    show_default=True,
+    help="Finished tasks older than this count as prune backlog (StoreConfig.retention).",
+)
 @click.pass_obj
-def status(target: Target, as_json: bool) -> None:
+def status(target: Target, as_json: bool, form: str, retention: timedelta) -> None:
     """Schema revision, leader lease, task counts, schedules and database size."""
+    form = "json" if as_json else form
+    cutoff = codec.saturate(time.time_ns() - (retention // timedelta(microseconds=1)) * 1000)
     with _database(target) as store, store.engine.connect() as conn:
         revision = migrate.current_revision(conn, schema=target.schema)
         lease_view = _lease_view(lease.lease_view(conn))
@@ -574,6 +658,9 @@ def status(target: Target, as_json: bool) -> None:
         waiting = inbox.depth(conn)
         server = _server(conn)
         lost = repository.lost_commits(conn)
+        backlog = int(
+            conn.execute(repository.prune_backlog_stmt(), {"cutoff": cutoff}).scalar_one()
+        )
     size_bytes = None if size is None else int(size)
     data: dict[str, Any] = {
         "database": url,
@@ -585,13 +672,17 @@ def status(target: Target, as_json: bool) -> None:
         "tasks": counts,
         "recurring": schedules,
         "inbox": waiting,
+        "prune_backlog": {"tasks": backlog, "retention_s": retention.total_seconds()},
     }
     if server is not None:
         data["server"] = server
     if lost is not None:
         data["lost_commits"] = dataclasses.asdict(lost)
-    if as_json:
+    if form == "json":
         _echo_json(data)
+        return
+    if form == "prometheus":
+        click.echo(_prometheus(data), nl=False)
         return
     click.echo(f"database   {url} ({dialect})")
     click.echo(f"schema     {revision} (head)")

@@ -318,7 +318,12 @@ def set_aside(conn: Connection, *, bad: Sequence[Mapping[str, Any]], now_unix_ns
                 "fields": codec.clean(_fields_json(row)),
             },
         )
-        log.error("inbox row %s set aside as undecodable: %s", row["id"], row["reason"])
+        log.error(
+            "inbox row %s set aside as undecodable: %s",
+            row["id"],
+            row["reason"],
+            extra={"inbox_id": row["id"], "set_aside": 1},
+        )
         moved += 1
     return moved
 

@@ -730,7 +730,12 @@ class _Quarantine:
 
     def set_aside(self, row: Any, exc: CorruptValue) -> None:
         """Keep `row` for quarantine, with why it did not decode."""
-        log.error("quarantining undecodable task row %r: %s", row["id"], exc)
+        log.error(
+            "quarantining undecodable task row %r: %s",
+            row["id"],
+            exc,
+            extra={"task_id": row["id"], "quarantined": 1},
+        )
         key = row["key"] if isinstance(row["key"], str) else None
         self.rows[row["id"]] = (key, f"corrupt task row: {exc}")
 
@@ -762,8 +767,9 @@ class _Quarantine:
 
 def recover(
     conn: Connection, base: TimeBase, *, now_unix_ns: int, retention: timedelta
-) -> Recovered:
-    """Everything a new leader needs; quarantines task rows that do not decode, on `conn`.
+) -> tuple[Recovered, int]:
+    """Everything a new leader needs, and how many task rows it quarantined (rows that do not
+    decode, marked failed on `conn`).
 
     Every row goes through one of codec's row decoders, and a `CorruptValue` from any of them
     sets that row aside (a task: marked failed with the reason, its key released; a schedule:
@@ -815,7 +821,10 @@ def recover(
             "?" if lost.commits is None else lost.commits,
             extra={"epoch": lost.epoch, "lost_commits": lost.commits},
         )
-    return Recovered(next_id=next_id, tasks=live, terminal=terminal, recurring=schedules, lost=lost)
+    recovered = Recovered(
+        next_id=next_id, tasks=live, terminal=terminal, recurring=schedules, lost=lost
+    )
+    return recovered, len(bad.rows)
 
 
 # Repair.
@@ -1056,6 +1065,15 @@ def task_counts_stmt() -> Select[Any]:
         select(tasks.c.pool, tasks.c.status, func.count().label("n"))
         .group_by(tasks.c.pool, tasks.c.status)
         .order_by(tasks.c.pool, tasks.c.status)
+    )
+
+
+def prune_backlog_stmt() -> Select[Any]:
+    """How many finished tasks were last updated before `cutoff` (what prune is behind by; the
+    finished-by-time index answers it)."""
+    return select(func.count()).where(
+        tasks.c.terminal == True,  # noqa: E712
+        tasks.c.updated_unix_ns < bindparam("cutoff"),
     )
 
 

@@ -29,7 +29,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
-from . import dialects, execution, inbox, leadership, lease, migrate, repository
+from . import dialects, execution, inbox, leadership, lease, migrate, repository, telemetry
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -348,6 +348,7 @@ class _Face(Generic[E, K, C]):
         self._callbacks: list[C] = []
         self.inbox_rejected = 0
         """Undecodable inbox rows this instance has set aside."""
+        self._telemetry = telemetry.Telemetry(dialects.name(self.engine.dialect))
         # PostgreSQL wakes `wait_inbox` by LISTEN on a connection of its own; elsewhere it polls.
         self._listener = self._new_listener() if inbox.can_listen(self.engine.dialect) else None
 
@@ -378,7 +379,9 @@ class _Face(Generic[E, K, C]):
         awaits a coroutine it returns. It must not block for long."""
         self._callbacks.append(callback)
 
-    def _step_down(self, why: str, level: int, about: K | int | None) -> list[C]:
+    def _step_down(
+        self, why: str, level: int, about: K | int | None, reason: str | None
+    ) -> list[C]:
         """Step down (once): commits raise `Fenced` from here on; the callbacks to run.
 
         News `about` a keeper that no longer keeps the current lease (a stale one, still
@@ -393,7 +396,19 @@ class _Face(Generic[E, K, C]):
             self._lost.set()
         if lost.keeper is not None:
             lost.keeper.stop()
-        self._log.log(level, "cronoq leadership lost (epoch %s): %s", lost.epoch, why)
+        self._telemetry.stepped_down(reason)
+        self._log.log(
+            level,
+            "cronoq leadership lost (epoch %s): %s",
+            lost.epoch,
+            why,
+            extra={
+                "epoch": lost.epoch,
+                "holder": self.holder,
+                "transition": "released" if reason is None else "lost",
+                "reason": reason,
+            },
+        )
         return list(self._callbacks)
 
     def _lead(self, epoch: int, keeper: K, commit_seq: int) -> int:
@@ -403,7 +418,12 @@ class _Face(Generic[E, K, C]):
             self._leadership.acquired(epoch, keeper, commit_seq)
             self._lost.clear()
         keeper.start()
-        self._log.info("cronoq leadership acquired (epoch %s)", epoch)
+        self._telemetry.acquired(epoch)
+        self._log.info(
+            "cronoq leadership acquired (epoch %s)",
+            epoch,
+            extra={"epoch": epoch, "holder": self.holder, "transition": "acquired"},
+        )
         return epoch
 
     def _detach(self) -> K | None:
@@ -441,6 +461,18 @@ class _Face(Generic[E, K, C]):
     def _gap_recorded(self) -> None:
         with self._lock:
             self._leadership.gap_recorded()
+
+    def _recovered(self, result: Recovered, quarantined: int) -> None:
+        self._telemetry.recovered(
+            live=len(result.tasks),
+            finished=max(0, len(result.terminal) - quarantined),
+            quarantined=quarantined,
+        )
+
+    def _set_aside(self, moved: int) -> None:
+        """`moved` undecodable inbox rows were set aside by this instance."""
+        self.inbox_rejected += moved
+        self._telemetry.set_aside(moved)
 
     def _acked(self) -> int:
         """The highest commit sequence number known to have landed (renewals check it)."""
@@ -572,10 +604,17 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         return self._lost.wait(timeout)
 
     def _lose(
-        self, why: str, level: int = logging.ERROR, *, about: lease.Keeper | int | None = None
+        self,
+        why: str | StoreError,
+        level: int = logging.ERROR,
+        *,
+        about: lease.Keeper | int | None = None,
+        released: bool = False,
     ) -> None:
-        """Step down (once), then call the callbacks (`_step_down` decides)."""
-        for callback in self._step_down(why, level, about):
+        """Step down (once), then call the callbacks (`_step_down` decides); `released` when
+        by choice, else lost for `why` (a keeper's reason or the error that showed it)."""
+        reason = None if released else telemetry.lost_reason(why)
+        for callback in self._step_down(str(why), level, about, reason):
             try:
                 callback()
             except Exception:
@@ -608,27 +647,28 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         `timeout` (seconds), raises `StoreUnavailable` if this instance does not lead by then.
         An instance that leads already steps down first and leads anew under the next epoch.
         """
-        self._lose("taking the lease anew", logging.INFO)
+        self._lose("taking the lease anew", logging.INFO, released=True)
         self._stop()
         acquiring = acquiring_for(self.config, timeout, time.monotonic())
         ttl = _ns(self.config.lease_ttl)
-        while True:
-            taken = self._try_take(ttl)
-            step = acquiring.attempted(time.monotonic(), taken)
-            _note(step.note)
-            if isinstance(step, leadership.GiveUp):
-                raise step.error
-            if isinstance(taken, lease.Lease):
-                break
-            if isinstance(step, leadership.Retry):
-                time.sleep(max(0.0, step.at - time.monotonic()))
-        epoch, started, commit_seq = taken
-        keeper = lease.Keeper(
-            renew=lambda: self._renew(epoch),
-            lost=lambda why: self._lose(why, about=keeper),
-            **keeper_timing(self.config, epoch, started),
-        )
-        return self._lead(epoch, keeper, commit_seq)
+        with self._telemetry.acquiring():
+            while True:
+                taken = self._try_take(ttl)
+                step = acquiring.attempted(time.monotonic(), taken)
+                _note(step.note)
+                if isinstance(step, leadership.GiveUp):
+                    raise step.error
+                if isinstance(taken, lease.Lease):
+                    break
+                if isinstance(step, leadership.Retry):
+                    time.sleep(max(0.0, step.at - time.monotonic()))
+            epoch, started, commit_seq = taken
+            keeper = lease.Keeper(
+                renew=lambda: self._renew(epoch),
+                lost=lambda why: self._lose(why, about=keeper),
+                **keeper_timing(self.config, epoch, started),
+            )
+            return self._lead(epoch, keeper, commit_seq)
 
     def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
@@ -640,10 +680,10 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             )
         except DatabaseBehind as exc:
             self._record_lost(exc)
-            self._lose(str(exc), about=epoch)
+            self._lose(exc, about=epoch)
             return False
         except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
-            self._lose(str(exc), about=epoch)
+            self._lose(exc, about=epoch)
             return False
         return renewed
 
@@ -662,7 +702,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
 
     def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once."""
-        self._lose("released", logging.INFO)
+        self._lose("released", logging.INFO, released=True)
         self._stop()
         if self._leadership.epoch is not None:
             try:
@@ -680,32 +720,37 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
 
         Idempotent: committing the same batch again (after a timeout, say) changes nothing.
         """
-        work, seq = self._commit_work(epoch, base, batch, outputs)
-        started = time.monotonic()
-        try:
-            self._lease_run(work, timeout=self.config.commit_timeout)
-        except DatabaseBehind as exc:
-            self._record_lost(exc)
-            self._lose(str(exc), about=epoch)
-            raise
-        except Fenced as exc:
-            self._lose(str(exc), about=epoch)
-            raise
-        self._fence_renewed(epoch, started, seq)
+        with self._telemetry.commit(epoch, batch):
+            work, seq = self._commit_work(epoch, base, batch, outputs)
+            started = time.monotonic()
+            try:
+                self._lease_run(work, timeout=self.config.commit_timeout)
+            except DatabaseBehind as exc:
+                self._record_lost(exc)
+                self._lose(exc, about=epoch)
+                raise
+            except Fenced as exc:
+                self._lose(exc, about=epoch)
+                raise
+            self._fence_renewed(epoch, started, seq)
 
     def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows)."""
         now = self._now()
 
-        def scan(conn: Connection) -> Recovered:
+        def scan(conn: Connection) -> tuple[Recovered, int]:
             return repository.recover(conn, base, now_unix_ns=now, retention=self.config.retention)
 
-        try:
-            # Streams without SQLite's write lock, so the keeper renews meanwhile; only a
-            # quarantine writes, and where that cannot upgrade the read, it runs again below.
-            result: Recovered = self._read(scan)
-        except StoreUnavailable:
-            result = self._run(scan)
+        result: Recovered
+        quarantined: int
+        with self._telemetry.recovering():
+            try:
+                # Streams without SQLite's write lock, so the keeper renews meanwhile; only a
+                # quarantine writes, and where that cannot upgrade the read, it runs again below.
+                result, quarantined = self._read(scan)
+            except StoreUnavailable:
+                result, quarantined = self._run(scan)
+        self._recovered(result, quarantined)
         return result
 
     def prune(self, older_than: timedelta) -> int:
@@ -713,12 +758,16 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         cutoff = self._now() - _ns(older_than)
         limit = repository.PRUNE_BATCH
         total = 0
-        while True:
-            # One transaction per batch: locks stay short while the leader keeps committing.
-            n: int = self._run(lambda c: repository.prune_batch(c, cutoff, limit))
-            total += n
-            if n < limit:
-                return total
+        with self._telemetry.pruning():
+            try:
+                while True:
+                    # One transaction per batch: locks stay short while the leader commits.
+                    n: int = self._run(lambda c: repository.prune_batch(c, cutoff, limit))
+                    total += n
+                    if n < limit:
+                        return total
+            finally:
+                self._telemetry.pruned(total)
 
     # Queries.
 
@@ -767,7 +816,8 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             if not got.bad:
                 return items
             now = self._now()
-            self.inbox_rejected += self._run(partial(inbox.set_aside, bad=got.bad, now_unix_ns=now))
+            moved: int = self._run(partial(inbox.set_aside, bad=got.bad, now_unix_ns=now))
+            self._set_aside(moved)
             after = got.last_id
             if len(items) >= limit:
                 return items

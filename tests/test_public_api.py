@@ -46,6 +46,7 @@ INTERNAL = (
     "jsontext",
     "cli",
     "cli_inbox",
+    "telemetry",  # its instrument names are the contract (docs/observability.md), not its code
     "bench",
 )
 # A public package's modules: its parts, no promise to users on their own. The package's

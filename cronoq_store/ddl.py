@@ -88,3 +88,9 @@ def add_column(table: str, column: sa.Column[Any]) -> None:
     """`op.add_column`, unless `table` already has a column of that name."""
     if not has_column(table, column.name):
         op.add_column(table, column, schema=schema())
+
+
+def drop_index(name: str, table: str) -> None:
+    """`op.drop_index`, unless `table` has no index of that name (any more)."""
+    if has_index(table, name):
+        op.drop_index(name, table_name=table, schema=schema())

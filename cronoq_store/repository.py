@@ -293,6 +293,7 @@ def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
             row["seq"] = m.seq
             row["arrival_unix_ns"] = codec.to_unix(base, m.arrival, "Submitted.arrival")
             row["updated_unix_ns"] = now_unix_ns
+            row["finished_unix_ns"] = None
             row["status"] = TaskStatus.QUEUED.value
             row["terminal"] = False
             row["attempt"] = 0
@@ -340,6 +341,7 @@ def _apply(row: dict[str, Any], st: _Status) -> None:
     row["terminal"] = _TERMINAL[st.status]
     row["attempt"] = st.attempt
     row["updated_unix_ns"] = st.at
+    row["finished_unix_ns"] = st.at if row["terminal"] else None
     row["message"] = st.message if st.message is not None else row.get("message")
 
 
@@ -368,6 +370,12 @@ def status_update_stmt() -> Update:
             ),
             # A terminal transition releases the key; a live one (a revival too) holds it.
             live_key=case((bindparam("b_terminal") == true(), null()), else_=tasks.c.key),
+            # Set when it finishes, NULL while live: a live transition changes no indexed
+            # column, so PostgreSQL can update the row in place (HOT), leaving no dead index
+            # entries behind.
+            finished_unix_ns=case(
+                (bindparam("b_terminal") == true(), bindparam("b_at")), else_=null()
+            ),
         )
     )
 
@@ -675,6 +683,7 @@ def quarantine_stmt() -> Update:
             terminal=True,
             live_key=None,
             updated_unix_ns=bindparam("b_at"),
+            finished_unix_ns=bindparam("b_at"),
             message=bindparam("b_message"),
         )
     )
@@ -686,11 +695,11 @@ def finished_stmt() -> Select[Any]:
     columns = (tasks.c.id, tasks.c.key, tasks.c.status, _RAW_TERMINAL, tasks.c.updated_unix_ns)
     recent = select(*columns).where(
         tasks.c.terminal == True,  # noqa: E712
-        tasks.c.updated_unix_ns >= bindparam("cutoff"),
+        tasks.c.finished_unix_ns >= bindparam("cutoff"),
     )
     depended = select(*columns).where(
         tasks.c.terminal == True,  # noqa: E712
-        tasks.c.updated_unix_ns < bindparam("cutoff"),
+        tasks.c.finished_unix_ns < bindparam("cutoff"),
         or_(
             tasks.c.id.in_(select(task_deps.c.target_id).where(task_deps.c.target_id.is_not(None))),
             tasks.c.key.in_(
@@ -886,7 +895,7 @@ def _prunable(*columns: Any) -> Select[Any]:
         .select_from(joined)
         .where(
             tasks.c.terminal == True,  # noqa: E712
-            tasks.c.updated_unix_ns < bindparam("cutoff"),
+            tasks.c.finished_unix_ns < bindparam("cutoff"),
             by_id.c.task_id.is_(None),
             by_key.c.task_id.is_(None),
         )
@@ -896,7 +905,7 @@ def _prunable(*columns: Any) -> Select[Any]:
 @cache
 def prunable_stmt() -> Select[Any]:
     """Up to `limit` prunable tasks, oldest first (what one `prune_stmt` deletes)."""
-    return _prunable(tasks.c.id).order_by(tasks.c.updated_unix_ns).limit(bindparam("limit"))
+    return _prunable(tasks.c.id).order_by(tasks.c.finished_unix_ns).limit(bindparam("limit"))
 
 
 @cache
@@ -1073,7 +1082,7 @@ def prune_backlog_stmt() -> Select[Any]:
     finished-by-time index answers it)."""
     return select(func.count()).where(
         tasks.c.terminal == True,  # noqa: E712
-        tasks.c.updated_unix_ns < bindparam("cutoff"),
+        tasks.c.finished_unix_ns < bindparam("cutoff"),
     )
 
 

@@ -121,14 +121,17 @@ tasks = Table(
     Column("terminal", Boolean(create_constraint=False), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("updated_unix_ns", BigInteger, nullable=False),
+    # When it finished (its last terminal transition); NULL while live. Only this, never
+    # updated_unix_ns, is indexed: a live transition then changes no indexed column.
+    Column("finished_unix_ns", BigInteger),
     Column("message", LongText),
     Column("output", Blob),
     # A key is unique among live tasks: live_key is the key while live, NULL once terminal.
     Index(None, "live_key", unique=True),
     # Live tasks by id (recovery) and finished tasks by id (listing).
     Index(None, "terminal", "id"),
-    # Finished tasks by update time (retention on recovery, prune).
-    Index(None, "terminal", "updated_unix_ns"),
+    # Finished tasks by the time they finished (retention on recovery, prune).
+    Index(None, "finished_unix_ns"),
     # Lookup by key, newest first.
     Index(None, "key", "id"),
     **MYSQL_TABLE_ARGS,

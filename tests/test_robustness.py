@@ -168,7 +168,11 @@ def test_text_in_integer_columns_is_quarantined(store: SqlStore) -> None:
         BASE,
         [StatusChanged(id=TaskId(7), status=TaskStatus.FAILED, attempt=1, at=0, message=None)],
     )
-    raw(store, "UPDATE cronoq_tasks SET updated_unix_ns = 'v', live_key = key WHERE id = 7")
+    raw(
+        store,
+        "UPDATE cronoq_tasks SET updated_unix_ns = 'v', finished_unix_ns = 'v', live_key = key "
+        "WHERE id = 7",
+    )
     rec = store.recover(BASE)
     assert [r.spec.name for r in rec.recurring] == ["fine"]
     assert_quarantined(store, epoch, {i: f"k{i}" for i in (1, 2, 3, 4, 5, 7)}, healthy=[6])
@@ -215,7 +219,9 @@ def test_status_and_flag_out_of_range_are_quarantined(store: SqlStore, dialect: 
     damage(store, 2, status="bogus")
     damage(store, 3, status="")
     damage(store, 4, status="succeeded")  # with terminal false
-    damage(store, 5, status="running", terminal=True, updated_unix_ns=now)  # recent
+    damage(  # finished recently, by its times
+        store, 5, status="running", terminal=True, updated_unix_ns=now, finished_unix_ns=now
+    )
     if dialect != "postgresql":  # a PostgreSQL boolean holds nothing else
         raw(store, "UPDATE cronoq_tasks SET terminal = 2 WHERE id = 1")
         raw(store, "UPDATE cronoq_tasks SET terminal = -1 WHERE id = 6")

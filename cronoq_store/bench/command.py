@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from .bloat import as_rows, run_bloat
 from .report import markdown_table, plot, print_table
 from .runner import run_bench
 from .targets import resolve_targets
@@ -63,6 +64,13 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[in
     help="print the README's Markdown table instead of a table",
 )
 @click.option(
+    "--bloat",
+    "bloat_cycles",
+    type=click.IntRange(1, 1000),
+    help="instead: CYCLES cycles of -n tasks through running and succeeded, each pruned; "
+    "table sizes, commit rate and PostgreSQL's HOT share per cycle",
+)
+@click.option(
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -76,6 +84,7 @@ def bench(
     runs: int,
     as_json: bool,
     as_markdown: bool,
+    bloat_cycles: int | None,
     plot_path: Path | None,
 ) -> None:
     """Measure the store beside the raw driver: commits, recovery, prune."""
@@ -84,6 +93,9 @@ def bench(
     if threading.current_thread() is threading.main_thread():
         # Terminated: unwind, so scratch databases and raw tables are dropped.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if bloat_cycles is not None:
+        _bloat(urls, dialect_names, bloat_cycles, tasks, as_json)
+        return
     with resolve_targets(urls, dialect_names) as targets:
         result = run_bench(targets, tasks=tasks, batch_sizes=batch_sizes, runs=runs)
     if as_json:
@@ -95,3 +107,30 @@ def bench(
     if plot_path is not None:
         plot(result, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)
+
+
+def _bloat(
+    urls: tuple[str, ...], dialect_names: tuple[str, ...], cycles: int, tasks: int, as_json: bool
+) -> None:
+    """`--bloat`: the cycles on each target, one line (or JSON object) per cycle."""
+    results: dict[str, list[dict[str, object]]] = {}
+    with resolve_targets(urls, dialect_names) as targets:
+        for target in targets:
+            if not target.full_sync:
+                continue  # SQLite's two sync settings make the same file sizes
+            name = target.url.get_backend_name()
+            rows = results.setdefault(name, [])
+            for cycle in run_bloat(target.url, cycles=cycles, tasks=tasks):
+                rows.append(as_rows([cycle])[0])
+                if not as_json:
+                    hot = (
+                        ""
+                        if cycle.live_hot is None
+                        else f", live transitions HOT {cycle.live_hot:.0%}"
+                    )
+                    click.echo(
+                        f"{name} cycle {cycle.cycle}: {cycle.size_mib} MiB, "
+                        f"{cycle.commits_per_s} commits/s{hot}"
+                    )
+    if as_json:
+        click.echo(json.dumps(results, indent=2))

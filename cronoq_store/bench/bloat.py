@@ -31,7 +31,8 @@ class Cycle:
 
     cycle: int
     size_mib: float
-    """The task tables with their indexes (and TOAST) after the cycle's prune."""
+    """The task tables with their indexes (and TOAST) after the cycle's prune; SQLite: the
+    database file."""
     commits_per_s: float
     """Transition commits (running, succeeded) per second in the cycle."""
     live_hot: float | None
@@ -55,10 +56,10 @@ def _size_bytes(conn: Connection) -> int:
                 )
             ).scalar_one()
         )
+    # The whole file, free pages included: what the disk holds (SQLite reuses them).
     pages = conn.execute(text("PRAGMA page_count")).scalar_one()
     size = conn.execute(text("PRAGMA page_size")).scalar_one()
-    free = conn.execute(text("PRAGMA freelist_count")).scalar_one()
-    return int((pages - free) * size)
+    return int(pages * size)
 
 
 def _hot(conn: Connection) -> tuple[int, int] | None:

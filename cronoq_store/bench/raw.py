@@ -45,6 +45,8 @@ _UPDATE_ORDER: Final = (
     "b_terminal",
     "b_attempt",
     "b_at",
+    "b_terminal",
+    "b_at",
     "b_message",
     "b_id",
 )
@@ -223,6 +225,7 @@ class RawDriver:
                     False,
                     0,
                     now,
+                    None,  # finished_unix_ns
                     None,
                     None,
                 )
@@ -269,6 +272,8 @@ class RawDriver:
                             True,
                             m.attempt,
                             at + m.at,
+                            True,
+                            at + m.at,
                             m.message,
                             outputs[m.id],
                             m.id,
@@ -284,7 +289,17 @@ class RawDriver:
                 cur.executemany(
                     self.running,
                     [
-                        (False, m.status.value, False, m.attempt, at + m.at, m.message, m.id)
+                        (
+                            False,
+                            m.status.value,
+                            False,
+                            m.attempt,
+                            at + m.at,
+                            False,
+                            at + m.at,
+                            m.message,
+                            m.id,
+                        )
                         for m in batch
                     ],
                 )

@@ -25,12 +25,22 @@ left half done.
 
 from __future__ import annotations
 
-__all__ = ["LOCK_TABLE", "LOCK_TTL_S", "acquire", "is_galera", "release", "renew"]
+__all__ = [
+    "LOCK_TABLE",
+    "LOCK_TTL_S",
+    "acquire",
+    "causal_reads",
+    "is_galera",
+    "release",
+    "renew",
+]
 
+import contextlib
 import os
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Final
 
 from sqlalchemy import (
@@ -42,7 +52,9 @@ from sqlalchemy import (
     String,
     Table,
     insert,
+    inspect,
     or_,
+    select,
     update,
 )
 from sqlalchemy import exc as sa_exc
@@ -77,6 +89,29 @@ def is_galera(conn: Connection) -> bool:
     return row is not None and str(row[1]).upper() == "ON"
 
 
+@contextlib.contextmanager
+def causal_reads(conn: Connection) -> Iterator[None]:
+    """Reads in the block see every transaction the cluster committed before they began.
+
+    A node applies other nodes' write sets a moment after they commit, so a process that
+    opens the store through node 3 just after a deploy step migrated it through node 1 read an
+    old revision and was refused ("behind this build", 2 of 5 trials here). Galera's
+    `wsrep_sync_wait` (1: reads) makes a read wait until the node has caught up; the session's
+    own setting is put back afterwards. Nothing on a server that is not a Galera node.
+    """
+    if conn.dialect.name not in ("mysql", "mariadb") or not is_galera(conn):
+        yield
+        return
+    before = int(conn.exec_driver_sql("SELECT @@SESSION.wsrep_sync_wait").scalar_one())
+    conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {before | 1}")
+    try:
+        yield
+    finally:
+        if not conn.invalidated:
+            with contextlib.suppress(sa_exc.SQLAlchemyError):
+                conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {before}")
+
+
 def new_holder() -> str:
     """A name no other process uses, readable by an operator: host, pid, a random part."""
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -100,27 +135,31 @@ def acquire(
 
     table = lock_table(schema)
     deadline = time.monotonic() + timeout_s
-    created = False
+    now = db_now_ns()
+    take = (
+        update(table)
+        .where(table.c.id == _ROW)
+        .where(or_(table.c.holder.is_(None), table.c.expires_unix_ns < now))
+        .values(holder=holder, expires_unix_ns=now + int(LOCK_TTL_S * 1e9))
+    )
     while True:
         try:
-            if not created:
-                # DDL runs in total order on every node; IF NOT EXISTS makes it idempotent.
+            # DDL stalls the whole cluster a moment (total order): only when the table is
+            # missing. IF NOT EXISTS makes creators racing on several nodes agree.
+            if not inspect(conn).has_table(LOCK_TABLE, schema=schema):
                 conn.execute(CreateTable(table, if_not_exists=True))
-                seed = insert(table).prefix_with("IGNORE")
-                conn.execute(seed.values(id=_ROW, holder=None, expires_unix_ns=0))
-                conn.exec_driver_sql("COMMIT")
-                created = True
-            now = db_now_ns()
-            take = (
-                update(table)
-                .where(table.c.id == _ROW)
-                .where(or_(table.c.holder.is_(None), table.c.expires_unix_ns < now))
-                .values(holder=holder, expires_unix_ns=now + int(LOCK_TTL_S * 1e9))
-            )
             taken = conn.execute(take).rowcount == 1
+            missing = not taken and conn.execute(select(table.c.id)).first() is None
             conn.exec_driver_sql("COMMIT")  # a certification conflict fails here (1213)
             if taken:
                 return
+            if missing:
+                # A new table, or its creator died before this: put the free row in, and try
+                # again at once (several inserting it conflict, and retry, as takers do).
+                seed = insert(table).prefix_with("IGNORE")
+                conn.execute(seed.values(id=_ROW, holder=None, expires_unix_ns=0))
+                conn.exec_driver_sql("COMMIT")
+                continue
         except sa_exc.DBAPIError as exc:
             if not _retryable(exc):
                 raise

@@ -194,12 +194,18 @@ def require_head(bind: Engine | Connection, *, schema: str | None = None) -> Non
     What `SqlStore.open` checks when it does not migrate, so a store never leads or commits on
     a schema it was not written for.
     """
+    # Galera: a causal read, or a node that has not applied a migration just made through
+    # another node would refuse a database at head.
     if isinstance(bind, Engine):
         # Read-only: on SQLite it starts deferred and takes no write lock.
-        with bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn:
+        with (
+            bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn,
+            galera.causal_reads(conn),
+        ):
             rev = current_revision(conn, schema=schema)
     else:
-        rev = current_revision(bind, schema=schema)
+        with galera.causal_reads(bind):
+            rev = current_revision(bind, schema=schema)
     head = head_revision()
     if rev == head:
         return

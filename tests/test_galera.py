@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,14 +34,25 @@ from typing import Any
 
 import pytest
 from conftest import _required
-from sqlalchemy import URL, NullPool, create_engine, inspect, make_url, text
+from sqlalchemy import URL, NullPool, create_engine, make_url, text
+from sqlalchemy import exc as sa_exc
 from test_failover import (  # the figures and their terminal summary are shared
     _figures,
     _seconds,
     _summary,  # noqa: F401  (autouse: registers the summary plugin for this module too)
 )
+from test_migration_crash import assert_schema_complete
 
-from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, galera, migrate
+from cronoq_store import (
+    ById,
+    SqlStore,
+    StoreConfig,
+    StoreError,
+    StoreUnavailable,
+    TaskId,
+    dialects,
+    galera,
+)
 from cronoq_store.testing import CheckReport, DriverProcess, check
 
 pytestmark = pytest.mark.galera
@@ -92,22 +102,25 @@ def _port_free(port: int) -> bool:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """Three nodes, built and started once for the module, removed afterwards."""
-    ports = [BASE_PORT + i for i in range(3)]
-    ports += [GCOMM_PORT + 10 * i + j for i in range(3) for j in range(3)]
-    busy = [p for p in ports if not _port_free(p)]
-    if busy:
-        _unavailable(f"ports in use: {busy} (set CRONOQ_GALERA_PORT / CRONOQ_GALERA_GCOMM_PORT)")
-    if os.geteuid() != 0 and shutil.which("sudo") is None:
-        _unavailable("the nodes run as the mysql user: run as root or with sudo")
-    # Under /tmp itself: the mysql user must reach it (pytest's own tmp directories are 0700).
-    directory = Path(tempfile.mkdtemp(prefix="cronoq-galera-", dir="/tmp")) / "cluster"
-    directory.parent.chmod(0o755)
+    # Under /tmp itself (the mysql user must reach it; pytest's own tmp directories are 0700),
+    # one name per port range: a session killed before its clean-up left its nodes there, and
+    # this one stops them and removes their data first.
+    directory = Path(f"/tmp/cronoq-galera-{BASE_PORT}")
     env = dict(
         os.environ,
         CRONOQ_GALERA_DIR=str(directory),
         CRONOQ_GALERA_PORT=str(BASE_PORT),
         CRONOQ_GALERA_GCOMM_PORT=str(GCOMM_PORT),
     )
+    if os.geteuid() != 0 and shutil.which("sudo") is None:
+        _unavailable("the nodes run as the mysql user: run as root or with sudo")
+    if directory.exists():
+        subprocess.run([str(SCRIPT), "clean"], env=env, timeout=120, check=False)
+    ports = [BASE_PORT + i for i in range(3)]
+    ports += [GCOMM_PORT + 10 * i + j for i in range(3) for j in range(3)]
+    busy = [p for p in ports if not _port_free(p)]
+    if busy:
+        _unavailable(f"ports in use: {busy} (set CRONOQ_GALERA_PORT / CRONOQ_GALERA_GCOMM_PORT)")
     began = time.monotonic()
     try:
         up = subprocess.run(
@@ -115,14 +128,15 @@ def cluster() -> Iterator[Cluster]:
         )
         if up.returncode != 0:
             _unavailable(f"scripts/galera up failed:\n{up.stderr[-3000:]}")
-        _figures(FIG)["cluster_start_s"] = round(time.monotonic() - began, 1)
+        fig = _figures(FIG)
+        fig["cluster_start_s"] = round(time.monotonic() - began, 1)
+        fig["ttl_s"], fig["lock_poll_s"] = GALERA_TTL, GALERA_POLL
         yield Cluster(
             directory,
             [make_url(f"mysql+pymysql://root@127.0.0.1:{p}/") for p in ports[:3]],
         )
     finally:
         subprocess.run([str(SCRIPT), "clean"], env=env, timeout=120, check=False)
-        shutil.rmtree(directory.parent, ignore_errors=True)
 
 
 @pytest.fixture
@@ -177,6 +191,7 @@ def _open_at_once(urls: list[URL]) -> list[dict[str, Any]]:
 
 
 def test_first_open_on_three_nodes_at_once(cluster: Cluster) -> None:
+    cluster.script("start")  # a node an earlier test killed rejoins first
     began = time.monotonic()
     failures: list[str] = []
     for trial in range(OPEN_TRIALS):
@@ -188,18 +203,7 @@ def test_first_open_on_three_nodes_at_once(cluster: Cluster) -> None:
             urls = [u.set(database=name) for u in cluster.urls]
             results = _open_at_once(urls)
             failures += [f"trial {trial}: {r['error']}" for r in results if not r["ok"]]
-            for url in urls:  # every node sees one schema at the head, its lease row included
-                engine = create_engine(url)
-                try:
-                    assert migrate.current_revision(engine) == migrate.head_revision()
-                    names = set(inspect(engine).get_table_names())
-                    assert {"cronoq_tasks", "cronoq_leader", "cronoq_inbox"} <= names
-                    with engine.connect() as conn:
-                        assert (
-                            conn.execute(text("SELECT COUNT(*) FROM cronoq_leader")).scalar() == 1
-                        )
-                finally:
-                    engine.dispose()
+            _schema_at_head(urls)
         finally:
             with admin.connect() as conn:
                 conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
@@ -209,6 +213,105 @@ def test_first_open_on_three_nodes_at_once(cluster: Cluster) -> None:
     fig["concurrent_first_opens_failed"] = len(failures)
     _seconds(FIG, f"first_open x{OPEN_TRIALS}", began)
     assert failures == []
+
+
+def _schema_at_head(urls: list[URL]) -> None:
+    """Every node sees one schema at the head revision, as the migrations make it (no drift
+    from `schema.py`: the lock table is outside the comparison) and the lease row unused."""
+    for url in urls:
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            assert_schema_complete(engine)
+        finally:
+            engine.dispose()
+
+
+_KILLED_MIGRATOR = """
+import os, signal, sys
+from sqlalchemy import create_engine, event
+from cronoq_store import migrate
+
+engine = create_engine(sys.argv[1])
+
+@event.listens_for(engine, "after_cursor_execute")
+def _die(conn, cursor, statement, *args):
+    if statement.lstrip().upper().startswith("CREATE TABLE CRONOQ_TASKS"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+migrate.upgrade(engine)
+"""
+
+
+def _killed_migrator_then_opens(database: list[URL], *, wait_for_expiry: bool) -> float:
+    """A first migration SIGKILLed on node 1 while it holds the lock, half its tables made;
+    then opens on nodes 2 and 3 at once. Returns how long those opens took."""
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_MIGRATOR, database[0].render_as_string(hide_password=False)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    engine = create_engine(database[1], poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            holder = conn.execute(text(f"SELECT holder FROM {galera.LOCK_TABLE}")).scalar()
+            assert holder is not None, "the killed migrator did not hold the lock"
+            if not wait_for_expiry:  # as if LOCK_TTL_S had passed
+                conn.execute(text(f"UPDATE {galera.LOCK_TABLE} SET expires_unix_ns = 0"))
+    finally:
+        engine.dispose()
+    began = time.monotonic()
+    results = _open_at_once(database[1:])
+    took = time.monotonic() - began
+    assert [r for r in results if not r["ok"]] == []
+    _schema_at_head(database)
+    return took
+
+
+def test_killed_migrator_is_completed_from_other_nodes(database: list[URL]) -> None:
+    took = _killed_migrator_then_opens(database, wait_for_expiry=False)
+    _figures(FIG)["killed_migrator_then_opens_s"] = round(took, 1)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(600)
+def test_killed_migrator_lock_expires_soak(database: list[URL]) -> None:
+    """The same, waiting out the killed migrator's lock (`galera.LOCK_TTL_S`)."""
+    took = _killed_migrator_then_opens(database, wait_for_expiry=True)
+    _figures(FIG)["killed_migrator_lock_expired_opens_s"] = round(took, 1)
+    assert took <= galera.LOCK_TTL_S + 15
+
+
+OPEN_AFTER_TRIALS = 5
+
+
+def test_open_without_migrating_right_after_a_migration_on_another_node(cluster: Cluster) -> None:
+    """A deploy step migrates through node 1, and the app opens through node 3 at once with
+    `migrate=False`: node 3 may not have applied the migration yet, but the schema check must
+    see it (a causal read), not report "no cronoq schema"."""
+    cluster.script("start")
+    admin = create_engine(cluster.urls[0], isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    refused = []
+    for _ in range(OPEN_AFTER_TRIALS):
+        name = f"cronoq_galera_after_{uuid.uuid4().hex[:8]}"
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
+        try:
+            SqlStore.open(cluster.urls[0].set(database=name)).close()
+            try:
+                SqlStore.open(
+                    cluster.urls[2].set(database=name), StoreConfig(migrate=False)
+                ).close()
+            except StoreError as exc:
+                refused.append(str(exc))
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+    admin.dispose()
+    _figures(FIG)["opens_on_node3_after_migrating_on_node1_refused"] = (
+        f"{len(refused)} of {OPEN_AFTER_TRIALS}"
+    )
+    assert refused == []
 
 
 # 2. Takeovers across nodes: leaders and standbys are `python -m cronoq_store.testing drive`.
@@ -280,7 +383,6 @@ def _verify(urls: list[URL], log: Path, node: int) -> CheckReport:
 
 def _record(kind: str, seconds: float) -> None:
     fig = _figures(FIG)
-    fig["ttl_s"], fig["lock_poll_s"] = GALERA_TTL, GALERA_POLL
     fig["failovers"][kind] = fig["failovers"].get(kind, 0) + 1
     fig.setdefault("takeovers_s", {}).setdefault(kind, []).append(round(seconds, 2))
     worst = fig["worst_takeover_s"]
@@ -382,3 +484,70 @@ def test_migration_lock_holds_across_nodes(database: list[URL]) -> None:
     finally:
         for e in engines:
             e.dispose()
+
+
+# Errors that mean "try again" on Galera.
+
+
+def _admin(url: URL) -> Any:
+    """A bare PyMySQL session on a node, no database: SQLAlchemy's own first queries would be
+    refused by a node outside the primary component; SHOW and SET are not."""
+    import pymysql
+
+    return pymysql.connect(host=url.host, port=url.port, user=url.username, autocommit=True)
+
+
+def _isolate(url: URL, isolated: bool, bound: float = 30.0) -> None:
+    """Cut the node off from the others (`gmcast.isolate`) or let it rejoin, and wait until it
+    is outside (non-Primary) or back in the primary component."""
+    conn = _admin(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SET GLOBAL wsrep_provider_options = 'gmcast.isolate={int(isolated)}'")
+            deadline = time.monotonic() + bound
+            while True:
+                cur.execute("SHOW STATUS LIKE 'wsrep_cluster_status'")
+                status = cur.fetchone()[1]
+                if (status == "Primary") != isolated:
+                    return
+                assert time.monotonic() < deadline, f"node still {status} after {bound} s"
+                time.sleep(0.1)
+    finally:
+        conn.close()
+
+
+def test_a_node_outside_the_primary_component_is_unavailable(
+    cluster: Cluster, database: list[URL]
+) -> None:
+    """Node 3 cut off from the others refuses queries (1047): `StoreUnavailable`, retryable;
+    once it is back, the same store works again."""
+    SqlStore.open(database[0]).close()  # migrated
+    store = SqlStore.open(database[2], StoreConfig(migrate=False))
+    try:
+        assert store.get_task(ById(id=TaskId(1))) is None
+        try:
+            _isolate(cluster.urls[2], True)
+            with pytest.raises(StoreUnavailable, match="1047"):
+                store.get_task(ById(id=TaskId(1)))
+        finally:
+            _isolate(cluster.urls[2], False)
+        assert store.get_task(ById(id=TaskId(1))) is None
+    finally:
+        store.close()
+
+
+def test_concurrent_ddl_is_unavailable_but_a_taken_name_is_not() -> None:
+    """1684 (a table skipped while concurrent DDL changes it) means try again; 1050 and 1061
+    stay permanent: outside a migration race they are a real conflict."""
+    import pymysql
+
+    def translated(code: int) -> StoreError:
+        orig = pymysql.err.InternalError(code, "Table 'x'.'y' ...")
+        return dialects.translate(sa_exc.OperationalError("SELECT 1", {}, orig))
+
+    assert isinstance(translated(1684), StoreUnavailable)
+    assert isinstance(translated(1047), StoreUnavailable)
+    for code in (1050, 1061):
+        err = translated(code)
+        assert isinstance(err, StoreError)
+        assert not isinstance(err, StoreUnavailable)

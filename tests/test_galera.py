@@ -7,10 +7,16 @@ it afterwards, also when a test fails. Here:
 - opens of one fresh database on all three nodes at once all succeed (several trials), leaving
   one schema at the head revision: `GET_LOCK` holds on one node only, so the migration lock on
   Galera is a row of its own that certification makes cluster-wide;
-- a leader on node 1 SIGKILLed: a standby on node 2 takes over within the TTL plus a poll;
+- a first migration SIGKILLed on node 1 while holding that lock is completed by opens on the
+  other nodes once the lock expired (expired by hand here; the soak variant waits it out);
+- an open with `migrate=False` through node 3 right after a migration through node 1 sees the
+  schema (a causal read);
+- a leader on node i SIGKILLed: a standby on node i+1 takes over within the TTL plus a poll;
 - node 1's server SIGKILLed under a connected leader: a standby on node 2 takes over once Galera
   has evicted the node (`evs.suspect_timeout`, 5 s) and the lease expired; no acknowledged id is
-  lost.
+  lost;
+- a node cut off from the primary component raises `StoreUnavailable` (1047), as does 1684
+  (concurrent DDL); 1050 and 1061 stay permanent.
 
 Figures go to the terminal summary of test_failover.py (under "galera"). A cluster that cannot
 be built skips with the reason, or fails where all dialects are required (CI).

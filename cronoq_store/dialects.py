@@ -17,7 +17,7 @@ import functools
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Final
 
@@ -50,7 +50,7 @@ from sqlalchemy.schema import CreateSchema
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from . import execution
+from . import execution, galera
 from .errors import InvalidValue, StoreError, StoreUnavailable
 
 MIGRATION_LOCK_KEY: Final = 0x63726F6E6F71  # "cronoq"
@@ -266,9 +266,18 @@ def create_database(conn: Connection, schema: str) -> None:
 # Migrations run under one cross-process lock per database.
 
 
+def _no_renewal() -> None:
+    """What a migration lock that needs no renewal hands out."""
+
+
 @contextlib.contextmanager
-def migration_lock(conn: Connection) -> Iterator[None]:
-    """Hold the migration lock on `conn` (which must be in a transaction) for the block."""
+def migration_lock(conn: Connection, *, schema: str | None = None) -> Iterator[Callable[[], None]]:
+    """Hold the migration lock on `conn` (which must be in a transaction) for the block.
+
+    Yields `renew`, which the migration calls after each revision step, in the transaction that
+    writes the step's version row: it extends a lock that can expire (Galera's) and fails if the
+    lock was lost. `schema`: the database (MySQL) whose lock this is, if not `conn`'s own.
+    """
     dialect = name(conn.dialect)
     if dialect == "sqlite":
         # The write transaction is the lock. An engine of ours began it with BEGIN IMMEDIATE;
@@ -276,10 +285,26 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         driver = conn.connection.driver_connection  # sqlite3's, or aiosqlite's
         if driver is not None and not driver.in_transaction:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
-        yield
+        yield _no_renewal
     elif dialect == "postgresql":
         conn.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
-        yield
+        yield _no_renewal
+    elif dialect == "mysql" and galera.is_galera(conn):
+        # GET_LOCK holds on one node only: a row certification makes cluster-wide (galera.py).
+        holder = galera.new_holder()
+        galera.acquire(conn, holder, timeout_s=MIGRATION_LOCK_TIMEOUT_S, schema=schema)
+        try:
+            yield functools.partial(galera.renew, conn, holder, schema=schema)
+            conn.exec_driver_sql("COMMIT")  # the last version row, before the lock is free
+        except BaseException:
+            # Freeing commits: the failed run's uncommitted writes must not ride along. A dead
+            # session cannot free it: the lock then expires (galera.LOCK_TTL_S).
+            if not conn.invalidated:
+                with contextlib.suppress(sa_exc.SQLAlchemyError):
+                    conn.exec_driver_sql("ROLLBACK")
+                    galera.release(conn, holder, schema=schema)
+            raise
+        galera.release(conn, holder, schema=schema)
     elif dialect == "mysql":
         # MySQL commits DDL implicitly, so the lock must outlive transactions: a named lock.
         got = conn.execute(
@@ -288,7 +313,7 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         if got != 1:
             raise StoreUnavailable("timed out waiting for the migration lock")
         try:
-            yield
+            yield _no_renewal
             # The lock outlives the transaction too: commit the last version-table write
             # before the next process may read it, or it would run the same step again.
             conn.exec_driver_sql("COMMIT")
@@ -415,6 +440,8 @@ _MYSQL_TRANSIENT: Final = frozenset(
         1927,  # connection killed (MariaDB)
         1053,  # server shutdown in progress
         3024,  # query execution interrupted, maximum statement execution time exceeded
+        1684,  # table skipped: its definition is being changed by concurrent DDL (Galera TOI)
+        1047,  # Galera: the node is not ready (not in the primary component): try another time
     }
 )
 SECRET_QUERY_KEYS: Final = frozenset({"password", "passwd", "pwd", "sslpassword"})

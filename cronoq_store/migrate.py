@@ -1,8 +1,9 @@
 """Programmatic Alembic: run the packaged migrations without a source tree or alembic.ini.
 
 `upgrade` holds a cross-process migration lock (see `dialects.migration_lock`), so any number of
-processes opening a fresh database at once all succeed and leave one schema, and refuses a
-database at a revision this build does not know, touching nothing.
+processes opening a fresh database at once all succeed and leave one schema (on MariaDB Galera
+too, from any nodes: there the lock is a row certification makes cluster-wide, `galera.py`),
+and refuses a database at a revision this build does not know, touching nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.schema import CreateSchema
 
-from . import dialects, repository
+from . import dialects, galera, repository
 from .errors import SchemaError, StoreError
 from .schema import check_schema_name
 
@@ -44,9 +45,14 @@ TABLE_PREFIX: Final = "cronoq_"
 
 
 def include_name(name: str | None, type_: str, _parents: object) -> bool:
-    """Autogenerate filter: only cronoq's own tables (an app's tables live beside them)."""
+    """Autogenerate filter: only cronoq's own tables (an app's tables live beside them), not
+    the version table nor Galera's migration lock, which live outside the history."""
     if type_ == "table":
-        return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
+        return (
+            name is not None
+            and name.startswith(TABLE_PREFIX)
+            and name not in (VERSION_TABLE, galera.LOCK_TABLE)
+        )
     return True
 
 
@@ -123,9 +129,10 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
         with _transaction(bind) as conn:
             if schema and dialects.name(conn.dialect) == "postgresql":
                 conn.execute(CreateSchema(schema, if_not_exists=True))
-            with dialects.migration_lock(conn):
+            with dialects.migration_lock(conn, schema=schema) as renew:
                 _check_known(conn, schema)
                 cfg = alembic_config(conn, schema=schema)
+                cfg.attributes["renew_lock"] = renew
                 if action == "upgrade":
                     command.upgrade(cfg, revision)
                     if _heads(conn, schema) == (head_revision(),):
@@ -187,12 +194,18 @@ def require_head(bind: Engine | Connection, *, schema: str | None = None) -> Non
     What `SqlStore.open` checks when it does not migrate, so a store never leads or commits on
     a schema it was not written for.
     """
+    # Galera: a causal read, or a node that has not applied a migration just made through
+    # another node would refuse a database at head.
     if isinstance(bind, Engine):
         # Read-only: on SQLite it starts deferred and takes no write lock.
-        with bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn:
+        with (
+            bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn,
+            galera.causal_reads(conn),
+        ):
             rev = current_revision(conn, schema=schema)
     else:
-        rev = current_revision(bind, schema=schema)
+        with galera.causal_reads(bind):
+            rev = current_revision(bind, schema=schema)
     head = head_revision()
     if rev == head:
         return

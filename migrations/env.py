@@ -10,6 +10,8 @@ only `cronoq_` tables are compared by autogenerate.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
@@ -26,6 +28,17 @@ def _option(key: str, env: str) -> str | None:
     return value or None
 
 
+def _renewal(renew: Callable[[], None] | None) -> Callable[..., None]:
+    """Alembic's hook after each revision step: renew the migration lock (see
+    `dialects.migration_lock`), in the transaction that wrote the step's version row."""
+
+    def after_step(**_: Any) -> None:
+        if renew is not None:
+            renew()
+
+    return after_step
+
+
 def _run(connection: Connection) -> None:
     schema = config.attributes.get("schema") or _option("schema", "CRONOQ_SCHEMA")
     if schema:
@@ -38,6 +51,7 @@ def _run(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
         include_name=include_name,
         compare_type=True,
+        on_version_apply=[_renewal(config.attributes.get("renew_lock"))],
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -53,7 +67,9 @@ def run_migrations_online() -> None:
         raise SystemExit("no database: pass -x url=..., set CRONOQ_DATABASE_URL or sqlalchemy.url")
     engine = create_engine(url, poolclass=pool.NullPool, hide_parameters=True)  # rows are task data
     try:
-        with engine.begin() as conn, dialects.migration_lock(conn):
+        schema = config.attributes.get("schema") or _option("schema", "CRONOQ_SCHEMA")
+        with engine.begin() as conn, dialects.migration_lock(conn, schema=schema) as renew:
+            config.attributes["renew_lock"] = renew
             _run(conn)
     finally:
         engine.dispose()

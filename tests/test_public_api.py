@@ -42,6 +42,7 @@ INTERNAL = (
     "lease",
     "leadership",
     "ddl",
+    "galera",
     "execution",
     "jsontext",
     "cli",

@@ -345,10 +345,25 @@ def check_limit(limit: object) -> int:
 # Waiting for an enqueue: LISTEN on PostgreSQL, a poll elsewhere.
 
 
-def can_listen(dialect: Dialect) -> bool:
+def can_listen(dialect: Dialect, *, pooled: bool = False) -> bool:
     """Whether an engine of `dialect` can LISTEN: PostgreSQL through psycopg 3 (whose notifies
-    wait)."""
-    return dialect.name == "postgresql" and dialect.driver == "psycopg"
+    wait), unless `pooled` by a transaction pooler (`StoreConfig.transaction_pooler`), which
+    delivers no notification: a LISTEN holds for the server connection it ran on, which the
+    pooler hands to other clients right after."""
+    return dialect.name == "postgresql" and dialect.driver == "psycopg" and not pooled
+
+
+UNHEARD_DRAIN_S: Final = 0.05
+"""How long a listener that found an item no notification announced still waits for a late
+one before it says that notifications do not reach it."""
+UNHEARD_WARNING: Final = (
+    "an inbox item arrived but no notification reached this store's LISTEN connection (it was "
+    "found by the check every %.0f s): behind a pooler in transaction mode (pgbouncer's "
+    "pool_mode = transaction) LISTEN cannot work; set StoreConfig(transaction_pooler=True), "
+    "so that wait_inbox polls every inbox_poll instead. (An item inserted in SQL without "
+    "pg_notify, rather than by enqueue, also causes this.)"
+)
+"""Logged once per store (a WARNING) whose listener misses a notification."""
 
 
 def _listen_sql(engine: Engine | AsyncEngine) -> str:
@@ -368,6 +383,16 @@ class Listener:
         self._conn: Any = None
         self._closed = False
         self.lock = threading.Lock()
+        self.warned = False
+        """Whether it said that notifications do not reach it (`unheard`)."""
+
+    def unheard(self) -> None:
+        """An item arrived that no notification announced while this listened: unless its
+        notification is just late, say once why (a transaction pooler, most likely)."""
+        if self.warned or self.wait(UNHEARD_DRAIN_S):
+            return
+        self.warned = True
+        log.warning(UNHEARD_WARNING, SLOW_CHECK_S)
 
     def listening(self) -> bool:
         """Start listening if not yet; False if the connection cannot be made (or closed)."""
@@ -423,18 +448,24 @@ def wait(
     """
     deadline = time.monotonic() + max(0.0, timeout)
     locked = listener is not None and listener.lock.acquire(blocking=False)
+    # Whether the last wait ended by a notification. An item found after one that timed out
+    # came without its notification, which the listener ought to have heard: it then says
+    # (once) that notifications do not reach it (`Listener.unheard`).
+    heard = True
     try:
         while True:
             # Listening (anew, if the connection was lost) before each check: a commit that
             # lands after the check notifies a connection that already listens.
             listening = locked and listener is not None and listener.listening()
             if check():
+                if listening and not heard and listener is not None:
+                    listener.unheard()
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             if listening and listener is not None:
-                listener.wait(min(left, SLOW_CHECK_S))
+                heard = listener.wait(min(left, SLOW_CHECK_S))
             else:
                 time.sleep(min(left, poll))
     finally:
@@ -449,6 +480,14 @@ class AsyncListener:
         self._engine = engine
         self._conn: Any = None
         self._closed = False
+        self.warned = False
+
+    async def unheard(self) -> None:
+        """`Listener.unheard`."""
+        if self.warned or await self.wait(UNHEARD_DRAIN_S):
+            return
+        self.warned = True
+        log.warning(UNHEARD_WARNING, SLOW_CHECK_S)
 
     async def listening(self) -> bool:
         if self._conn is not None or self._closed:

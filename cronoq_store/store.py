@@ -91,7 +91,13 @@ class StoreConfig:
     """Whether `SqlStore.open` migrates the database to this build's schema."""
     inbox_poll: timedelta = timedelta(milliseconds=100)
     """How often `wait_inbox` checks the inbox on SQLite and MariaDB/MySQL, and on PostgreSQL
-    with `transaction_pooler` (otherwise PostgreSQL's LISTEN/NOTIFY wakes it at once)."""
+    with `transaction_pooler` or without `inbox_listen` (otherwise PostgreSQL's LISTEN/NOTIFY
+    wakes it at once)."""
+    inbox_listen: bool = True
+    """PostgreSQL: `wait_inbox` listens for enqueues' notifications (waking within
+    milliseconds); off, it polls every `inbox_poll`, for apps that enqueue with
+    `notify=False` (whose commits then skip the lock a notifying commit holds through its WAL
+    flush: docs/tuning.md, "Waking the leader")."""
     transaction_pooler: bool = False
     """PostgreSQL: the store reaches the server through a pooler in transaction mode
     (pgbouncer's `pool_mode = transaction`), where consecutive transactions run on different
@@ -135,8 +141,9 @@ class StoreConfig:
             raise InvalidValue("StoreConfig.pool_size must be an int")
         if self.pool_size < 1:
             raise InvalidValue("StoreConfig.pool_size must be at least 1")
-        if not isinstance(self.transaction_pooler, bool):
-            raise InvalidValue("StoreConfig.transaction_pooler must be a bool")
+        for flag in ("inbox_listen", "transaction_pooler"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidValue(f"StoreConfig.{flag} must be a bool")
         if self.schema is not None:
             check_schema_name(self.schema, "StoreConfig.schema")
 
@@ -364,8 +371,10 @@ class _Face(Generic[E, K, C]):
         self.inbox_rejected = 0
         """Undecodable inbox rows this instance has set aside."""
         # PostgreSQL wakes `wait_inbox` by LISTEN on a connection of its own; elsewhere (and
-        # behind a transaction pooler, which delivers no notification) it polls.
-        listens = inbox.can_listen(self.engine.dialect, pooled=self.config.transaction_pooler)
+        # behind a transaction pooler, which delivers no notification, or when told) it polls.
+        listens = self.config.inbox_listen and inbox.can_listen(
+            self.engine.dialect, pooled=self.config.transaction_pooler
+        )
         self._listener = self._new_listener() if listens else None
 
     @classmethod

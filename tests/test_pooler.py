@@ -323,6 +323,8 @@ def test_transaction_pooler_is_validated() -> None:
     assert StoreConfig().transaction_pooler is False
     with pytest.raises(InvalidValue, match="transaction_pooler must be a bool"):
         StoreConfig(transaction_pooler=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValue, match="inbox_listen must be a bool"):
+        StoreConfig(inbox_listen="no")  # type: ignore[arg-type]
 
 
 # LISTEN behind a transaction pooler hears nothing: the store says so, once.

@@ -58,6 +58,7 @@ from .store import (
     _ns,
     _sqlite_path,
     acquiring_for,
+    driver_options,
     keeper_timing,
     sqlite_file,
     translated,
@@ -118,8 +119,13 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
                 engine.sync_engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout
             )
             return engine
+        url, connect_args = driver_options(url, config)
         return create_async_engine(
-            url, pool_size=config.pool_size, pool_pre_ping=True, hide_parameters=True
+            url,
+            pool_size=config.pool_size,
+            pool_pre_ping=True,
+            hide_parameters=True,
+            connect_args=connect_args,
         )
     except sa_exc.InvalidRequestError as exc:  # a sync driver asyncio cannot drive
         raise StoreError(
@@ -531,16 +537,19 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         async with contextlib.AsyncExitStack() as stack:
             if listener is not None:
                 await stack.enter_async_context(self._listening)
+            heard = True  # no wait yet ended without a notification (see `inbox.wait`)
             while True:
                 # Listening (anew, if its connection was lost) before each check.
                 listening = listener is not None and await listener.listening()
                 if await self._run(inbox.has_items):
+                    if listening and not heard and listener is not None:
+                        await listener.unheard()
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 if listening and listener is not None:
-                    await listener.wait(min(left, inbox.SLOW_CHECK_S))
+                    heard = await listener.wait(min(left, inbox.SLOW_CHECK_S))
                 else:
                     await asyncio.sleep(min(left, self.config.inbox_poll.total_seconds()))
         raise AssertionError("unreachable")

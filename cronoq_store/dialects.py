@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Final
+from urllib.parse import parse_qsl
 
 from sqlalchemy import (
     URL,
@@ -481,9 +482,48 @@ def parse_url(text: str) -> URL:
             "a password (or user name) holding '@' must be percent-encoded, '@' as %40"
         )
     try:
-        return make_url(text)
+        url = make_url(text)
     except (sa_exc.ArgumentError, ValueError) as exc:
         raise InvalidValue(redact(f"bad database URL: {exc}")) from exc
+    # SQLAlchemy drops an option with an empty value; `?prepare_threshold=` means None.
+    query = text.partition("?")[2].partition("#")[0]
+    blank = {k for k, v in parse_qsl(query, keep_blank_values=True) if not v}
+    if PREPARE_THRESHOLD in blank and PREPARE_THRESHOLD not in url.query:
+        url = url.update_query_dict({PREPARE_THRESHOLD: ""})
+    return url
+
+
+PREPARE_THRESHOLD: Final = "prepare_threshold"
+"""psycopg's option: executions of a statement before it is prepared on the server (None:
+never). Not a libpq option, so SQLAlchemy hands psycopg the URL's text as it is."""
+
+
+def connect_options(url: URL) -> tuple[URL, dict[str, Any]]:
+    """`url` without the driver options SQLAlchemy would pass on as text where the driver
+    needs a number, and those options as the driver takes them (`connect_args`).
+
+    Only psycopg's `prepare_threshold` is such an option (libpq's own take text): from a URL
+    psycopg got '0' and failed at the first statement comparing it with a count
+    (`TypeError`). `?prepare_threshold=0` is 0, `?prepare_threshold=` (or `none`) None.
+    """
+    if PREPARE_THRESHOLD not in url.query or url.get_driver_name() not in (
+        "psycopg",
+        "psycopg_async",
+    ):
+        return url, {}
+    value = url.query[PREPARE_THRESHOLD]
+    text = value if isinstance(value, str) else ",".join(value)
+    threshold: int | None
+    if text.strip().lower() in ("", "none"):
+        threshold = None
+    elif re.fullmatch(r"\s*\d+\s*", text):
+        threshold = int(text)
+    else:
+        raise InvalidValue(
+            f"bad database URL option prepare_threshold={text!r}: a whole number of executions "
+            "before psycopg prepares a statement, or empty (or none) never to prepare"
+        )
+    return url.difference_update_query([PREPARE_THRESHOLD]), {PREPARE_THRESHOLD: threshold}
 
 
 _HOST_WITH_PORT = re.compile(r"[^:,\[\]]+:\d+")

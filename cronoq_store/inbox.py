@@ -63,22 +63,35 @@ def insert_with_ids_stmt() -> Insert:
     return insert(inbox)
 
 
-def serial_ids_stmt(sequence_of: str, n: int) -> Select[Any]:
-    """PostgreSQL: `n` ids from the inbox's id sequence, and the database's clock.
+def serial_ids_stmt(sequence_of: str, n: int, *, notify: bool = False) -> Select[Any]:
+    """PostgreSQL: `n` ids from the inbox's id sequence, and the database's clock (and, to
+    `notify`, the notification, in the same round trip).
 
     Cheaper than `INSERT ... RETURNING` with the ids in parameter order, which PostgreSQL can
     only promise through a sorted `INSERT ... SELECT`. `sequence_of` is the table's name as SQL
     text, schema-qualified and quoted.
     """
-    return select(
-        func.nextval(func.pg_get_serial_sequence(sequence_of, "id")), dialects.db_now_ns()
-    ).select_from(func.generate_series(1, n))
+    columns = [func.nextval(func.pg_get_serial_sequence(sequence_of, "id")), dialects.db_now_ns()]
+    if notify:
+        columns.append(notify_call())  # once per row; PostgreSQL keeps one of equal ones
+    return select(*columns).select_from(func.generate_series(1, n))
+
+
+def notify_call() -> Any:
+    """PostgreSQL: wake listening leaders when (and only if) this transaction commits."""
+    return func.pg_notify(CHANNEL, "")
 
 
 @cache
 def notify_stmt() -> Select[Any]:
-    """PostgreSQL: wake listening leaders when (and only if) this transaction commits."""
-    return select(func.pg_notify(CHANNEL, ""))
+    """`notify_call` as a statement of its own."""
+    return select(notify_call())
+
+
+@cache
+def insert_notify_stmt() -> Insert:
+    """PostgreSQL: one inbox row, its id and the notification in one round trip."""
+    return insert_stmt().returning(inbox.c.id, notify_call())
 
 
 @cache
@@ -154,20 +167,27 @@ def _options(schema: str | None) -> Mapping[str, Any]:
     return {"schema_translate_map": {None: schema}}
 
 
-def _write(conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any]) -> list[int]:
-    """Insert `rows` in order and return their ids; on PostgreSQL, notify on commit."""
+def _write(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+) -> list[int]:
+    """Insert `rows` in order and return their ids; on PostgreSQL, to `notify`, notify on
+    commit, in the same round trip as the ids."""
     if not rows:
         return []
     stmt = insert_stmt()
     dialect = conn.dialect
     postgresql = dialects.name(dialect) == "postgresql"
     if len(rows) > 1 and postgresql:
-        taken = conn.execute(serial_ids_stmt(_table_sql(conn, options), len(rows))).all()
-        ids = sorted(i for i, _ in taken)  # unique; in row order, as RETURNING would number
+        ids_stmt = serial_ids_stmt(_table_sql(conn, options), len(rows), notify=notify)
+        taken = conn.execute(ids_stmt).all()
+        ids = sorted(t[0] for t in taken)  # unique; in row order, as RETURNING would number
         for inbox_id, row in zip(ids, rows, strict=True):
             row["id"] = inbox_id
             row["enqueued_unix_ns"] = taken[0][1]
         conn.execute(insert_with_ids_stmt(), rows, execution_options=options)
+    elif postgresql and notify:
+        [row] = rows
+        ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
     elif len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
         ids = list(
             conn.execute(
@@ -181,8 +201,6 @@ def _write(conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, A
         for row in rows:
             key: Any = conn.execute(stmt, row, execution_options=options).inserted_primary_key
             ids.append(int(key[0]))
-    if postgresql:
-        conn.execute(notify_stmt())
     return ids
 
 
@@ -211,40 +229,72 @@ def _connection(conn: Connection | Session) -> Connection:
     raise InvalidValue(f"enqueue needs a Connection or Session, not {type(conn).__name__}")
 
 
-def enqueue(conn: Connection | Session, spec: TaskSpec, *, schema: str | None = None) -> int:
+def enqueue(
+    conn: Connection | Session,
+    spec: TaskSpec,
+    *,
+    schema: str | None = None,
+    notify: bool = True,
+) -> int:
     """Write `spec` into the inbox in the caller's transaction; returns its inbox id.
 
     Never commits: the item exists once the caller's transaction commits, and a rollback leaves
     no trace. `schema` names the PostgreSQL schema (MySQL database) of the store's tables, if
     any. Refuses a spec that cannot be stored (`InvalidValue`) before writing anything.
+
+    PostgreSQL: the transaction also notifies a listening leader when it commits, unless not
+    `notify`. A notifying commit holds a database-wide lock through its WAL flush, so where
+    commits are slow such commits run one at a time (docs/tuning.md, "Waking the leader").
+    Without it the leader finds the item by its probe: every `StoreConfig.inbox_poll` when it
+    polls (`inbox_listen=False`, or `transaction_pooler=True`, behind which no notification
+    arrives anyway); within `SLOW_CHECK_S` if it listens.
     """
-    return enqueue_many(conn, [spec], schema=schema)[0]
+    return enqueue_many(conn, [spec], schema=schema, notify=notify)[0]
 
 
 def enqueue_many(
-    conn: Connection | Session, specs: Iterable[TaskSpec], *, schema: str | None = None
+    conn: Connection | Session,
+    specs: Iterable[TaskSpec],
+    *,
+    schema: str | None = None,
+    notify: bool = True,
 ) -> list[int]:
     """`enqueue` for several specs at once (all or none); their ids, in order."""
     rows = _rows(specs)
     options = _options(schema)
-    return _write(_connection(conn), rows, options)
+    return _write(_connection(conn), rows, options, notify=_notify(notify))
+
+
+def _notify(notify: object) -> bool:
+    if not isinstance(notify, bool):
+        raise InvalidValue(f"notify must be a bool, not {type(notify).__name__}")
+    return notify
 
 
 async def enqueue_async(
-    conn: AsyncConnection | AsyncSession, spec: TaskSpec, *, schema: str | None = None
+    conn: AsyncConnection | AsyncSession,
+    spec: TaskSpec,
+    *,
+    schema: str | None = None,
+    notify: bool = True,
 ) -> int:
     """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`."""
-    return (await enqueue_many_async(conn, [spec], schema=schema))[0]
+    return (await enqueue_many_async(conn, [spec], schema=schema, notify=notify))[0]
 
 
 async def enqueue_many_async(
-    conn: AsyncConnection | AsyncSession, specs: Iterable[TaskSpec], *, schema: str | None = None
+    conn: AsyncConnection | AsyncSession,
+    specs: Iterable[TaskSpec],
+    *,
+    schema: str | None = None,
+    notify: bool = True,
 ) -> list[int]:
     """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`."""
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     rows = _rows(specs)
     options = _options(schema)
+    notify = _notify(notify)
     if isinstance(conn, AsyncSession):
         conn = await conn.connection()
     if not isinstance(conn, AsyncConnection):
@@ -252,7 +302,7 @@ async def enqueue_many_async(
             f"enqueue_many_async needs an AsyncConnection or AsyncSession, "
             f"not {type(conn).__name__}"
         )
-    return await conn.run_sync(lambda c: _write(c, rows, options))
+    return await conn.run_sync(lambda c: _write(c, rows, options, notify=notify))
 
 
 # The leader's side.
@@ -350,10 +400,26 @@ def check_limit(limit: object) -> int:
 # Waiting for an enqueue: LISTEN on PostgreSQL, a poll elsewhere.
 
 
-def can_listen(dialect: Dialect) -> bool:
+def can_listen(dialect: Dialect, *, pooled: bool = False) -> bool:
     """Whether an engine of `dialect` can LISTEN: PostgreSQL through psycopg 3 (whose notifies
-    wait)."""
-    return dialect.name == "postgresql" and dialect.driver == "psycopg"
+    wait), unless `pooled` by a transaction pooler (`StoreConfig.transaction_pooler`), which
+    delivers no notification: a LISTEN holds for the server connection it ran on, which the
+    pooler hands to other clients right after."""
+    return dialect.name == "postgresql" and dialect.driver == "psycopg" and not pooled
+
+
+UNHEARD_DRAIN_S: Final = 0.05
+"""How long a listener that found an item no notification announced still waits for a late
+one before it says that notifications do not reach it."""
+UNHEARD_WARNING: Final = (
+    "an inbox item arrived but no notification reached this store's LISTEN connection (it was "
+    "found by the check every %.0f s): behind a pooler in transaction mode (pgbouncer's "
+    "pool_mode = transaction) LISTEN cannot work; set StoreConfig(transaction_pooler=True), "
+    "so that wait_inbox polls every inbox_poll instead. (Items enqueued with notify=False "
+    "also cause this: then set StoreConfig(inbox_listen=False); or rows inserted in SQL "
+    "without pg_notify.)"
+)
+"""Logged once per store (a WARNING) whose listener misses a notification."""
 
 
 def _listen_sql(engine: Engine | AsyncEngine) -> str:
@@ -373,6 +439,16 @@ class Listener:
         self._conn: Any = None
         self._closed = False
         self.lock = threading.Lock()
+        self.warned = False
+        """Whether it said that notifications do not reach it (`unheard`)."""
+
+    def unheard(self) -> None:
+        """An item arrived that no notification announced while this listened: unless its
+        notification is just late, say once why (a transaction pooler, most likely)."""
+        if self.warned or self.wait(UNHEARD_DRAIN_S):
+            return
+        self.warned = True
+        log.warning(UNHEARD_WARNING, SLOW_CHECK_S)
 
     def listening(self) -> bool:
         """Start listening if not yet; False if the connection cannot be made (or closed)."""
@@ -428,18 +504,24 @@ def wait(
     """
     deadline = time.monotonic() + max(0.0, timeout)
     locked = listener is not None and listener.lock.acquire(blocking=False)
+    # Whether the last wait ended by a notification. An item found after one that timed out
+    # came without its notification, which the listener ought to have heard: it then says
+    # (once) that notifications do not reach it (`Listener.unheard`).
+    heard = True
     try:
         while True:
             # Listening (anew, if the connection was lost) before each check: a commit that
             # lands after the check notifies a connection that already listens.
             listening = locked and listener is not None and listener.listening()
             if check():
+                if listening and not heard and listener is not None:
+                    listener.unheard()
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             if listening and listener is not None:
-                listener.wait(min(left, SLOW_CHECK_S))
+                heard = listener.wait(min(left, SLOW_CHECK_S))
             else:
                 time.sleep(min(left, poll))
     finally:
@@ -454,6 +536,14 @@ class AsyncListener:
         self._engine = engine
         self._conn: Any = None
         self._closed = False
+        self.warned = False
+
+    async def unheard(self) -> None:
+        """`Listener.unheard`."""
+        if self.warned or await self.wait(UNHEARD_DRAIN_S):
+            return
+        self.warned = True
+        log.warning(UNHEARD_WARNING, SLOW_CHECK_S)
 
     async def listening(self) -> bool:
         if self._conn is not None or self._closed:

@@ -97,8 +97,21 @@ class StoreConfig:
     migrate: bool = True
     """Whether `SqlStore.open` migrates the database to this build's schema."""
     inbox_poll: timedelta = timedelta(milliseconds=100)
-    """How often `wait_inbox` checks the inbox on SQLite and MariaDB/MySQL (PostgreSQL's
-    LISTEN/NOTIFY wakes it at once)."""
+    """How often `wait_inbox` checks the inbox on SQLite and MariaDB/MySQL, and on PostgreSQL
+    with `transaction_pooler` or without `inbox_listen` (otherwise PostgreSQL's LISTEN/NOTIFY
+    wakes it at once)."""
+    inbox_listen: bool = True
+    """PostgreSQL: `wait_inbox` listens for enqueues' notifications (waking within
+    milliseconds); off, it polls every `inbox_poll`, for apps that enqueue with
+    `notify=False` (whose commits then skip the lock a notifying commit holds through its WAL
+    flush: docs/tuning.md, "Waking the leader")."""
+    transaction_pooler: bool = False
+    """PostgreSQL: the store reaches the server through a pooler in transaction mode
+    (pgbouncer's `pool_mode = transaction`), where consecutive transactions run on different
+    server connections. The engine `open` creates then makes no server-side prepared
+    statements (psycopg's `prepare_threshold=None`), and `wait_inbox` polls every
+    `inbox_poll` instead of LISTEN, which such a pooler cannot deliver. An engine handed in
+    must be made so by its owner (docs/deploying.md, "Poolers")."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -135,6 +148,9 @@ class StoreConfig:
             raise InvalidValue("StoreConfig.pool_size must be an int")
         if self.pool_size < 1:
             raise InvalidValue("StoreConfig.pool_size must be at least 1")
+        for flag in ("inbox_listen", "transaction_pooler"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidValue(f"StoreConfig.{flag} must be a bool")
         if self.schema is not None:
             check_schema_name(self.schema, "StoreConfig.schema")
 
@@ -175,6 +191,24 @@ def _create_private(path: Path) -> None:
     os.close(fd)
 
 
+def driver_options(url: URL, config: StoreConfig) -> tuple[URL, dict[str, Any]]:
+    """`url` and the `connect_args` of an engine the store creates for it (both faces).
+
+    URL options the driver needs as numbers come out of the URL (`dialects.connect_options`);
+    behind a transaction pooler psycopg prepares nothing: a statement prepared on one server
+    connection is unknown to (or already exists on) the next.
+    """
+    url, connect_args = dialects.connect_options(url)
+    if config.transaction_pooler and url.get_driver_name() in ("psycopg", "psycopg_async"):
+        if connect_args.get(dialects.PREPARE_THRESHOLD) is not None:
+            raise InvalidValue(
+                "prepare_threshold in the URL contradicts StoreConfig(transaction_pooler=True), "
+                "which prepares no statement: leave the option out"
+            )
+        connect_args[dialects.PREPARE_THRESHOLD] = None
+    return url, connect_args
+
+
 def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> Engine:
     """The engine `SqlStore.open` owns. Its statement parameters are task data (payloads,
     labels), so `hide_parameters` keeps them out of SQLAlchemy's errors and logging."""
@@ -196,7 +230,10 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         )
         return engine
     try:
-        engine = create_engine(url, pool_size=config.pool_size, hide_parameters=True)
+        url, connect_args = driver_options(url, config)
+        engine = create_engine(
+            url, pool_size=config.pool_size, hide_parameters=True, connect_args=connect_args
+        )
     except (sa_exc.ArgumentError, ImportError) as exc:
         advice = dialects.url_advice(url)
         why = dialects.redact(f"bad database URL: {exc}")
@@ -349,8 +386,12 @@ class _Face(Generic[E, K, C]):
         self.inbox_rejected = 0
         """Undecodable inbox rows this instance has set aside."""
         self._telemetry = telemetry.Telemetry(dialects.name(self.engine.dialect))
-        # PostgreSQL wakes `wait_inbox` by LISTEN on a connection of its own; elsewhere it polls.
-        self._listener = self._new_listener() if inbox.can_listen(self.engine.dialect) else None
+        # PostgreSQL wakes `wait_inbox` by LISTEN on a connection of its own; elsewhere (and
+        # behind a transaction pooler, which delivers no notification, or when told) it polls.
+        listens = self.config.inbox_listen and inbox.can_listen(
+            self.engine.dialect, pooled=self.config.transaction_pooler
+        )
+        self._listener = self._new_listener() if listens else None
 
     @classmethod
     def _owning(cls, engine: E, config: StoreConfig) -> Self:

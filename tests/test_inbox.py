@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from sqlalchemy import (
     Table,
     create_engine,
     delete,
+    event,
     func,
     select,
     text,
@@ -410,6 +413,67 @@ def test_postgresql_listener_is_made_anew_when_its_connection_dies(
             ).scalar_one()
             == 1
         )
+
+
+def test_enqueue_notifies_in_its_own_round_trip_unless_told_not_to(
+    dialect: str, store: SqlStore, engine: Engine
+) -> None:
+    """PostgreSQL: an enqueue's notification rides on its INSERT (one statement for one item,
+    two for several), and `notify=False` leaves it out; elsewhere `notify` changes nothing."""
+    specs = [TaskSpec(payload=b"%d" % i) for i in range(3)]
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with pytest.raises(InvalidValue, match="notify must be a bool"), engine.begin() as conn:
+        enqueue(conn, specs[0], notify=1)  # type: ignore[arg-type]
+    if dialect != "postgresql":
+        with engine.begin() as conn:
+            enqueue(conn, specs[0], notify=False)
+            enqueue_many(conn, specs[1:], notify=False)
+        assert len(store.read_inbox()) == 3
+        return
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN cronoq_inbox")
+        statements.clear()
+        with engine.begin() as conn:
+            enqueue(conn, specs[0])
+        assert len(statements) == 1, statements  # the INSERT, which notifies too
+        statements.clear()
+        with engine.begin() as conn:
+            enqueue_many(conn, specs)
+        assert len(statements) == 2, statements  # the ids (which notify), then the INSERT
+        with engine.begin() as conn:
+            enqueue(conn, specs[0], notify=False)
+            enqueue_many(conn, specs[1:], notify=False)
+        with engine.begin() as conn:  # a marker, delivered after whatever those sent
+            conn.execute(text("SELECT pg_notify('cronoq_inbox', 'marker')"))
+        payloads = [n.payload for n in listener.notifies(timeout=30, stop_after=3)]
+    # One per notifying transaction (a multi-row one too), none without notify.
+    assert payloads == ["", "", "marker"]
+    assert len(store.read_inbox()) == 7
+
+
+def test_a_store_that_does_not_listen_polls(db_url: URL, engine: Engine) -> None:
+    """`inbox_listen=False`: no LISTEN connection; `wait_inbox` finds an item enqueued without
+    a notification by its probe every `inbox_poll` (on every dialect)."""
+    config = StoreConfig(inbox_listen=False, inbox_poll=timedelta(milliseconds=20))
+    with SqlStore.open(db_url, config) as store:
+        assert store._listener is None
+        assert store.wait_inbox(0.05) is False
+
+        def later() -> None:
+            with engine.begin() as conn:
+                enqueue(conn, TaskSpec(payload=b"quiet"), notify=False)
+
+        thread = threading.Timer(0.1, later)
+        thread.start()
+        try:
+            began = time.monotonic()
+            assert store.wait_inbox(30) is True
+            print(f"woke after {time.monotonic() - began:.3f} s (enqueued at 0.1 s)")
+        finally:
+            thread.join(30)
+        assert [item.spec.payload for item in store.read_inbox()] == [b"quiet"]
 
 
 def test_checker_flags_lost_and_rolled_back_items(

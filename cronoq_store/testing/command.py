@@ -38,7 +38,12 @@ def _store_config(args: argparse.Namespace) -> StoreConfig:
     ttl = timedelta(seconds=args.ttl)
     renew = timedelta(seconds=args.renew) if args.renew else ttl / 3
     poll = timedelta(seconds=args.poll) if args.poll else min(ttl / 10, timedelta(seconds=0.5))
-    return StoreConfig(lease_ttl=ttl, lease_renew=renew, lock_poll=poll)
+    return StoreConfig(
+        lease_ttl=ttl,
+        lease_renew=renew,
+        lock_poll=poll,
+        transaction_pooler=args.transaction_pooler,
+    )
 
 
 def _handle_signals(
@@ -185,6 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="file naming the hang point that SIGUSR2 arms (else --hang-at)",
     )
     drive.add_argument("--exit-with-parent", action="store_true")
+    drive.add_argument(
+        "--transaction-pooler",
+        action="store_true",
+        help="StoreConfig(transaction_pooler=True): the URL leads through a transaction pooler",
+    )
     drive.add_argument(
         "--watch-statements",
         action="store_true",

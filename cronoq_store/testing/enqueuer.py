@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
+from ..dialects import connect_options, parse_url
 from ..inbox import enqueue_many
 from ..model import (
     TaskSpec,
@@ -39,12 +40,15 @@ class EnqueuerSummary:
 
 
 def app_engine(url: str | os.PathLike[str]) -> Engine:
-    """An app's own engine, set up as docs/embedding.md tells apps to (SQLite: busy timeout)."""
+    """An app's own engine, set up as docs/embedding.md tells apps to (SQLite: busy timeout;
+    PostgreSQL behind a transaction pooler: `?prepare_threshold=` in the URL becomes
+    `connect_args={"prepare_threshold": None}`, as docs/deploying.md shows)."""
     target = os.fspath(url)
-    parsed = make_url(target if "://" in target else f"sqlite:///{target}")
+    parsed = parse_url(target) if "://" in target else make_url(f"sqlite:///{target}")
     if parsed.get_backend_name() == "sqlite":
         return create_engine(parsed, connect_args={"timeout": 30})
-    return create_engine(parsed)
+    parsed, connect_args = connect_options(parsed)
+    return create_engine(parsed, connect_args=connect_args)
 
 
 def run_enqueuer(

@@ -53,6 +53,7 @@ from .store import (
     acquiring_for,
     keeper_timing,
     sqlite_file,
+    transaction,
     translated,
 )
 
@@ -283,13 +284,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         leader row; a commit's timeout).
         """
 
-        def bounded(conn: Connection) -> T:
-            dialects.bound(conn, idle=idle, timeout=timeout)
-            return fn(conn)
-
         with translated():
-            async with self.engine.begin() as conn:
-                return await conn.run_sync(bounded)
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(lambda c: transaction(c, fn, idle=idle, timeout=timeout))
 
     async def _lease_run(
         self, fn: Callable[[Connection], T], *, timeout: timedelta | None = None

@@ -473,8 +473,34 @@ def url_advice(url: URL) -> str:
     )
 
 
+_PG_READ_ONLY: Final = "25006"  # read_only_sql_transaction: a hot standby, a read-only default
+_MYSQL_READ_ONLY: Final = frozenset(
+    {
+        1290,  # the server runs with --read-only (read_only = ON)
+        1836,  # running in read-only mode
+    }
+)
+
+
+def read_only(exc: BaseException) -> bool:
+    """Whether `exc` is a server refusing writes: a PostgreSQL hot standby (or a primary being
+    demoted: SQLSTATE 25006), a MariaDB/MySQL server in read-only mode (errors 1290, 1836).
+
+    That server is not the primary (now): the error is `StoreUnavailable`, and the connection
+    that met it must be dropped, not pooled (`store.transaction` does), so that the next one
+    asks the URL anew: a multi-host URL with target_session_attrs=read-write, or a DNS name
+    that moved, reaches the new primary.
+    """
+    orig: Any = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    args: Any = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):  # MySQL drivers: (errno, message); PyMySQL also
+        return args[0] in _MYSQL_READ_ONLY  # sets a generic sqlstate, HY000
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return bool(sqlstate == _PG_READ_ONLY)
+
+
 def _is_transient(exc: sa_exc.DBAPIError) -> bool:
-    if exc.connection_invalidated:
+    if exc.connection_invalidated or read_only(exc):
         return True
     orig: Any = exc.orig
     if isinstance(orig, sqlite3.Error):

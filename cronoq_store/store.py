@@ -48,6 +48,8 @@ from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 Outputs = Sequence[tuple[TaskId, bytes]]
 """Outputs of tasks that succeeded, by id, committed with a batch."""
 
@@ -239,6 +241,32 @@ def translated() -> Iterator[None]:
                 f"the batch conflicts with stored tasks (a live key in use?): {error}"
             )
         raise error from exc
+
+
+def transaction(
+    conn: Connection,
+    fn: Callable[[Connection], T],
+    *,
+    idle: timedelta | None = None,
+    timeout: timedelta | None = None,
+) -> T:
+    """Run `fn` in one transaction on `conn`, under the bounds of `dialects.bound`: the runner
+    of every transaction `SqlStore._run` and `AsyncSqlStore._run` start (the latter inside
+    `run_sync`), so both faces keep the same rules.
+
+    A connection whose server refuses writes (`dialects.read_only`: a standby, a demoted
+    primary) is invalidated here, whichever path its statements took (the DB-API cursor or
+    SQLAlchemy's execution): the pool opens a new one next time, which a multi-host or DNS
+    URL can take to the new primary.
+    """
+    try:
+        with conn.begin():
+            dialects.bound(conn, idle=idle, timeout=timeout)
+            return fn(conn)
+    except sa_exc.DBAPIError as exc:
+        if dialects.read_only(exc) and not conn.invalidated:
+            conn.invalidate(exc.orig)
+        raise
 
 
 def commit_work(
@@ -500,9 +528,8 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         `idle` = the lease TTL: the server ends it if this process pauses inside it for longer
         (`dialects.bound_idle`), so a paused holder never blocks a standby past the TTL. A
         commit passes its `timeout` too (`dialects.bound`), set with it."""
-        with translated(), self.engine.begin() as conn:
-            dialects.bound(conn, idle=idle, timeout=timeout)
-            return fn(conn)
+        with translated(), self.engine.connect() as conn:
+            return transaction(conn, fn, idle=idle, timeout=timeout)
 
     def _lease_run(
         self, fn: Callable[[Connection], Any], *, timeout: timedelta | None = None

@@ -218,6 +218,16 @@ class PgPair:
         self._wait("the promoted replica takes writes", self._replica_writable)
         return time.monotonic() - started
 
+    def set_read_only(self, on: bool = True) -> None:
+        """Make the primary refuse writes in every session (`default_transaction_read_only`,
+        reloaded), as a primary being demoted does: its open connections stay up and fail
+        each write with SQLSTATE 25006 from their next transaction on."""
+        self.intact = False
+        with self._connect(self.primary_port) as conn:
+            value = "on" if on else "off"
+            conn.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
+            conn.execute("SELECT pg_reload_conf()")
+
     # Watching it.
 
     def create_database(self, name: str) -> str:

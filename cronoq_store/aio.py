@@ -44,6 +44,8 @@ from .model import ById, ByKey, InboxItem
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
 from .store import (
+    RETRIED,
+    RETRY_COMMIT,
     Outputs,
     StoreConfig,
     _create_private,
@@ -52,7 +54,9 @@ from .store import (
     _sqlite_path,
     acquiring_for,
     keeper_timing,
+    lease_bound,
     sqlite_file,
+    take_bound,
     transaction,
     translated,
 )
@@ -277,22 +281,38 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         *,
         idle: timedelta | None = None,
         timeout: timedelta | None = None,
+        deadline: timedelta | None = None,
+        unknown: str = RETRIED,
     ) -> T:
         """Run `fn` in one transaction on a sync-style connection; errors leave translated.
 
-        `idle`, `timeout`: as `SqlStore._run` (the lease TTL for a transaction that touches the
-        leader row; a commit's timeout).
+        `idle`, `timeout`, `deadline`, `unknown`: as `SqlStore._run` (the same `transaction`
+        runs inside `run_sync`).
         """
-
         with translated():
             async with self.engine.connect() as conn:
-                return await conn.run_sync(lambda c: transaction(c, fn, idle=idle, timeout=timeout))
+                return await conn.run_sync(
+                    lambda c: transaction(
+                        c, fn, idle=idle, timeout=timeout, deadline=deadline, unknown=unknown
+                    )
+                )
 
     async def _lease_run(
-        self, fn: Callable[[Connection], T], *, timeout: timedelta | None = None
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        timeout: timedelta | None = None,
+        deadline: timedelta | None = None,
     ) -> T:
-        """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
-        return await self._run(fn, idle=self.config.lease_ttl, timeout=timeout)
+        """As `SqlStore._lease_run`: a commit ends within its `timeout`, the other lease
+        transactions within `lease_bound`."""
+        if timeout is not None:
+            return await self._run(
+                fn, idle=self.config.lease_ttl, timeout=timeout, deadline=timeout,
+                unknown=RETRY_COMMIT,
+            )  # fmt: skip
+        bound = lease_bound(self.config, deadline)
+        return await self._run(fn, idle=self.config.lease_ttl, deadline=bound)
 
     # Leadership.
 
@@ -315,11 +335,16 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             except Exception:
                 log.exception("leadership-lost callback failed")
 
-    async def _try_take(self, ttl_ns: int) -> tuple[int, float] | StoreUnavailable | None:
-        """One attempt at the lease: taken (epoch, start), held (None), or unreachable."""
+    async def _try_take(
+        self, ttl_ns: int, bound: timedelta | None
+    ) -> tuple[int, float] | StoreUnavailable | None:
+        """One attempt at the lease, within `bound`: taken (epoch, start), held (None), or
+        unreachable."""
         holder = self.holder
         try:
-            return await self._lease_run(lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns))
+            return await self._lease_run(
+                lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns), deadline=bound
+            )
         except StoreUnavailable as exc:
             return exc
 
@@ -332,10 +357,12 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """
         await self._lose("taking the lease anew", logging.INFO)
         await self._stop()
-        acquiring = acquiring_for(self.config, timeout, time.monotonic())
+        started = time.monotonic()
+        acquiring = acquiring_for(self.config, timeout, started)
+        give_up_at = None if timeout is None else started + timeout
         ttl = _ns(self.config.lease_ttl)
         while True:
-            taken = await self._try_take(ttl)
+            taken = await self._try_take(ttl, take_bound(give_up_at, time.monotonic()))
             step = acquiring.attempted(time.monotonic(), taken)
             _note(step.note)
             if isinstance(step, GiveUp):

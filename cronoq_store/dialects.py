@@ -15,9 +15,10 @@ __all__ = [
 import contextlib
 import functools
 import re
+import socket
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Final
 
@@ -366,6 +367,36 @@ def _set_local_stmt(count: int) -> Select[Any]:
     return select(
         *(func.set_config(bindparam(f"n{i}"), bindparam(f"v{i}"), true()) for i in range(count))
     )
+
+
+def interrupter(conn: Connection) -> Callable[[], None] | None:
+    """How another thread stops whatever `conn`'s session waits on (None: no way known), for
+    the transaction deadline (`execution.Watchdog`). Safe to call from any thread.
+
+    PostgreSQL: psycopg's `cancel()`, a cancel request on a connection of its own (sync and
+    asyncio connections alike). Note that a cancel during a COMMIT's wait for a synchronous
+    standby does not undo it: the transaction has committed locally, and COMMIT returns with
+    a WARNING; the caller must treat its outcome as unknown. MariaDB/MySQL (PyMySQL): the
+    socket is shut down, so the blocked read fails as a lost connection. SQLite:
+    `interrupt()`, which rolls back the transaction it stops.
+    """
+    driver: Any = conn.connection.driver_connection
+    which = name(conn.dialect)
+    if which == "postgresql":
+        cancel: Callable[[], None] | None = getattr(driver, "cancel", None)
+        return cancel
+    if which == "sqlite":
+        return driver.interrupt if isinstance(driver, sqlite3.Connection) else None
+    if which == "mysql":
+        sock = getattr(driver, "_sock", None)  # PyMySQL's; asyncmy has none to reach
+        if isinstance(sock, socket.socket):
+            return functools.partial(_shut, sock)
+    return None
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 # Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never

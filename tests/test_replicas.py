@@ -10,6 +10,7 @@ timeout (plus a second or two), and a commit whose outcome the store cannot know
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -27,9 +28,10 @@ from typing import Any
 import pymysql
 import pytest
 from pgpair import PgPair
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, create_engine, event, select, text
 
 from cronoq_store import (
+    AsyncSqlStore,
     ById,
     SqlStore,
     StoreConfig,
@@ -38,7 +40,9 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TimeBase,
+    execution,
 )
+from cronoq_store.schema import tasks
 
 BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 SLACK = 2.0
@@ -80,9 +84,11 @@ def server_port(store: SqlStore) -> int:
         return int(conn.execute(text("SELECT inet_server_port()")).scalar_one())
 
 
-def bounded(call: Callable[[], Any], limit: float, unblock: Callable[[], None]) -> float:
-    """Run `call` in a thread and return the seconds it took; fail if it is still blocked
-    after `limit` seconds (then `unblock()` lets it finish, so no thread is left behind)."""
+def bounded(
+    call: Callable[[], Any], limit: float, unblock: Callable[[], None]
+) -> tuple[float, BaseException | None]:
+    """Run `call` in a thread: the seconds it took and what it raised. Fails the test if it is
+    still blocked after `limit` seconds (then `unblock()` lets it end: no thread is left)."""
     outcome: list[BaseException | None] = []
 
     def target() -> None:
@@ -101,10 +107,8 @@ def bounded(call: Callable[[], Any], limit: float, unblock: Callable[[], None]) 
     if thread.is_alive():
         unblock()
         thread.join(60)
-        pytest.fail(f"still blocked after {limit:.1f} s (it ended once unblocked)")
-    if outcome[0] is not None:
-        raise outcome[0]
-    return took
+        pytest.fail(f"still blocked after {limit:.1f} s (it ended once unblocked: {outcome})")
+    return took, outcome[0]
 
 
 @pytest.fixture
@@ -119,6 +123,113 @@ def migrated(pair: PgPair) -> str:
     SqlStore.open(pair.primary_url(db)).close()
     pair.wait_replayed()
     return db
+
+
+# Point 3: a lost synchronous standby blocks nothing past its timeout.
+
+COMMIT_TIMEOUT = timedelta(seconds=2)
+
+
+def present(pair: PgPair, db: str, task: int) -> bool:
+    """Whether the primary holds task `task` (read outside the store)."""
+    engine = create_engine(pair.primary_url(db))
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(select(tasks.c.id).where(tasks.c.id == task)).first()
+        return found is not None
+    finally:
+        engine.dispose()
+
+
+def assert_unknown_outcome(error: BaseException | None) -> None:
+    assert isinstance(error, StoreUnavailable), repr(error)
+    assert "outcome unknown" in str(error), error
+    assert "commit it again" in str(error), error
+
+
+@pytest.mark.postgresql
+def test_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
+    pair: PgPair, migrated: str
+) -> None:
+    config = replace(QUIET, migrate=False, commit_timeout=COMMIT_TIMEOUT)
+    with SqlStore.open(pair.primary_url(migrated), config) as store:
+        epoch = store.acquire_leadership(timeout=10)
+        store.commit(epoch, BASE, [submit(1)])
+        pair.stop_replica()
+        try:
+            limit = COMMIT_TIMEOUT.total_seconds() + SLACK
+            took, error = bounded(
+                lambda: store.commit(epoch, BASE, [submit(2)]), limit + 5, pair.start_replica
+            )
+            print(f"commit with the sync standby lost: {took:.2f} s, {error}")
+            assert took < limit, took
+            assert_unknown_outcome(error)
+            # Why unknown: PostgreSQL committed it locally when the wait for the standby was
+            # cancelled; it may not have been replicated (a failover now could lose it).
+            assert present(pair, migrated, 2)
+        finally:
+            pair.start_replica()
+        pair.wait_replayed()
+        # The batch is idempotent: committing it again lands, once the standby is back.
+        store.commit(epoch, BASE, [submit(2)])
+        assert store.get_task(ById(id=TaskId(2))) is not None
+
+
+@pytest.mark.postgresql
+def test_async_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
+    pair: PgPair, migrated: str
+) -> None:
+    config = replace(QUIET, migrate=False, commit_timeout=COMMIT_TIMEOUT)
+    limit = COMMIT_TIMEOUT.total_seconds() + SLACK
+    timing: list[float] = []
+
+    async def scenario() -> None:
+        async with await AsyncSqlStore.open(pair.primary_url(migrated), config) as store:
+            epoch = await store.acquire_leadership(timeout=10)
+            await store.commit(epoch, BASE, [submit(1)])
+            pair.stop_replica()
+            started = time.monotonic()
+            try:
+                await store.commit(epoch, BASE, [submit(2)])
+            finally:
+                timing.append(time.monotonic() - started)
+                pair.start_replica()
+
+    _took, error = bounded(lambda: asyncio.run(scenario()), limit + 10, pair.start_replica)
+    print(f"async commit with the sync standby lost: {timing} s, {error}")
+    assert timing and timing[0] < limit, timing
+    assert_unknown_outcome(error)
+
+
+@pytest.mark.postgresql
+def test_acquire_beside_a_leader_stuck_on_a_lost_standby_keeps_its_timeout(
+    pair: PgPair, migrated: str
+) -> None:
+    """The leader's renewal waits for the lost standby holding the leader row's lock; a second
+    instance's take, once the lease ran out, waited behind that lock past every timeout."""
+    ttl = StoreConfig(
+        migrate=False, lease_ttl=timedelta(seconds=2), lease_renew=timedelta(milliseconds=500),
+        lock_poll=timedelta(milliseconds=100), commit_timeout=COMMIT_TIMEOUT,
+    )  # fmt: skip
+    with (
+        SqlStore.open(pair.primary_url(migrated), ttl) as leader,
+        SqlStore.open(pair.primary_url(migrated), ttl) as standby,
+    ):
+        epoch = leader.acquire_leadership(timeout=10)
+        leader.commit(epoch, BASE, [submit(1)])
+        pair.stop_replica()
+        try:
+            took, error = bounded(
+                lambda: standby.acquire_leadership(timeout=3), 3 + SLACK + 10, pair.start_replica
+            )
+            print(f"acquire(timeout=3) beside a leader stuck on the lost standby: {took:.2f} s")
+            assert isinstance(error, StoreUnavailable), repr(error)
+            assert "not leader after 3 s" in str(error)
+            assert 3 <= took < 3 + SLACK, took
+            # The leader stepped down on its own clock meanwhile (its renewals never land).
+            assert leader.wait_leadership_lost(timeout=1)
+        finally:
+            pair.start_replica()
 
 
 # Point 2: a read-only server is StoreUnavailable, and its connection is dropped.
@@ -138,6 +249,7 @@ def test_acquire_on_a_hot_standby_waits_out_its_timeout(
         with pytest.raises(StoreUnavailable, match="read-only transaction") as caught:
             store.acquire_leadership(timeout=3)
         took = time.monotonic() - started
+        print(f"acquire(timeout=3) on a hot standby: {took:.2f} s")
         # Waited out its timeout (it used to raise StoreError at once), and no longer.
         assert 3.0 <= took < 3.0 + SLACK, took
         assert "not leader after 3 s" in str(caught.value)
@@ -313,3 +425,25 @@ def test_mariadb_read_only_server_is_unavailable(read_only_maria: ReadOnlyMaria)
                 assert 2.0 <= took < 2.0 + SLACK, took
         finally:
             server.read_only(False)
+
+
+def test_watchdog_interrupts_only_what_outlives_its_deadline() -> None:
+    """The mechanism under every bounded transaction, on plain callables (no server)."""
+    dog = execution.Watchdog()
+    calls: list[str] = []
+    fired = threading.Event()
+    early = dog.arm(5.0, lambda: calls.append("early"))
+    assert dog.settle(early) is False  # ended in time: never interrupted
+
+    def late_interrupt() -> None:
+        calls.append("late")
+        fired.set()
+
+    late = dog.arm(0.05, late_interrupt)
+    assert fired.wait(5)
+    assert dog.settle(late) is True  # the caller learns it was interrupted
+    assert calls == ["late"]
+    # Deadlines settled long before they pass do not pile up (a busy leader commits often).
+    for _ in range(5000):
+        dog.settle(dog.arm(60.0, None))
+    assert len(dog._heap) <= 1100

@@ -102,7 +102,9 @@ def _round(pair: PgPair, tmp: Path, kill: bool) -> dict[str, Any]:
         promoted = pair.promoted_at
         assert promoted is not None
         # The same process resumes, under the same lease if the outage was shorter than it.
-        _, first = leader.wait("ack", start=mark, timeout=60)
+        # (An ack after `mark` but before the promotion is a commit that landed on the old
+        # primary as it went down.)
+        _, first = leader.wait("ack", start=mark, timeout=60, where=lambda e: e["t"] >= promoted)
         _until("acknowledged after", lambda: _acked(leader, mark) >= ACKED_AFTER, 60)
         app_summaries = [app.stop() for app in apps]
         leader_summary = leader.stop()

@@ -51,6 +51,8 @@ from .model import ById, ByKey, InboxItem
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
 from .store import (
+    RETRIED,
+    RETRY_COMMIT,
     Outputs,
     StoreConfig,
     _create_private,
@@ -60,7 +62,10 @@ from .store import (
     acquiring_for,
     driver_options,
     keeper_timing,
+    lease_bound,
     sqlite_file,
+    take_bound,
+    transaction,
     translated,
 )
 
@@ -289,26 +294,38 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         *,
         idle: timedelta | None = None,
         timeout: timedelta | None = None,
+        deadline: timedelta | None = None,
+        unknown: str = RETRIED,
     ) -> T:
         """Run `fn` in one transaction on a sync-style connection; errors leave translated.
 
-        `idle`, `timeout`: as `SqlStore._run` (the lease TTL for a transaction that touches the
-        leader row; a commit's timeout).
+        `idle`, `timeout`, `deadline`, `unknown`: as `SqlStore._run` (the same `transaction`
+        runs inside `run_sync`).
         """
-
-        def bounded(conn: Connection) -> T:
-            dialects.bound(conn, idle=idle, timeout=timeout)
-            return fn(conn)
-
         with translated():
-            async with self.engine.begin() as conn:
-                return await conn.run_sync(bounded)
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(
+                    lambda c: transaction(
+                        c, fn, idle=idle, timeout=timeout, deadline=deadline, unknown=unknown
+                    )
+                )
 
     async def _lease_run(
-        self, fn: Callable[[Connection], T], *, timeout: timedelta | None = None
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        timeout: timedelta | None = None,
+        deadline: timedelta | None = None,
     ) -> T:
-        """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
-        return await self._run(fn, idle=self.config.lease_ttl, timeout=timeout)
+        """As `SqlStore._lease_run`: a commit ends within its `timeout`, the other lease
+        transactions within `lease_bound`."""
+        if timeout is not None:
+            return await self._run(
+                fn, idle=self.config.lease_ttl, timeout=timeout, deadline=timeout,
+                unknown=RETRY_COMMIT,
+            )  # fmt: skip
+        bound = lease_bound(self.config, deadline)
+        return await self._run(fn, idle=self.config.lease_ttl, deadline=bound)
 
     # Leadership.
 
@@ -338,13 +355,16 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             except Exception:
                 log.exception("leadership-lost callback failed")
 
-    async def _try_take(self, ttl_ns: int) -> lease.Lease | StoreUnavailable | None:
-        """One attempt at the lease: taken, held (None), or unreachable."""
+    async def _try_take(
+        self, ttl_ns: int, bound: timedelta | None
+    ) -> lease.Lease | StoreUnavailable | None:
+        """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
         holder = self.holder
         acked, last = self._take_floor()
         try:
             taken: lease.Lease | None = await self._lease_run(
-                lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last)
+                lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last),
+                deadline=bound,
             )
         except StoreUnavailable as exc:
             return exc
@@ -363,11 +383,13 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """
         await self._lose("taking the lease anew", logging.INFO, released=True)
         await self._stop()
-        acquiring = acquiring_for(self.config, timeout, time.monotonic())
+        began = time.monotonic()
+        acquiring = acquiring_for(self.config, timeout, began)
+        give_up_at = None if timeout is None else began + timeout
         ttl = _ns(self.config.lease_ttl)
         with self._telemetry.acquiring():
             while True:
-                taken = await self._try_take(ttl)
+                taken = await self._try_take(ttl, take_bound(give_up_at, time.monotonic()))
                 step = acquiring.attempted(time.monotonic(), taken)
                 _note(step.note)
                 if isinstance(step, GiveUp):

@@ -15,6 +15,7 @@ __all__ = [
 import contextlib
 import functools
 import re
+import socket
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -415,6 +416,36 @@ def _set_local_stmt(count: int) -> Select[Any]:
     )
 
 
+def interrupter(conn: Connection) -> Callable[[], None] | None:
+    """How another thread stops whatever `conn`'s session waits on (None: no way known), for
+    the transaction deadline (`execution.Watchdog`). Safe to call from any thread.
+
+    PostgreSQL: psycopg's `cancel()`, a cancel request on a connection of its own (sync and
+    asyncio connections alike). Note that a cancel during a COMMIT's wait for a synchronous
+    standby does not undo it: the transaction has committed locally, and COMMIT returns with
+    a WARNING; the caller must treat its outcome as unknown. MariaDB/MySQL (PyMySQL): the
+    socket is shut down, so the blocked read fails as a lost connection. SQLite:
+    `interrupt()`, which rolls back the transaction it stops.
+    """
+    driver: Any = conn.connection.driver_connection
+    which = name(conn.dialect)
+    if which == "postgresql":
+        cancel: Callable[[], None] | None = getattr(driver, "cancel", None)
+        return cancel
+    if which == "sqlite":
+        return driver.interrupt if isinstance(driver, sqlite3.Connection) else None
+    if which == "mysql":
+        sock = getattr(driver, "_sock", None)  # PyMySQL's; asyncmy has none to reach
+        if isinstance(sock, socket.socket):
+            return functools.partial(_shut, sock)
+    return None
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 # Errors: what is worth retrying becomes StoreUnavailable; the rest StoreError. Passwords never
 # reach a message.
 
@@ -594,8 +625,34 @@ def url_advice(url: URL) -> str:
     )
 
 
+_PG_READ_ONLY: Final = "25006"  # read_only_sql_transaction: a hot standby, a read-only default
+_MYSQL_READ_ONLY: Final = frozenset(
+    {
+        1290,  # the server runs with --read-only (read_only = ON)
+        1836,  # running in read-only mode
+    }
+)
+
+
+def read_only(exc: BaseException) -> bool:
+    """Whether `exc` is a server refusing writes: a PostgreSQL hot standby (or a primary being
+    demoted: SQLSTATE 25006), a MariaDB/MySQL server in read-only mode (errors 1290, 1836).
+
+    That server is not the primary (now): the error is `StoreUnavailable`, and the connection
+    that met it must be dropped, not pooled (`store.transaction` does), so that the next one
+    asks the URL anew: a multi-host URL with target_session_attrs=read-write, or a DNS name
+    that moved, reaches the new primary.
+    """
+    orig: Any = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    args: Any = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):  # MySQL drivers: (errno, message); PyMySQL also
+        return args[0] in _MYSQL_READ_ONLY  # sets a generic sqlstate, HY000
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return bool(sqlstate == _PG_READ_ONLY)
+
+
 def _is_transient(exc: sa_exc.DBAPIError) -> bool:
-    if exc.connection_invalidated:
+    if exc.connection_invalidated or read_only(exc):
         return True
     orig: Any = exc.orig
     if isinstance(orig, sqlite3.Error):

@@ -28,7 +28,8 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The database could not be reached or was busy; the operation may be retried as is.
+    """The database could not be reached, was busy, or refuses writes (a standby, a server in
+    read-only mode: not the primary now); the operation may be retried as is.
 
     Commits are idempotent, so retrying a commit that did land in fact is harmless.
     """

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import heapq
+import itertools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from operator import itemgetter
@@ -20,9 +24,14 @@ from sqlalchemy import exc as sa_exc
 
 from .errors import StoreError
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "PING_IDLE",
+    "WATCHDOG",
+    "Deadline",
     "Ran",
+    "Watchdog",
     "collection_paused",
     "compile_key",
     "driver_sql",
@@ -240,3 +249,108 @@ def ping_when_idle(engine: Engine, idle: float = PING_IDLE) -> None:
         if not alive:
             # The pool discards this connection and checks out another (documented).
             raise sa_exc.DisconnectionError("connection lost while pooled")
+
+
+class Deadline:
+    """One transaction's deadline with the `Watchdog`: when it passes, `interrupt` is called."""
+
+    __slots__ = ("at", "fired", "interrupt", "settled")
+
+    def __init__(self, at: float, interrupt: Callable[[], None] | None) -> None:
+        self.at = at
+        """Monotonic time at which the transaction is interrupted."""
+        self.interrupt = interrupt
+        self.settled = False
+        """The transaction ended first: nothing to interrupt."""
+        self.fired = False
+        """The deadline passed first: the transaction was (or is being) interrupted."""
+
+
+class Watchdog:
+    """Interrupts transactions that outlive their deadline, from one daemon thread.
+
+    A transaction can wait on the server past every server-side bound: PostgreSQL applies no
+    `statement_timeout` to a COMMIT waiting for a synchronous standby, and a row lock held by
+    such a commit holds every other writer of that row. The thread that waits cannot stop
+    itself, so this one calls the transaction's `interrupt` (a cancel request, a socket
+    shutdown: `dialects.interrupter`) when its deadline passes.
+
+    Arming and settling cost a lock and a heap push, never a thread switch: the thread sleeps
+    until the earliest deadline and is woken only when a new one is earlier still. Settled
+    entries leave the heap lazily (or in a sweep once they are most of it).
+    """
+
+    _SWEEP: Final = 1024
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._order = itertools.count()
+        self._settled = 0
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        # A forked child has none of the parent's threads: start afresh on first use.
+        self._cond = threading.Condition(threading.Lock())
+        self._heap = []
+        self._settled = 0
+        self._thread = None
+
+    def arm(self, seconds: float, interrupt: Callable[[], None] | None) -> Deadline:
+        """A deadline `seconds` from now; `interrupt` (None: nothing to call) when it passes."""
+        deadline = Deadline(time.monotonic() + seconds, interrupt)
+        with self._cond:
+            earlier = not self._heap or deadline.at < self._heap[0][0]
+            heapq.heappush(self._heap, (deadline.at, next(self._order), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="cronoq-deadline-watchdog", daemon=True
+                )
+                self._thread.start()
+            elif earlier:
+                self._cond.notify()
+        return deadline
+
+    def settle(self, deadline: Deadline) -> bool:
+        """The transaction ended: True if its deadline had passed first (it was interrupted,
+        or is being: its connection must not be used again)."""
+        with self._cond:
+            if deadline.fired:
+                return True
+            deadline.settled = True
+            self._settled += 1
+            if self._settled > self._SWEEP and self._settled * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if not e[2].settled]
+                heapq.heapify(self._heap)
+                self._settled = 0
+        return False
+
+    def _due(self) -> Deadline:
+        """Wait for the next deadline that passes unsettled (holding the lock)."""
+        heap = self._heap
+        while True:
+            while heap and heap[0][2].settled:
+                heapq.heappop(heap)
+                self._settled -= 1
+            now = time.monotonic()
+            if heap and heap[0][0] <= now:
+                deadline = heapq.heappop(heap)[2]
+                deadline.fired = True
+                return deadline
+            self._cond.wait(heap[0][0] - now if heap else None)
+
+    def _watch(self) -> None:
+        while True:
+            with self._cond:
+                deadline = self._due()
+            if deadline.interrupt is None:
+                continue
+            try:
+                deadline.interrupt()
+            except Exception:
+                log.warning("could not interrupt an overdue transaction", exc_info=True)
+
+
+WATCHDOG: Final = Watchdog()
+"""The process's one watchdog, shared by every store and both faces."""

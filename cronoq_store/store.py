@@ -55,6 +55,8 @@ from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 Outputs = Sequence[tuple[TaskId, bytes]]
 """Outputs of tasks that succeeded, by id, committed with a batch."""
 
@@ -242,6 +244,25 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
     return engine
 
 
+def lease_bound(config: StoreConfig, deadline: timedelta | None) -> timedelta:
+    """How long a take, renewal or release may take: twice the lease TTL (or `deadline`, when
+    shorter). It may wait up to one TTL on the leader row's lock for a holder paused inside
+    its own transaction (the server ends that one after the TTL idle: `dialects.bound_idle`)
+    and then needs its own round trips; past that, no renewal is of use (the keeper has
+    stepped down) and a take is better retried."""
+    bound = 2 * config.lease_ttl
+    return bound if deadline is None else min(deadline, bound)
+
+
+def take_bound(give_up_at: float | None, now: float) -> timedelta | None:
+    """How long one attempt at the lease may take: what is left of an acquire's timeout
+    (None: no timeout; `lease_bound` bounds it then), so that a take waiting on a row lock
+    cannot carry `acquire_leadership` past its timeout."""
+    if give_up_at is None:
+        return None
+    return timedelta(seconds=max(0.1, give_up_at - now))
+
+
 def _note(note: leadership.Note | None) -> None:
     if note is not None:
         log.log(*note)
@@ -284,6 +305,79 @@ def translated() -> Iterator[None]:
                 f"the batch conflicts with stored tasks (a live key in use?): {error}"
             )
         raise error from exc
+
+
+RETRY_COMMIT: Final = "the batch is idempotent: commit it again"
+"""What a commit whose outcome is unknown tells its caller."""
+RETRIED: Final = "the store tries it again"
+"""What a lease transaction (take, renew, release) whose outcome is unknown says."""
+
+
+def transaction(
+    conn: Connection,
+    fn: Callable[[Connection], T],
+    *,
+    idle: timedelta | None = None,
+    timeout: timedelta | None = None,
+    deadline: timedelta | None = None,
+    unknown: str = RETRIED,
+) -> T:
+    """Run `fn` in one transaction on `conn`, under the bounds of `dialects.bound` (`idle`,
+    `timeout`): the runner of every transaction `SqlStore._run` and `AsyncSqlStore._run`
+    start (the latter inside `run_sync`), so both faces keep the same rules.
+
+    `deadline`: the whole transaction, COMMIT included, ends within it whatever the server
+    waits on. Server-side bounds do not cover everything: PostgreSQL's `statement_timeout`
+    does not apply to a COMMIT waiting for a synchronous standby, nor does anything else, and
+    that commit holds its row locks meanwhile. Past the deadline `execution.WATCHDOG`
+    interrupts the session (`dialects.interrupter`), and the transaction raises
+    `StoreUnavailable`: "rolled back" if it had not reached COMMIT, "outcome unknown" (and
+    `unknown`, what the caller should do) if it had, for a cancelled wait for a standby
+    leaves the transaction committed locally, perhaps never replicated.
+
+    The connection goes (invalidated: the pool opens a new one next time) after such an
+    interruption, and after a server refused a write (`dialects.read_only`: a standby, a
+    demoted primary), whichever path the statements took (the DB-API cursor or SQLAlchemy's
+    execution), so that a multi-host or DNS URL can reach the new primary.
+    """
+    armed = None
+    if deadline is not None:
+        armed = execution.WATCHDOG.arm(deadline.total_seconds(), dialects.interrupter(conn))
+    committing = False
+    try:
+        with conn.begin():
+            dialects.bound(conn, idle=idle, timeout=timeout)
+            result = fn(conn)
+            committing = True
+    except BaseException as exc:
+        overdue = armed is not None and execution.WATCHDOG.settle(armed)
+        if overdue or (isinstance(exc, sa_exc.DBAPIError) and dialects.read_only(exc)):
+            _drop(conn, exc)
+        if overdue and not isinstance(exc, StoreError):  # the store's own (Fenced) stands
+            raise StoreUnavailable(_overdue(deadline, committing, unknown)) from exc
+        raise
+    if armed is not None and execution.WATCHDOG.settle(armed):
+        # COMMIT returned, but after the interruption: a cancelled wait for a standby
+        # returns success with a warning, so success here proves nothing.
+        _drop(conn, None)
+        raise StoreUnavailable(_overdue(deadline, True, unknown))
+    return result
+
+
+def _drop(conn: Connection, exc: BaseException | None) -> None:
+    """Invalidate `conn`: the pool closes it and opens a new one at its next checkout."""
+    if not conn.invalidated:
+        orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+        conn.invalidate(orig if isinstance(orig, Exception) else None)
+
+
+def _overdue(deadline: timedelta | None, committing: bool, unknown: str) -> str:
+    if committing:
+        return (
+            f"the transaction did not finish within {deadline} (a COMMIT waiting for a lost "
+            f"synchronous standby?); outcome unknown: it may have committed; {unknown}"
+        )
+    return f"the transaction did not finish within {deadline}; interrupted and rolled back"
 
 
 def commit_work(
@@ -613,20 +707,35 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         *,
         idle: timedelta | None = None,
         timeout: timedelta | None = None,
+        deadline: timedelta | None = None,
+        unknown: str = RETRIED,
     ) -> Any:
-        """Run `fn` in one transaction. Every transaction that touches the leader row passes
-        `idle` = the lease TTL: the server ends it if this process pauses inside it for longer
-        (`dialects.bound_idle`), so a paused holder never blocks a standby past the TTL. A
-        commit passes its `timeout` too (`dialects.bound`), set with it."""
-        with translated(), self.engine.begin() as conn:
-            dialects.bound(conn, idle=idle, timeout=timeout)
-            return fn(conn)
+        """Run `fn` in one transaction (`transaction`). Every transaction that touches the
+        leader row passes `idle` = the lease TTL: the server ends it if this process pauses
+        inside it for longer (`dialects.bound_idle`), so a paused holder never blocks a
+        standby past the TTL. A commit passes its `timeout` too (`dialects.bound`), set with
+        it, and every lease transaction a `deadline` for the whole of it."""
+        with translated(), self.engine.connect() as conn:
+            return transaction(
+                conn, fn, idle=idle, timeout=timeout, deadline=deadline, unknown=unknown
+            )
 
     def _lease_run(
-        self, fn: Callable[[Connection], Any], *, timeout: timedelta | None = None
+        self,
+        fn: Callable[[Connection], Any],
+        *,
+        timeout: timedelta | None = None,
+        deadline: timedelta | None = None,
     ) -> Any:
-        """`_run` for a transaction that touches the leader row (take, renew, commit, release)."""
-        return self._run(fn, idle=self.config.lease_ttl, timeout=timeout)
+        """`_run` for a transaction that touches the leader row (take, renew, commit, release):
+        a commit ends within its `timeout`, the others within `lease_bound`."""
+        if timeout is not None:
+            return self._run(
+                fn, idle=self.config.lease_ttl, timeout=timeout, deadline=timeout,
+                unknown=RETRY_COMMIT,
+            )  # fmt: skip
+        bound = lease_bound(self.config, deadline)
+        return self._run(fn, idle=self.config.lease_ttl, deadline=bound)
 
     def _read(self, fn: Callable[[Connection], Any]) -> Any:
         """Run `fn` in a read-only transaction (on SQLite it does not take the write lock)."""
@@ -661,8 +770,10 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             except Exception:
                 log.exception("leadership-lost callback failed")
 
-    def _try_take(self, ttl_ns: int) -> lease.Lease | StoreUnavailable | None:
-        """One attempt at the lease: taken, held (None), or unreachable."""
+    def _try_take(
+        self, ttl_ns: int, bound: timedelta | None
+    ) -> lease.Lease | StoreUnavailable | None:
+        """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
         try:
             if not self._read(lambda c: lease.may_take(c, holder=self.holder)):
                 return None
@@ -670,7 +781,8 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             taken: lease.Lease | None = self._lease_run(
                 lambda c: lease.take(
                     c, holder=self.holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last
-                )
+                ),
+                deadline=bound,
             )
         except StoreUnavailable as exc:
             return exc
@@ -690,11 +802,13 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """
         self._lose("taking the lease anew", logging.INFO, released=True)
         self._stop()
-        acquiring = acquiring_for(self.config, timeout, time.monotonic())
+        began = time.monotonic()
+        acquiring = acquiring_for(self.config, timeout, began)
+        give_up_at = None if timeout is None else began + timeout
         ttl = _ns(self.config.lease_ttl)
         with self._telemetry.acquiring():
             while True:
-                taken = self._try_take(ttl)
+                taken = self._try_take(ttl, take_bound(give_up_at, time.monotonic()))
                 step = acquiring.attempted(time.monotonic(), taken)
                 _note(step.note)
                 if isinstance(step, leadership.GiveUp):

@@ -5,7 +5,8 @@ with a unique name and dropped afterwards. A server that cannot be reached skips
 the reason, except when `CRONOQ_REQUIRE_DIALECTS` (or CI) is set: then it is a failure.
 
 Servers: `CRONOQ_TEST_POSTGRESQL_URL` (default postgres@127.0.0.1:5432) and
-`CRONOQ_TEST_MYSQL_URL` (default root@127.0.0.1:3306).
+`CRONOQ_TEST_MYSQL_URL` (default root@127.0.0.1:3306). The replica tests build a PostgreSQL
+primary and streaming replica of their own beside it (`pg_pair`, tests/pgpair.py).
 """
 
 from __future__ import annotations

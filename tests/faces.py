@@ -137,17 +137,17 @@ def count_attempts(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[float]
         inner = store._store
         take = inner._try_take
 
-        async def counted_async(ttl_ns: int) -> Any:
+        async def counted_async(*args: Any) -> Any:
             attempts.append(time.monotonic())
-            return await take(ttl_ns)
+            return await take(*args)
 
         monkeypatch.setattr(inner, "_try_take", counted_async)
     else:
         take_sync = store._try_take
 
-        def counted(ttl_ns: int) -> Any:
+        def counted(*args: Any) -> Any:
             attempts.append(time.monotonic())
-            return take_sync(ttl_ns)
+            return take_sync(*args)
 
         monkeypatch.setattr(store, "_try_take", counted)
     return attempts

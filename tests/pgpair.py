@@ -91,6 +91,8 @@ class PgPair:
         """The mode of the pair standing now; None when none stands."""
         self.intact = False
         """Whether the pair stands as built: no crash, stop or promotion since."""
+        self.promoted_at: float | None = None
+        """Wall-clock time the last promotion ended (the replica left recovery)."""
 
     # What the machine offers.
 
@@ -207,16 +209,40 @@ class PgPair:
         self._ctl(self.replica_name, "stop", "-m", "fast")
 
     def start_replica(self) -> None:
-        """Start the replica again; it catches up from the primary's kept WAL."""
-        self._ctl(self.replica_name, "start")
+        """Start the replica again (if it is down); it catches up from the primary's kept WAL."""
+        if not _port_open(self.replica_port):
+            self._ctl(self.replica_name, "start")
 
     def promote(self) -> float:
         """Promote the replica and wait until it takes writes; seconds that took."""
         self.intact = False
         started = time.monotonic()
-        self._ctl(self.replica_name, "promote")
+        # The end of recovery is watched from a session already open on the replica, every
+        # 2 ms: `promoted_at` is when it took writes, within a few ms (pg_ctl promote -w
+        # polls every 100 ms).
+        with self._connect(self.replica_port) as conn:
+            self._ctl(self.replica_name, "promote", "-W")
+            deadline = time.monotonic() + BOUND
+            while True:
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                if row is not None and row[0] is False:
+                    self.promoted_at = time.time()
+                    break
+                if time.monotonic() > deadline:
+                    raise PgPairError(f"the replica did not leave recovery\n{self.log_tail()}")
+                time.sleep(0.002)
         self._wait("the promoted replica takes writes", self._replica_writable)
         return time.monotonic() - started
+
+    def set_read_only(self, on: bool = True) -> None:
+        """Make the primary refuse writes in every session (`default_transaction_read_only`,
+        reloaded), as a primary being demoted does: its open connections stay up and fail
+        each write with SQLSTATE 25006 from their next transaction on."""
+        self.intact = False
+        with self._connect(self.primary_port) as conn:
+            value = "on" if on else "off"
+            conn.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
+            conn.execute("SELECT pg_reload_conf()")
 
     # Watching it.
 

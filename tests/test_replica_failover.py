@@ -1,0 +1,176 @@
+"""Failover to a synchronous replica loses nothing acknowledged (issue 21: keep what works).
+
+A real leader process (the kit's driver, tests/failover_leader.py) commits a logged workload
+through the multi-host URL (`target_session_attrs=read-write`) while app processes enqueue
+into the inbox; the primary crashes (`stop -m immediate`, or SIGKILL of the postmaster), the
+synchronous replica is promoted, and the same leader process resumes committing without a
+restart. Afterwards the kit's driver drains the inbox on the new primary, and
+`cronoq_store.testing.check` holds the database to the log: 0 acknowledged mutations lost,
+0 committed enqueues lost, no batch partial.
+
+One round runs in the default suite; `--soak` runs more, both crash kinds alternating.
+Figures are printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pgpair import PgPair
+
+from cronoq_store import SqlStore, StoreConfig
+from cronoq_store.testing import DriverProcess, check, enqueuer_argv
+
+pytestmark = pytest.mark.postgresql
+
+TTL = 5.0
+"""The leader's lease TTL: longer than a promotion, so it keeps its lease through one."""
+ACKED_BEFORE = 300
+"""Acknowledged mutations before the crash."""
+ACKED_AFTER = 64
+"""Acknowledged mutations after the promotion, before the round ends."""
+APPS = 2
+LEADER = Path(__file__).with_name("failover_leader.py")
+_FIGURES: dict[str, Any] = {}
+
+
+class _SummaryPlugin:
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if _FIGURES:
+            terminalreporter.section("cronoq replica failover figures")
+            terminalreporter.write_line(f"postgresql pair: {json.dumps(_FIGURES, sort_keys=True)}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request: pytest.FixtureRequest) -> None:
+    manager = request.config.pluginmanager
+    if not manager.has_plugin("cronoq-replica-failover-summary"):
+        manager.register(_SummaryPlugin(), "cronoq-replica-failover-summary")
+
+
+def _acked(p: DriverProcess, start: int = 0) -> int:
+    return sum(int(e.get("n", 0)) for e in p.since(start, "ack"))
+
+
+def _until(what: str, ready: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+def _leader(url: str, log: Path, tmp: Path) -> DriverProcess:
+    argv = [sys.executable, str(LEADER), "drive", "--url", url, "--log", str(log)]
+    argv += ["--ttl", str(TTL), "--renew", str(TTL / 4), "--poll", "0.05"]
+    argv += ["--batch", "16", "--gap", "0.01", "--duration", "600", "--exit-with-parent"]
+    return DriverProcess(url, log, name="leader", argv=argv, stderr_path=tmp / "leader.stderr")
+
+
+def _round(pair: PgPair, tmp: Path, kill: bool) -> dict[str, Any]:
+    """One round on a fresh synchronous pair: its figures."""
+    pair.fresh(sync=True)
+    db = pair.create_database(f"cronoq_fo_{uuid.uuid4().hex[:10]}")
+    SqlStore.open(pair.primary_url(db)).close()  # migrated before anyone starts
+    url = pair.multi_url(db)
+    log = tmp / f"acks-{db}.jsonl"
+    leader = _leader(url, log, tmp)
+    apps = [
+        DriverProcess(
+            url,
+            log,
+            name=f"app{i}",
+            argv=enqueuer_argv(url, log, rollback=0.25, seed=i),
+            stderr_path=tmp / f"app{i}-{db}.stderr",
+        )
+        for i in range(APPS)
+    ]
+    try:
+        _, lead = leader.wait("leading", timeout=30)
+        for app in apps:
+            app.wait("started")
+        _until("acked before the crash", lambda: _acked(leader) >= ACKED_BEFORE, 60)
+        mark = leader.mark()
+        crashed = time.time()
+        pair.crash_primary(kill=kill)
+        pair.promote()
+        promoted = pair.promoted_at
+        assert promoted is not None
+        # The same process resumes, under the same lease if the outage was shorter than it.
+        # (An ack after `mark` but before the promotion is a commit that landed on the old
+        # primary as it went down.)
+        _, first = leader.wait("ack", start=mark, timeout=60, where=lambda e: e["t"] >= promoted)
+        _until("acknowledged after", lambda: _acked(leader, mark) >= ACKED_AFTER, 60)
+        app_summaries = [app.stop() for app in apps]
+        leader_summary = leader.stop()
+        assert leader_summary["errors"] == [], leader_summary["errors"]
+    finally:
+        for app in apps:
+            app.close()
+        leader.close()
+    # The kit's own driver drains what the apps committed, on the new primary.
+    drainer = DriverProcess(
+        url, log, name="drainer", ttl=TTL, poll=0.05, stderr_path=tmp / f"drainer-{db}.stderr"
+    )
+    reader = SqlStore.open(url, StoreConfig(migrate=False))
+    try:
+        drainer.wait("leading", timeout=30)
+        _until("inbox drained", lambda: reader.read_inbox(limit=1) == [], 60)
+        drainer.wait("ack", start=drainer.mark())
+        assert drainer.stop()["errors"] == []
+        report = check(reader, log)
+    finally:
+        drainer.close()
+        reader.close()
+    assert report.ok, json.dumps(report.as_dict(), indent=1)
+    assert report.lost == [] and report.partial == []
+    assert report.inbox_lost == [] and report.inbox_duplicates == []
+    assert report.enqueued_committed > 0
+    return {
+        "crash": "sigkill" if kill else "stop -m immediate",
+        "acked_mutations": report.acked_mutations,
+        "acked_mutations_lost": len(report.lost),
+        "enqueues_committed": report.enqueued_committed,
+        "enqueues_lost": len(report.inbox_lost),
+        "enqueues_unknown": report.enqueued_unknown,
+        "same_epoch": first["epoch"] == lead["epoch"],
+        "crash_to_promoted_s": round(promoted - crashed, 3),
+        "promoted_to_first_commit_ms": round((first["t"] - promoted) * 1000, 1),
+        "commits_unavailable": leader_summary.get("unavailable", 0),
+        "failed_app_transactions": sum(s["failed"] for s in app_summaries),
+    }
+
+
+def _rounds(pg_pair: PgPair, tmp: Path, rounds: int) -> None:
+    began = time.monotonic()
+    results = [_round(pg_pair, tmp, kill=r % 2 == 1) for r in range(rounds)]
+    _FIGURES.update(
+        {
+            "rounds": rounds,
+            "acked_mutations": sum(r["acked_mutations"] for r in results),
+            "acked_mutations_lost": sum(r["acked_mutations_lost"] for r in results),
+            "enqueues_committed": sum(r["enqueues_committed"] for r in results),
+            "enqueues_lost": sum(r["enqueues_lost"] for r in results),
+            "promoted_to_first_commit_ms": [r["promoted_to_first_commit_ms"] for r in results],
+            "crash_to_promoted_s": [r["crash_to_promoted_s"] for r in results],
+            "same_epoch": [r["same_epoch"] for r in results],
+            "seconds": round(time.monotonic() - began, 1),
+        }
+    )
+    for r in results:
+        print(json.dumps(r, sort_keys=True))
+
+
+def test_sync_failover_loses_nothing(pg_pair: PgPair, tmp_path: Path) -> None:
+    _rounds(pg_pair, tmp_path, rounds=1)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_sync_failover_loses_nothing_soak(pg_pair: PgPair, tmp_path: Path) -> None:
+    _rounds(pg_pair, tmp_path, rounds=10)

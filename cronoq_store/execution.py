@@ -327,9 +327,10 @@ class Watchdog:
         return False
 
     def _due(self) -> Deadline:
-        """Wait for the next deadline that passes unsettled (holding the lock)."""
-        heap = self._heap
+        """Wait for the next deadline that passes unsettled (holding the lock). The heap is
+        read anew after every wait: a sweep (`settle`) replaces it meanwhile."""
         while True:
+            heap = self._heap
             while heap and heap[0][2].settled:
                 heapq.heappop(heap)
                 self._settled -= 1

@@ -447,3 +447,16 @@ def test_watchdog_interrupts_only_what_outlives_its_deadline() -> None:
     for _ in range(5000):
         dog.settle(dog.arm(60.0, None))
     assert len(dog._heap) <= 1100
+
+
+def test_watchdog_fires_deadlines_armed_after_a_sweep() -> None:
+    """A sweep replaces the heap: the watchdog thread must watch the new one, or no deadline
+    armed after the first thousand settled ones (a leader's first seconds) would ever fire."""
+    dog = execution.Watchdog()
+    first = dog.arm(60.0, None)  # the thread starts and waits on this one
+    for _ in range(3000):  # settled long before they pass: sweeps replace the heap
+        dog.settle(dog.arm(60.0, None))
+    dog.settle(first)
+    fired = threading.Event()
+    dog.arm(0.05, fired.set)
+    assert fired.wait(5), "a deadline armed after a sweep never fired"

@@ -105,7 +105,7 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
 
 def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> AsyncEngine:
     """An `AsyncEngine` set up as `SqlStore.open` sets up its engine (SQLite: same pragmas)."""
-    url = dialects.check_hosts(async_url(target))
+    url = dialects.check_url(async_url(target))
     try:
         if url.get_backend_name() == "sqlite":
             path = sqlite_file(url)

@@ -560,13 +560,21 @@ def connect_options(url: URL) -> tuple[URL, dict[str, Any]]:
 _HOST_WITH_PORT = re.compile(r"[^:,\[\]]+:\d+")
 
 
-def check_hosts(url: URL) -> URL:
-    """`url`, or `InvalidValue` for PostgreSQL host lists that can never connect.
+def check_url(url: URL) -> URL:
+    """`url`, or `InvalidValue` for options that break the store or can never connect.
 
-    libpq reads `?host=a:5433,b:5434` as two host names with colons in them ("failed to
-    resolve host 'b:5434'"), and a port list whose length fits neither one port nor one per
-    host is refused at every connect: errors a leader would retry as unavailable forever.
+    `autocommit` in the URL: the store runs its own transactions, and psycopg reads any text
+    (`autocommit=false` too) as true, so a commit's fence check and its writes would each
+    commit on their own. PostgreSQL host lists: libpq reads `?host=a:5433,b:5434` as two host
+    names with colons in them ("failed to resolve host 'b:5434'"), and a port list whose
+    length fits neither one port nor one per host is refused at every connect: errors a
+    leader would retry as unavailable forever.
     """
+    if any(key.lower() == "autocommit" for key in url.query):
+        raise InvalidValue(
+            "bad database URL: leave autocommit out of it; the store begins and commits its "
+            "own transactions (and psycopg reads autocommit=false as true)"
+        )
     if url.get_backend_name() not in ("postgresql", "postgres"):
         return url
     hosts = url.query.get("host", ())

@@ -218,7 +218,7 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
         url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     else:
         url = target if isinstance(target, URL) else dialects.parse_url(target)
-    dialects.check_hosts(url)
+    dialects.check_url(url)
     if url.get_backend_name() == "sqlite":
         path = sqlite_file(url)
         _create_private(path)

@@ -50,3 +50,20 @@ def test_the_multi_host_forms_reach_the_primary(db_url: URL, form: str) -> None:
             epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=0, spec=TaskSpec(payload=b""))]
         )
         assert [t.id for t in store.recover(BASE).tasks] == [1]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app@db/app?autocommit=false",
+        "postgresql+psycopg://app@db/app?autocommit=true",
+        "mysql+pymysql://app@db/app?autocommit=0",
+    ],
+)
+def test_a_url_that_sets_autocommit_is_refused(url: str) -> None:
+    """psycopg reads `autocommit=false` from a URL as true (any non-empty text): the store's
+    transactions would commit statement by statement, a fence check apart from its writes."""
+    with pytest.raises(InvalidValue, match="autocommit"):
+        SqlStore.open(url)
+    with pytest.raises(InvalidValue, match="autocommit"):
+        asyncio.run(AsyncSqlStore.open(url))

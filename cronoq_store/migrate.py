@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -37,6 +38,8 @@ from sqlalchemy.schema import CreateSchema
 from . import dialects, galera, repository
 from .errors import SchemaError, StoreError
 from .schema import check_schema_name
+
+log = logging.getLogger(__name__)
 
 VERSION_TABLE: Final = "cronoq_alembic_version"
 """Where cronoq's Alembic history records its revision, apart from an app's `alembic_version`."""
@@ -133,12 +136,16 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
                 _check_known(conn, schema)
                 cfg = alembic_config(conn, schema=schema)
                 cfg.attributes["renew_lock"] = renew
+                before = _heads(conn, schema)
                 if action == "upgrade":
                     command.upgrade(cfg, revision)
                     if _heads(conn, schema) == (head_revision(),):
                         restored = _restore_leader_row(conn, schema)
                 else:
                     command.downgrade(cfg, revision)
+                after = _heads(conn, schema)
+                if after != before:
+                    _log_migrated(action, before, after, schema)
     except StoreError:
         raise
     except CommandError as exc:
@@ -146,6 +153,19 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
     except Exception as exc:
         raise dialects.translate(exc) from exc
     return restored
+
+
+def _log_migrated(
+    action: str, before: tuple[str, ...], after: tuple[str, ...], schema: str | None
+) -> None:
+    was, now = ",".join(before) or "none", ",".join(after) or "none"
+    log.info(
+        "cronoq schema %sd from %s to %s",
+        action,
+        was,
+        now,
+        extra={"action": action, "from_revision": was, "to_revision": now, "schema": schema},
+    )
 
 
 def _restore_leader_row(conn: Connection, schema: str | None) -> int | None:

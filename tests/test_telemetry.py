@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from sqlalchemy import URL, Engine, update
+from sqlalchemy import URL, Engine, create_engine, update
 
 from cronoq_store import (
     Fenced,
@@ -298,3 +298,21 @@ def test_status_in_prometheus_format_carries_the_json_figures(
     assert data["lease"]["epoch"] == epoch
     later = json.loads(run(main, ["--url", url, "status", "--retention", "0s", "--json"]).output)
     assert later["prune_backlog"]["tasks"] == 1  # the other two have not finished
+
+
+def test_a_migration_logs_its_revisions_as_fields(
+    db_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cronoq_store import migrate
+
+    caplog.set_level(logging.INFO, logger="cronoq_store")
+    engine = create_engine(db_url)
+    try:
+        migrate.upgrade(engine)
+        migrate.upgrade(engine)  # at head: nothing to log
+    finally:
+        engine.dispose()
+    moved = [r for r in caplog.records if hasattr(r, "to_revision")]
+    assert [(r.action, r.from_revision, r.to_revision) for r in moved] == [
+        ("upgrade", "none", migrate.head_revision())
+    ]

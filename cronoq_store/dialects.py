@@ -454,9 +454,21 @@ def parse_url(text: str) -> URL:
             "a password (or user name) holding '@' must be percent-encoded, '@' as %40"
         )
     try:
-        return make_url(text)
+        url = make_url(text)
     except (sa_exc.ArgumentError, ValueError) as exc:
         raise InvalidValue(redact(f"bad database URL: {exc}")) from exc
+    if url.get_backend_name() not in {"sqlite", *_DRIVERS}:
+        raise InvalidValue(
+            f"bad database URL: {scheme}:// is not a database cronoq-store knows; {URL_FORMS}"
+        )
+    return url
+
+
+URL_FORMS: Final = (
+    "write sqlite:///PATH (or a bare file path), postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB "
+    "or mysql+pymysql://USER:PASSWORD@HOST:PORT/DB"
+)
+"""The URL forms the store is tested with, for a message about a URL it cannot use."""
 
 
 _HOST_WITH_PORT = re.compile(r"[^:,\[\]]+:\d+")
@@ -545,6 +557,57 @@ def _is_transient(exc: sa_exc.DBAPIError) -> bool:
     return isinstance(exc, sa_exc.OperationalError) and type(orig).__module__.startswith("psycopg")
 
 
+_CAUSES: Final = (
+    (
+        re.compile(
+            r"Access denied for user '([^']*)'"
+            r"|password authentication failed for user \"([^\"]*)\""
+            r"|role \"([^\"]*)\" does not exist"
+        ),
+        "access denied for user {!r}: check the URL's user and password",
+    ),
+    (
+        re.compile(r"Unknown database '([^']*)'|database \"([^\"]*)\" does not exist"),
+        "no database {!r} on this server: create it, or fix the URL's database name",
+    ),
+    (
+        re.compile(
+            r"Can't connect to (?:MySQL|local MySQL) server|Connection refused"
+            r"|failed to resolve host|Name or service not known|could not translate host name"
+            r"|No route to host|timeout expired|Connection timed out|No such file or directory"
+        ),
+        "cannot reach the server: is it running, and are the URL's host and port right?",
+    ),
+)
+"""Driver messages of one cause on every dialect (PostgreSQL's libpq and MariaDB's), and the
+one wording `describe` gives it."""
+
+
+def describe(exc: BaseException) -> str | None:
+    """The cause of a failed connection in the same words on every dialect (access denied,
+    unknown database, unreachable server), or None: MariaDB's driver tuples such as
+    `(1045, "Access denied ...")` and libpq's "FATAL: role ..." say one thing three ways.
+
+    Looks through `exc`'s chain, so a `StoreError` raised from a driver error is described too.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, sa_exc.DBAPIError) and e.orig is not None:
+            text = str(e.orig)
+            for pattern, words in _CAUSES:
+                found = pattern.search(text)
+                if found is not None:
+                    name = next((g for g in found.groups() if g is not None), None)
+                    return redact(words.format(name) if name is not None else words)
+        todo += (e.__cause__, e.__context__)
+    return None
+
+
 def hide_parameters(exc: BaseException) -> None:
     """Drop the bound parameters from every SQLAlchemy error in `exc`'s chain, in place.
 
@@ -577,7 +640,9 @@ def translate(exc: BaseException) -> StoreError:
     if isinstance(exc, sa_exc.TimeoutError):  # the pool ran dry
         return StoreUnavailable(redact(f"no database connection available: {exc}"))
     if isinstance(exc, sa_exc.DBAPIError):
-        message = redact(str(exc.orig) if exc.orig is not None else str(exc)).strip()
+        message = (
+            describe(exc) or redact(str(exc.orig) if exc.orig is not None else str(exc)).strip()
+        )
         if _is_transient(exc):
             return StoreUnavailable(message)
         return StoreError(message)

@@ -583,6 +583,18 @@ _CAUSES: Final = (
 one wording `describe` gives it."""
 
 
+def missing_table(exc: sa_exc.DBAPIError) -> bool:
+    """Whether `exc` says a table does not exist (PostgreSQL 42P01, MySQL 1146, SQLite's "no
+    such table"): the store's tables are not where the statement looked."""
+    orig: Any = exc.orig
+    if isinstance(orig, sqlite3.Error):
+        return str(orig).startswith("no such table")
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] == 1146
+    return getattr(orig, "sqlstate", None) == "42P01"
+
+
 def describe(exc: BaseException) -> str | None:
     """The cause of a failed connection in the same words on every dialect (access denied,
     unknown database, unreachable server), or None: MariaDB's driver tuples such as

@@ -2,9 +2,9 @@
 
 An app calls `enqueue(conn, spec)` on its own `Connection` or ORM `Session`, inside its own
 transaction: the row commits with the app's writes or not at all, and nothing here commits.
-The leader reads the oldest rows (`read`), turns each into a task, and commits `InboxTaken`
-for it in the same fenced batch as its `Submitted`, so an item becomes at most one task and a
-fenced leader consumes nothing (see docs/guarantees.md).
+The leader reads the oldest rows (`SqlStore.read_inbox`), turns each into a task, and commits
+`InboxTaken` for it in the same fenced batch as its `Submitted`, so an item becomes at most one
+task and a fenced leader consumes nothing (see docs/guarantees.md).
 
 Times in an enqueued spec (deadline, fixed start) are Unix nanoseconds, i.e. engine times under
 `TimeBase(0)`: an app knows no engine's time base. The leader reads them under its own base.
@@ -25,11 +25,12 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Connection, Delete, Insert, Select, bindparam, delete, func, insert, select
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import Session
 
 from . import codec, dialects
-from .errors import CorruptValue, InvalidValue
+from .errors import CorruptValue, InvalidValue, SchemaError
 from .model import InboxItem, TaskSpec, TimeBase
 from .schema import check_schema_name, inbox, inbox_rejects
 
@@ -186,6 +187,39 @@ def _write(conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, A
     return ids
 
 
+def _write_or_explain(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any]
+) -> list[int]:
+    """`_write`, its driver errors translated: where the inbox table is not, a `SchemaError`
+    naming the schema searched and `schema=` (an app's usual slip is to leave it out)."""
+    try:
+        return _write(conn, rows, options)
+    except sa_exc.DBAPIError as exc:
+        if not dialects.missing_table(exc):
+            raise dialects.translate(exc) from exc
+        dialects.hide_parameters(exc)
+        given = (options.get("schema_translate_map") or {}).get(None)
+        raise SchemaError(
+            f"no table {inbox.name} in {_searched(conn, given)}: pass enqueue(..., schema=) "
+            f"the schema of the store's tables (its StoreConfig.schema), or create them there "
+            f"(`cronoq-store upgrade`)"
+        ) from exc
+    except sa_exc.SQLAlchemyError as exc:
+        raise dialects.translate(exc) from exc
+
+
+def _searched(conn: Connection, given: str | None) -> str:
+    """Where a statement without a schema looked: the schema given, or the connection's own."""
+    kind = {"postgresql": "PostgreSQL schema", "mysql": "MySQL database"}.get(
+        dialects.name(conn.dialect)
+    )
+    if kind is None:
+        return "this SQLite database"
+    if given is not None:
+        return f"{kind} {given!r} (schema=)"
+    return f"{kind} {conn.dialect.default_schema_name!r} (the connection's default; no schema=)"
+
+
 def _table_sql(conn: Connection, options: Mapping[str, Any]) -> str:
     """The inbox table's name as SQL text, in the schema `options` or `conn` translate to.
 
@@ -216,7 +250,10 @@ def enqueue(conn: Connection | Session, spec: TaskSpec, *, schema: str | None = 
 
     Never commits: the item exists once the caller's transaction commits, and a rollback leaves
     no trace. `schema` names the PostgreSQL schema (MySQL database) of the store's tables, if
-    any. Refuses a spec that cannot be stored (`InvalidValue`) before writing anything.
+    any. Refuses a spec that cannot be stored (`InvalidValue`) before writing anything; where
+    the store's tables are not (no `schema=` for a store in a schema) raises `SchemaError`
+    naming the schema searched, and other database errors as the store's own errors
+    (`StoreError`, `StoreUnavailable`), never a driver exception.
     """
     return enqueue_many(conn, [spec], schema=schema)[0]
 
@@ -227,7 +264,7 @@ def enqueue_many(
     """`enqueue` for several specs at once (all or none); their ids, in order."""
     rows = _rows(specs)
     options = _options(schema)
-    return _write(_connection(conn), rows, options)
+    return _write_or_explain(_connection(conn), rows, options)
 
 
 async def enqueue_async(
@@ -252,7 +289,7 @@ async def enqueue_many_async(
             f"enqueue_many_async needs an AsyncConnection or AsyncSession, "
             f"not {type(conn).__name__}"
         )
-    return await conn.run_sync(lambda c: _write(c, rows, options))
+    return await conn.run_sync(lambda c: _write_or_explain(c, rows, options))
 
 
 # The leader's side.

@@ -176,3 +176,42 @@ def test_tables_end_lines_without_spaces(db_url: URL) -> None:
     for args in (["status"], ["inbox"]):
         out = run(url, *args).stdout
         assert out and all(line == line.rstrip() for line in out.splitlines()), (args, out)
+
+
+# 3. `enqueue` where the tables are not: a SchemaError naming the schema searched and schema=.
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("sqlite", marks=pytest.mark.sqlite),
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_enqueue_where_the_tables_are_not_is_a_schema_error(db_url: URL) -> None:
+    """The tables live in a schema (PostgreSQL) or are missing (SQLite, MariaDB's own
+    database): an app's ORM Session enqueues without `schema=` and gets a SchemaError, never
+    a driver exception; with `schema=` the same call works."""
+    from sqlalchemy.orm import Session
+
+    from cronoq_store import SchemaError, StoreConfig, TaskSpec, enqueue
+
+    postgresql = db_url.get_backend_name() == "postgresql"
+    schema = "jobs" if postgresql else None
+    if postgresql:
+        SqlStore.open(db_url, StoreConfig(schema=schema)).close()
+    engine = create_engine(db_url)
+    try:
+        with Session(engine) as session, pytest.raises(SchemaError) as raised:
+            enqueue(session, TaskSpec(payload=b"x", pool="a"))
+        message = str(raised.value)
+        assert "cronoq_inbox" in message and "schema=" in message, message
+        if postgresql:
+            assert "PostgreSQL schema 'public'" in message, message
+        assert not isinstance(raised.value.__cause__, SchemaError)
+        if postgresql:
+            with Session(engine) as session, session.begin():
+                assert enqueue(session, TaskSpec(payload=b"x", pool="a"), schema=schema) > 0
+    finally:
+        engine.dispose()

@@ -11,12 +11,13 @@ __all__ = [
     "TABLE_PREFIX",
     "VERSION_TABLE",
     "alembic_config",
+    "cronoq_tables_only",
     "current_revision",
     "downgrade",
     "head_revision",
-    "include_name",
     "script_location",
     "upgrade",
+    "without_cronoq_tables",
 ]
 
 import contextlib
@@ -43,11 +44,45 @@ TABLE_PREFIX: Final = "cronoq_"
 """Every table of the store is named with it."""
 
 
-def include_name(name: str | None, type_: str, _parents: object) -> bool:
-    """Autogenerate filter: only cronoq's own tables (an app's tables live beside them)."""
+def without_cronoq_tables(name: str | None, type_: str, parent_names: object) -> bool:
+    """The autogenerate filter for an APP's own `env.py`: everything except cronoq's tables.
+
+    One import and one line, `context.configure(..., include_name=without_cronoq_tables)`:
+    the app's `alembic revision --autogenerate` then never proposes dropping the `cronoq_`
+    tables beside its own (nor their indexes, which are compared with their table).
+
+    Args:
+        name: The name of the reflected object (a table, index, column, ... or schema).
+        type_: What it is, as Alembic says it ("table", "index", "schema", ...).
+        parent_names: Alembic's names of its schema and table (unused).
+
+    Returns:
+        False for a table named with `TABLE_PREFIX` (the version table included), else True.
+    """
+    return not (type_ == "table" and (name or "").startswith(TABLE_PREFIX))
+
+
+def cronoq_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
+    """The autogenerate filter of CRONOQ's own history (its `migrations/env.py`): only its
+    tables, so an app's tables beside them are never proposed for dropping. Not for an app's
+    `env.py`: there it hides the app's tables; use `without_cronoq_tables`.
+
+    Args:
+        name: The name of the reflected object.
+        type_: What it is, as Alembic says it ("table", "index", ...).
+        parent_names: Alembic's names of its schema and table (unused).
+
+    Returns:
+        For a table, whether it is one of cronoq's (its version table excepted); else True.
+    """
     if type_ == "table":
         return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
     return True
+
+
+include_name = cronoq_tables_only
+"""The earlier name of `cronoq_tables_only`, kept for existing env.py files (not in __all__:
+it read as the filter an app wants, which it is not)."""
 
 
 def script_location() -> Path:

@@ -15,7 +15,7 @@ from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
 from cronoq_store import dialects
-from cronoq_store.migrate import VERSION_TABLE, include_name
+from cronoq_store.migrate import VERSION_TABLE, cronoq_tables_only
 from cronoq_store.schema import metadata
 
 config = context.config
@@ -36,7 +36,7 @@ def _run(connection: Connection) -> None:
         version_table=VERSION_TABLE,
         version_table_schema=schema,
         render_as_batch=connection.dialect.name == "sqlite",
-        include_name=include_name,
+        include_name=cronoq_tables_only,
         compare_type=True,
     )
     with context.begin_transaction():

@@ -215,3 +215,177 @@ def test_enqueue_where_the_tables_are_not_is_a_schema_error(db_url: URL) -> None
                 assert enqueue(session, TaskSpec(payload=b"x", pool="a"), schema=schema) > 0
     finally:
         engine.dispose()
+
+
+# 8. The filter an app's own env.py needs: its autogenerate leaves cronoq's tables alone.
+
+
+APP_ENV = """
+from alembic import context
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, pool
+
+from cronoq_store.migrate import {filter}
+
+app_metadata = MetaData()
+Table("app_users", app_metadata, Column("id", Integer, primary_key=True), Column("n", String(50)))
+
+engine = create_engine(context.get_x_argument(as_dictionary=True)["url"], poolclass=pool.NullPool)
+with engine.begin() as connection:
+    context.configure(
+        connection=connection, target_metadata=app_metadata, include_name={filter}
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()
+"""
+
+
+def _app_history(tmp_path: Path, filter_: str) -> Path:
+    """An app's own Alembic history (alembic init's generic template, our env.py) in tmp."""
+    from alembic import command
+    from alembic.config import Config
+
+    home = tmp_path / f"app-{filter_}"
+    ini = tmp_path / f"alembic-{filter_}.ini"
+    command.init(Config(str(ini)), str(home), template="generic")
+    (home / "env.py").write_text(APP_ENV.format(filter=filter_))
+    return ini
+
+
+def _alembic(ini: Path, url: str, *args: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(ini), "-x", f"url={url}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def _proposed(ini: Path, url: str) -> str:
+    """The upgrade body of a fresh `alembic revision --autogenerate` (a real subprocess)."""
+    out = _alembic(ini, url, "revision", "--autogenerate", "-m", "app")
+    path = Path(out.split("Generating ", 1)[1].split(" ...", 1)[0].strip())
+    body = path.read_text()
+    return body.split("def upgrade()", 1)[1].split("def downgrade()", 1)[0]
+
+
+def test_an_apps_autogenerate_leaves_cronoqs_tables_alone(db_url: URL, tmp_path: Path) -> None:
+    """cronoq's tables beside an app's in one database (one schema): the app's env.py with
+    `migrate.without_cronoq_tables` proposes its own table and nothing about `cronoq_` ones;
+    the filter of cronoq's own history, used there by mistake, proposes dropping them."""
+    url = db_url.render_as_string(hide_password=False)
+    engine = create_engine(db_url)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    mistaken = _proposed(_app_history(tmp_path, "cronoq_tables_only"), url)
+    assert "drop_table('cronoq_tasks')" in mistaken
+    ini = _app_history(tmp_path, "without_cronoq_tables")
+    first = _proposed(ini, url)
+    assert "create_table('app_users'" in first and "cronoq_" not in first, first
+    (tmp_path / "app-cronoq_tables_only" / "versions").rename(tmp_path / "mistaken")
+    _alembic(ini, url, "upgrade", "head")
+    again = _proposed(ini, url)
+    assert "cronoq_" not in again and "app_users" not in again and "pass" in again, again
+    engine = create_engine(db_url)
+    try:
+        assert migrate.current_revision(engine) == migrate.head_revision()
+    finally:
+        engine.dispose()
+
+
+# 7. Docs that cannot drift.
+
+DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
+PAGES = [*sorted(DOCS_DIR.glob("*.md")), DOCS_DIR.parent / "README.md"]
+
+
+@pytest.mark.sqlite
+def test_every_revision_the_docs_name_exists() -> None:
+    """A revision named anywhere in the guides is one this build ships (no 0001_initial shown
+    as what `upgrade` reaches when the head is later)."""
+    from cronoq_store.cli import known_revisions
+
+    known = known_revisions()
+    for page in PAGES:
+        text_ = page.read_text(encoding="utf-8")
+        future = set(  # a revision made up to show how an unknown one is refused
+            re_findall(r"SET version_num = '(\d{4}_\w+)'", text_)
+            + re_findall(r"revision\s'(\d{4}_\w+)', which this build", text_)
+        )
+        for rev in set(re_findall(r"\b\d{4}_[a-z][a-z_]*\b", text_)) - future:
+            assert rev in known, (page.name, rev)
+        for rev in re_findall(r"(?:upgraded none -> |at )(\d{4}_[a-z_]+)", text_):
+            assert rev == migrate.head_revision(), (page.name, rev)
+
+
+@pytest.mark.sqlite
+def test_no_cronoq_store_output_is_shown_outside_a_transcript() -> None:
+    """What a command prints is shown only in ```console blocks, which tests/test_readme.py
+    runs; a comment quoting output in a ```sh block would drift unseen."""
+    import re
+
+    other = re.compile(r"^```(?!console)\w*\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+    for page in PAGES:
+        for block in other.findall(page.read_text(encoding="utf-8")):
+            for line in block.splitlines():
+                if re.match(r"\s*(?:\S+=\S+\s+)*cronoq-store\b", line) and "#" in line:
+                    comment = line.split("#", 1)[1]
+                    assert not re.search(r"prints|\"", comment), (page.name, line)
+
+
+@pytest.mark.sqlite
+def test_the_tuning_table_has_every_store_config_field() -> None:
+    import dataclasses
+
+    from cronoq_store import StoreConfig
+
+    table = (DOCS_DIR / "tuning.md").read_text(encoding="utf-8")
+    for field in dataclasses.fields(StoreConfig):
+        assert f"| `{field.name}` |" in table, field.name
+
+
+def re_findall(pattern: str, text_: str) -> list[str]:
+    import re
+
+    return re.findall(pattern, text_)
+
+
+NEEDS_HEAD_PROBES: dict[str, list[str]] = {
+    "status": ["status"],
+    "tasks": ["tasks"],
+    "show": ["show", "1"],
+    "prune": ["prune", "--older-than", "1d"],
+    "lease": ["lease", "release", "--force", "--yes"],
+    "enqueue": ["enqueue", "x"],
+    "inbox": ["inbox"],
+    "current": ["current"],
+    "downgrade": ["downgrade", "base", "--yes-destroy-data"],
+    "history": ["history"],
+}
+
+
+@pytest.mark.sqlite
+def test_cli_md_names_every_command_that_needs_the_head(tmp_path: Path) -> None:
+    """The commands the page says need the head revision are exactly those that refuse a
+    database that was never migrated."""
+    import re
+
+    db = tmp_path / "empty.db"
+    db.write_bytes(b"")
+    refusing = set()
+    for name, args in NEEDS_HEAD_PROBES.items():
+        result = run(str(db), *args, code=None)
+        if result.exit_code != 0 and "no cronoq tables" in result.stderr:
+            refusing.add(name)
+    text_ = (DOCS_DIR / "cli.md").read_text(encoding="utf-8")
+    sentence = text_.split("need\nthe database at this build's head revision")[0].rsplit(".", 1)[1]
+    named = set(re.findall(r"`(\w+)`", sentence))
+    assert named == refusing, (named, refusing)

@@ -389,3 +389,61 @@ def test_cli_md_names_every_command_that_needs_the_head(tmp_path: Path) -> None:
     sentence = text_.split("need\nthe database at this build's head revision")[0].rsplit(".", 1)[1]
     named = set(re.findall(r"`(\w+)`", sentence))
     assert named == refusing, (named, refusing)
+
+
+# 6. Alembic from the tree: one line for an error, a SQLite file 0600 as the CLI makes it.
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tree_alembic(*args: str, cwd: Path) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+    )
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_alembic_from_the_tree_fails_in_one_line(db_url: URL, tmp_path: Path) -> None:
+    url = cli_url(db_url)
+    code, err = _tree_alembic(
+        "-x", f"url={url}", "-x", "schema=nope", "upgrade", "head", cwd=tmp_path
+    )
+    assert code == 1, err
+    assert "Traceback" not in err and PASSWORD not in err, err
+    lines = [line for line in err.splitlines() if not line.startswith("INFO ")]
+    assert len(lines) == 1, err
+    assert "no PostgreSQL schema 'nope'" in lines[0] or "no MySQL database 'nope'" in lines[0]
+    assert url.startswith("mysql") or "***@" in lines[0], lines[0]
+
+
+@pytest.mark.sqlite
+def test_alembic_from_the_tree_creates_a_private_sqlite_file(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        code, err = _tree_alembic(
+            "-x", f"url=sqlite:///{tmp_path}/t.db", "upgrade", "head", cwd=tmp_path
+        )
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert stat.S_IMODE((tmp_path / "t.db").stat().st_mode) == 0o600
+    run(str(tmp_path / "c.db"), "upgrade")
+    assert stat.S_IMODE((tmp_path / "c.db").stat().st_mode) == 0o600

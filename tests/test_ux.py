@@ -447,3 +447,126 @@ def test_alembic_from_the_tree_creates_a_private_sqlite_file(tmp_path: Path) -> 
     assert stat.S_IMODE((tmp_path / "t.db").stat().st_mode) == 0o600
     run(str(tmp_path / "c.db"), "upgrade")
     assert stat.S_IMODE((tmp_path / "c.db").stat().st_mode) == 0o600
+
+
+# 10. `make test` on a machine without PostgreSQL or MariaDB.
+
+CLOSED = {
+    "CRONOQ_TEST_POSTGRESQL_URL": "postgresql+psycopg://postgres@127.0.0.1:1/postgres",
+    "CRONOQ_TEST_MYSQL_URL": "mysql+pymysql://root@127.0.0.1:1/",
+}
+
+
+def _env(*, ci: bool, **extra: str) -> dict[str, str]:
+    import os
+    import uuid
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "CRONOQ_REQUIRE_DIALECTS")}
+    env["CRONOQ_PGPAIR_NAME"] = f"cqux{uuid.uuid4().hex[:6]}"  # never another run's pair
+    if ci:
+        env["CI"] = "true"
+    return {**env, **extra}
+
+
+def _script(env: dict[str, str]) -> tuple[int, str, str, float]:
+    import subprocess
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "test-servers")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - started
+
+
+@pytest.mark.sqlite
+def test_test_servers_outside_ci_names_a_missing_server_and_goes_on() -> None:
+    code, out, err, took = _script(_env(ci=False, **CLOSED))
+    assert code == 0, out + err
+    lines = out.splitlines()
+    for name, var in (
+        ("PostgreSQL", "CRONOQ_TEST_POSTGRESQL_URL"),
+        ("MariaDB", "CRONOQ_TEST_MYSQL_URL"),
+    ):
+        said = [line for line in lines if line.startswith(f"test-servers: {name} ")]
+        assert len(said) == 1 and var in said[0] and "will not run" in said[0], out
+    assert "NOT UP: PostgreSQL MariaDB" in out, out
+    assert took < 30, took  # no 60 s wait for a server that is not there
+
+
+@pytest.mark.sqlite
+def test_test_servers_in_ci_fails_for_a_missing_server() -> None:
+    code, out, err, took = _script(_env(ci=True, **CLOSED))
+    assert code != 0, out + err
+    assert "test-servers: PostgreSQL is not reachable" in err and "required" in err, err
+    assert took < 30, took
+
+
+@pytest.mark.sqlite
+def test_test_servers_on_a_machine_without_servers(tmp_path: Path) -> None:
+    """No server tools at all on PATH (a laptop): one line each with how to get it."""
+    import os
+    import shutil
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("bash", "seq", "sleep", "dirname", "timeout", "id", "ls", "head", "cat"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        os.symlink(found, bin_ / tool)
+    env = _env(ci=False, PATH=str(bin_))
+    env.pop("CRONOQ_TEST_POSTGRESQL_URL", None)
+    env.pop("CRONOQ_TEST_MYSQL_URL", None)
+    code, out, err, took = _script(env)
+    assert code == 0, out + err
+    assert (
+        "test-servers: PostgreSQL is not installed: its tests will not run; install it "
+        "(apt-get install postgresql), or point CRONOQ_TEST_POSTGRESQL_URL at one"
+    ) in out, out
+    assert "test-servers: MariaDB is not installed" in out and "CRONOQ_TEST_MYSQL_URL" in out
+    assert took < 30, took
+    code, out, err, _ = _script({**env, "CI": "true"})
+    assert code != 0 and "test-servers: " in err and "PostgreSQL" in err, out + err
+
+
+def _pytest(env: dict[str, str]) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "tests/test_ux.py",
+            "-k",
+            "prune_beyond_the_epoch",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.sqlite
+def test_pytest_without_servers_runs_the_rest_and_says_so_loudly() -> None:
+    code, out = _pytest(_env(ci=False, **CLOSED))
+    assert code == 0, out
+    assert "1 passed, 2 skipped" in out, out
+    loud = [line for line in out.splitlines() if "DIALECTS NOT TESTED" in line]
+    assert loud, out
+    assert "postgresql" in out.split("DIALECTS NOT TESTED", 1)[1], out
+    assert "mysql" in out.split("DIALECTS NOT TESTED", 1)[1], out
+    code, out = _pytest(_env(ci=True, **CLOSED))
+    assert code == 1 and "1 passed" in out and ("2 errors" in out or "2 failed" in out), out

@@ -246,14 +246,28 @@ def _connection(conn: Connection | Session) -> Connection:
 
 
 def enqueue(conn: Connection | Session, spec: TaskSpec, *, schema: str | None = None) -> int:
-    """Write `spec` into the inbox in the caller's transaction; returns its inbox id.
+    """Write `spec` into the inbox in the caller's transaction.
 
     Never commits: the item exists once the caller's transaction commits, and a rollback leaves
-    no trace. `schema` names the PostgreSQL schema (MySQL database) of the store's tables, if
-    any. Refuses a spec that cannot be stored (`InvalidValue`) before writing anything; where
-    the store's tables are not (no `schema=` for a store in a schema) raises `SchemaError`
-    naming the schema searched, and other database errors as the store's own errors
-    (`StoreError`, `StoreUnavailable`), never a driver exception.
+    no trace.
+
+    Args:
+        conn: The app's `Connection`, or its ORM `Session` (its transaction is joined).
+        spec: The task to create once a leader drains the inbox.
+        schema: The PostgreSQL schema (MySQL database) of the store's tables, if any: the
+            store's `StoreConfig.schema`.
+
+    Returns:
+        The item's inbox id.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
     """
     return enqueue_many(conn, [spec], schema=schema)[0]
 
@@ -261,7 +275,25 @@ def enqueue(conn: Connection | Session, spec: TaskSpec, *, schema: str | None = 
 def enqueue_many(
     conn: Connection | Session, specs: Iterable[TaskSpec], *, schema: str | None = None
 ) -> list[int]:
-    """`enqueue` for several specs at once (all or none); their ids, in order."""
+    """`enqueue` for several specs at once (all or none).
+
+    Args:
+        conn: The app's `Connection`, or its ORM `Session`.
+        specs: The tasks, in order.
+        schema: The schema of the store's tables, as for `enqueue`.
+
+    Returns:
+        Their inbox ids, in order.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
+    """
     rows = _rows(specs)
     options = _options(schema)
     return _write_or_explain(_connection(conn), rows, options)
@@ -270,14 +302,50 @@ def enqueue_many(
 async def enqueue_async(
     conn: AsyncConnection | AsyncSession, spec: TaskSpec, *, schema: str | None = None
 ) -> int:
-    """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`."""
+    """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`.
+
+    Args:
+        conn: The app's `AsyncConnection` or `AsyncSession`.
+        spec: The task to create once a leader drains the inbox.
+        schema: The schema of the store's tables, as for `enqueue`.
+
+    Returns:
+        The item's inbox id.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
+    """
     return (await enqueue_many_async(conn, [spec], schema=schema))[0]
 
 
 async def enqueue_many_async(
     conn: AsyncConnection | AsyncSession, specs: Iterable[TaskSpec], *, schema: str | None = None
 ) -> list[int]:
-    """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`."""
+    """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`.
+
+    Args:
+        conn: The app's `AsyncConnection` or `AsyncSession`.
+        specs: The tasks, in order.
+        schema: The schema of the store's tables, as for `enqueue`.
+
+    Returns:
+        Their inbox ids, in order.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
+    """
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     rows = _rows(specs)

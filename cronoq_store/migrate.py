@@ -86,7 +86,11 @@ it read as the filter an app wants, which it is not)."""
 
 
 def script_location() -> Path:
-    """The migrations folder: inside the installed package, or the source tree's."""
+    """The migrations folder: inside the installed package, or the source tree's.
+
+    Returns:
+        The folder holding `env.py` and `versions/`.
+    """
     packaged = Path(str(resources.files("cronoq_store"))) / "migrations"
     if (packaged / "env.py").is_file():
         return packaged
@@ -94,7 +98,16 @@ def script_location() -> Path:
 
 
 def alembic_config(connection: Connection | None = None, *, schema: str | None = None) -> Config:
-    """An Alembic `Config` for the packaged migrations, optionally bound to `connection`."""
+    """An Alembic `Config` for the packaged migrations, optionally bound to `connection`.
+
+    Args:
+        connection: The connection `env.py` migrates on; None for commands that need none
+            (`history`, `heads`).
+        schema: The PostgreSQL schema (MySQL database) of the tables, if any.
+
+    Returns:
+        A `Config` for `alembic.command` functions; it needs no alembic.ini.
+    """
     cfg = Config()
     cfg.set_main_option("script_location", str(script_location()))
     cfg.set_main_option("path_separator", "os")
@@ -104,7 +117,11 @@ def alembic_config(connection: Connection | None = None, *, schema: str | None =
 
 
 def head_revision() -> str:
-    """The newest revision this build knows."""
+    """The newest revision this build knows.
+
+    Returns:
+        Its id, such as "0004_commit_seq".
+    """
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None, "the packaged migrations have no head"
     return head
@@ -189,19 +206,56 @@ def upgrade(
     """Migrate the database to `revision` (default: this build's newest) under the lock.
 
     At the head revision it also restores the leader row if it was deleted (without it no
-    instance can lead): returns the restored row's id high-water mark, None when nothing was
-    restored.
+    instance can lead).
+
+    Args:
+        bind: An engine, or a connection in the caller's transaction (committed here).
+        revision: The revision to reach; "head" for this build's newest.
+        schema: The PostgreSQL schema (created if missing) or MySQL database of the tables.
+
+    Returns:
+        The restored leader row's next task id; None when nothing was restored.
+
+    Raises:
+        InvalidValue: An unusable `schema` name (before any DDL).
+        SchemaError: The database stands at a revision this build does not know.
+        StoreUnavailable: The database cannot be reached.
+        StoreError: A migration the database refused (it rolls back where DDL is
+            transactional).
     """
     return _run(bind, schema, "upgrade", revision)
 
 
 def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = None) -> None:
-    """Migrate the database down to `revision` ("base" drops every cronoq table)."""
+    """Migrate the database down to `revision` ("base" drops every cronoq table).
+
+    Args:
+        bind: An engine, or a connection in the caller's transaction.
+        revision: The revision to go down to, or "base".
+        schema: The PostgreSQL schema or MySQL database of the tables.
+
+    Raises:
+        InvalidValue: An unusable `schema` name.
+        SchemaError: The database stands at a revision this build does not know.
+        StoreUnavailable: The database cannot be reached.
+    """
     _run(bind, schema, "downgrade", revision)
 
 
 def current_revision(bind: Engine | Connection, *, schema: str | None = None) -> str | None:
-    """The revision the database stands at; None for a database never migrated."""
+    """The revision the database stands at.
+
+    Args:
+        bind: An engine or a connection.
+        schema: The PostgreSQL schema or MySQL database of the tables.
+
+    Returns:
+        The revision id; None for a database never migrated.
+
+    Raises:
+        SchemaError: The version table holds several heads.
+        StoreUnavailable: The database cannot be reached.
+    """
     try:
         if isinstance(bind, Engine):
             with bind.connect() as conn:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import Result
@@ -570,3 +571,69 @@ def test_pytest_without_servers_runs_the_rest_and_says_so_loudly() -> None:
     assert "mysql" in out.split("DIALECTS NOT TESTED", 1)[1], out
     code, out = _pytest(_env(ci=True, **CLOSED))
     assert code == 1 and "1 passed" in out and ("2 errors" in out or "2 failed" in out), out
+
+
+# 9. The API reference: parameters, returns and raises, or the docs build fails.
+
+
+def _reference_checks() -> object:
+    import importlib.util
+
+    pytest.importorskip("griffe")
+    spec = importlib.util.spec_from_file_location(
+        "griffe_reference", ROOT / "scripts" / "griffe_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.sqlite
+def test_the_reference_check_names_what_a_docstring_leaves_out(tmp_path: Path) -> None:
+    import griffe
+
+    checks: Any = _reference_checks()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text(
+        'def bare(a: int, b: str) -> int:\n    """Two lines, no sections."""\n    return a\n\n\n'
+        "def full(a: int) -> int:\n"
+        '    """Full.\n\n    Args:\n        a: A.\n\n    Returns:\n        A.\n\n'
+        '    Raises:\n        ValueError: Never.\n    """\n    return a\n'
+    )
+    pkg = griffe.load("pkg", search_paths=[str(tmp_path)])
+    assert checks.missing_signature_docs(pkg["bare"], raises=True) == [
+        "parameter 'a' (Args:)",
+        "parameter 'b' (Args:)",
+        "what it returns (Returns:)",
+        "what it raises (Raises:)",
+    ]
+    assert checks.missing_signature_docs(pkg["full"], raises=True) == []
+
+
+@pytest.mark.sqlite
+def test_the_public_api_documents_parameters_returns_and_raises() -> None:
+    """What `make docs` checks, without building the site: the store's, the inbox's and the
+    migrations' functions (the issue's SqlStore.commit, recover, acquire_leadership,
+    enqueue among them) document every parameter, the return value and the errors."""
+    import griffe
+
+    checks: Any = _reference_checks()
+    pkg = griffe.load("cronoq_store", search_paths=[str(ROOT)], resolve_aliases=False)
+    missing = {}
+    for path in (
+        "store.SqlStore.commit",
+        "store.SqlStore.recover",
+        "store.SqlStore.acquire_leadership",
+        "store.SqlStore.open",
+        "inbox.enqueue",
+        "inbox.enqueue_many",
+        "migrate.upgrade",
+    ):
+        found = checks.missing_signature_docs(pkg[path], raises=True)
+        if found:
+            missing[path] = found
+    assert missing == {}
+    text_ = pkg["store.SqlStore.commit"].docstring.value
+    for error in ("Fenced", "StoreUnavailable", "InvalidValue"):
+        assert f"{error}:" in text_, error

@@ -130,6 +130,12 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
     transaction starts with BEGIN IMMEDIATE: the write lock is taken up front, a busy database
     waits `busy_timeout` instead of failing mid-transaction, and the leader row read inside a
     commit cannot change before the commit ends.
+
+    Args:
+        engine: A SQLite engine (pysqlite); the app's own, when it shares one with the store.
+        full_sync: fsync every commit (`synchronous=FULL`) rather than risk the last commits
+            on power loss (`NORMAL`).
+        busy_timeout: How long a statement waits for another connection's write lock.
     """
     sync = "FULL" if full_sync else "NORMAL"
     busy_ms = int(busy_timeout.total_seconds() * 1000)
@@ -428,7 +434,14 @@ _URL_PASSWORD = re.compile(r"(\w+(?:\+\w+)?://[^:/@\s]*:)\S*@")
 
 def redact(text: str) -> str:
     """`text` with anything that looks like a password replaced by ***: the one place every
-    printed URL and database message goes through."""
+    printed URL and database message goes through.
+
+    Args:
+        text: A URL or a message that may hold one (`user:secret@host`, `password=secret`).
+
+    Returns:
+        The text with each such password replaced by `***`.
+    """
     return _PASSWORD.sub(r"\1=***", _URL_PASSWORD.sub(r"\1***@", text))
 
 

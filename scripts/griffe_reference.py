@@ -110,15 +110,7 @@ RAISES_REQUIRED = (
 `Raises:` section, or "Raises nothing" with why)."""
 NOT_YET_DOCUMENTED = frozenset(
     {
-        "cronoq_store.model.Priority.from_index",
-        "cronoq_store.model.TaskStatus.from_name",
-        "cronoq_store.model.TimeBase.to_unix",
-        "cronoq_store.model.TimeBase.from_unix",
-        "cronoq_store.dialects.configure_sqlite",
-        "cronoq_store.dialects.redact",
         "cronoq_store.dialects.translate",
-        "cronoq_store.demo.format_report",
-        "cronoq_store.demo.run",
         "cronoq_store.testing.acklog.AckLog.append",
         "cronoq_store.testing.checker.CheckReport.as_dict",
         "cronoq_store.testing.process.DriverProcess.mark",

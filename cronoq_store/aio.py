@@ -93,7 +93,18 @@ LeadershipLostCallback = Callable[[], object]
 
 
 def async_url(target: str | os.PathLike[str] | URL) -> URL:
-    """The async-driver URL for `target`: a bare path means a SQLite file (aiosqlite)."""
+    """The async-driver URL for `target`: a bare path means a SQLite file (aiosqlite).
+
+    Args:
+        target: A URL (sync or async driver) or a SQLite file path.
+
+    Returns:
+        The URL with the async driver the store is tested with (aiosqlite, psycopg,
+        asyncmy); an async driver named explicitly is kept.
+
+    Raises:
+        InvalidValue: A URL the store cannot parse or use.
+    """
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         return make_url("sqlite+aiosqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     url = target if isinstance(target, URL) else dialects.parse_url(target)
@@ -104,7 +115,19 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
 
 
 def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> AsyncEngine:
-    """An `AsyncEngine` set up as `SqlStore.open` sets up its engine (SQLite: same pragmas)."""
+    """An `AsyncEngine` set up as `SqlStore.open` sets up its engine (SQLite: same pragmas).
+
+    Args:
+        target: A URL or a SQLite file path (created 0600 if missing).
+        config: Pool size and SQLite timeouts come from it.
+
+    Returns:
+        The engine; the caller disposes of it.
+
+    Raises:
+        InvalidValue: A URL the store cannot use.
+        StoreError: Its async driver is not installed (the message says what to install).
+    """
     url = dialects.check_url(async_url(target))
     try:
         if url.get_backend_name() == "sqlite":
@@ -245,6 +268,19 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """Open a database (a bare path means a SQLite file), migrating it unless told not to.
 
         Sync URLs are accepted and mapped to their async drivers (see `async_url`).
+
+        Args:
+            url_or_path: A SQLAlchemy URL or a SQLite file path.
+            config: How the store behaves; `StoreConfig()` when None.
+
+        Returns:
+            A store that owns its engine (`close` disposes of it); it does not lead yet.
+
+        Raises:
+            InvalidValue: A URL or path the store cannot use.
+            StoreError: A URL whose async driver is not installed.
+            StoreUnavailable: The database cannot be reached.
+            SchemaError: The schema is newer than this build, or (migration off) not at head.
         """
         config = config or StoreConfig()
         store = cls._owning(create_engine_for(url_or_path, config), config)
@@ -259,21 +295,34 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         return store
 
     async def migrate(self) -> None:
-        """Migrate the database to this build's schema (idempotent; safe from many processes)."""
+        """Migrate the database to this build's schema (idempotent; safe from many processes).
+
+        Raises:
+            SchemaError: The database stands at a revision this build does not know.
+            StoreUnavailable: The database cannot be reached.
+        """
         schema = self.config.schema
         with translated():
             async with self._raw_engine.connect() as conn:
                 await conn.run_sync(lambda c: migrate.upgrade(c, schema=schema))
 
     async def check_schema(self) -> None:
-        """Refuse (`SchemaError`) a database not at this build's head revision; only reads."""
+        """Refuse a database not at this build's head revision; only reads.
+
+        Raises:
+            SchemaError: Not migrated, behind, or newer than this build.
+            StoreUnavailable: The database cannot be reached.
+        """
         schema = self.config.schema
         with translated():
             async with self._raw_engine.connect() as conn:
                 await conn.run_sync(lambda c: migrate.require_head(c, schema=schema))
 
     async def close(self) -> None:
-        """Stop leading (releasing the lease) and dispose of an engine this store created."""
+        """Stop leading (releasing the lease) and dispose of an engine this store created.
+
+        Raises nothing: a lease that cannot be cleared is logged and left to expire.
+        """
         if self._leadership.epoch is not None:
             await self.release_leadership()
         await self._stop()
@@ -330,11 +379,23 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     # Leadership.
 
     async def leadership_lost(self) -> None:
-        """Return once leadership is lost (at once if this instance does not lead)."""
+        """Return once leadership is lost (at once if this instance does not lead).
+
+        Raises nothing: it only waits on this instance's own state.
+        """
         await self._lost.wait()
 
     async def wait_leadership_lost(self, timeout: float | None = None) -> bool:
-        """Wait until leadership is lost; False if `timeout` seconds passed first."""
+        """Wait until leadership is lost (at once if this instance does not lead).
+
+        Raises nothing: it only waits on this instance's own state.
+
+        Args:
+            timeout: Seconds to wait at most; None waits as long as it takes.
+
+        Returns:
+            True once leadership is lost; False if `timeout` passed first.
+        """
         return await _wait(self._lost, timeout)
 
     async def _lose(
@@ -378,8 +439,18 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """Wait until this instance leads; returns the new fencing epoch.
 
         As `SqlStore.acquire_leadership`: polls every `lock_poll`, backs off while the database
-        cannot be reached, raises `StoreUnavailable` after `timeout` seconds; an instance that
-        leads already steps down first and leads anew under the next epoch.
+        cannot be reached; an instance that leads already steps down first and leads anew
+        under the next epoch.
+
+        Args:
+            timeout: Seconds to try at most; None tries until it leads.
+
+        Returns:
+            The new fencing epoch, which every `commit` of this term passes.
+
+        Raises:
+            StoreUnavailable: `timeout` passed before this instance could lead.
+            LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
         await self._lose("taking the lease anew", logging.INFO, released=True)
         await self._stop()
@@ -442,7 +513,10 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             await keeper.join(self.config.lease_renew.total_seconds())
 
     async def release_leadership(self) -> None:
-        """Give leadership up; a waiting standby can take over at once."""
+        """Give leadership up; a waiting standby can take over at once.
+
+        Raises nothing: a lease that cannot be cleared is logged and expires on its own.
+        """
         await self._lose("released", logging.INFO, released=True)
         await self._stop()
         if self._leadership.epoch is not None:
@@ -459,7 +533,22 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs = ()
     ) -> None:
         """As `SqlStore.commit`: make `batch` durable in one transaction, or raise and write
-        nothing; committing the same batch again changes nothing."""
+        nothing; committing the same batch again changes nothing.
+
+        Args:
+            epoch: The epoch `acquire_leadership` returned for this term.
+            base: The engine's time base of every time in `batch`.
+            batch: The mutations, applied in order.
+            outputs: `(task id, bytes)` pairs: the outputs of tasks that succeeded.
+
+        Raises:
+            Fenced: Another instance leads: nothing was written; this instance stepped down
+                (`DatabaseBehind` when the database lost acknowledged commits).
+            StoreUnavailable: The database could not be reached or the commit timed out;
+                retry the same batch.
+            InvalidValue: A mutation or value the store cannot hold.
+            StoreError: Anything else the database refused; nothing was written.
+        """
         with self._telemetry.commit(epoch, batch):
             work, seq = self._commit_work(epoch, base, batch, outputs)
             started = time.monotonic()
@@ -475,7 +564,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             self._fence_renewed(epoch, started, seq)
 
     async def recover(self, base: TimeBase) -> Recovered:
-        """Everything a new leader needs to resume (quarantining undecodable rows)."""
+        """Everything a new leader needs to resume (quarantining undecodable rows).
+
+        Args:
+            base: The engine's time base: times come back as engine times under it.
+
+        Returns:
+            Live tasks, recently finished ones, schedules, the next free id, lost commits.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
         now = self._now()
         retention = self.config.retention
         with self._telemetry.recovering():
@@ -486,7 +585,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         return result
 
     async def prune(self, older_than: timedelta) -> int:
-        """Delete finished tasks updated before `older_than` ago that no live task needs."""
+        """Delete finished tasks updated before `older_than` ago that no live task needs.
+
+        Args:
+            older_than: How long ago a finished task was last updated, at least.
+
+        Returns:
+            How many tasks were deleted.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
+        """
         cutoff = self._now() - _ns(older_than)
         total = 0
         with self._telemetry.pruning():
@@ -502,7 +611,18 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     # Queries.
 
     async def get_task(self, ref: TaskRef) -> TaskRecord | None:
-        """A task by id, or the newest task with a key."""
+        """A task by id, or the newest task with a key.
+
+        Args:
+            ref: `ById(id)` or `ByKey(key)`.
+
+        Returns:
+            The task, or None if there is none.
+
+        Raises:
+            InvalidValue: `ref` is neither `ById` nor `ByKey`.
+            StoreUnavailable: The database cannot be reached.
+        """
         if isinstance(ref, ById):
             task_id = ref.id
             return await self._run(lambda c: repository.get_task(c, task_id=task_id))
@@ -518,7 +638,20 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         after: TaskId | None = None,
         limit: int = 100,
     ) -> list[TaskRecord]:
-        """Finished tasks by id above `after`: in `pools` (any if empty), with `statuses`."""
+        """Finished tasks by id above `after`: in `pools` (any if empty), with `statuses`.
+
+        Args:
+            pools: Only these pools; every pool when empty.
+            statuses: Only these terminal statuses; every one when empty.
+            after: Only ids above it.
+            limit: At most this many.
+
+        Returns:
+            The tasks, by ascending id.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
         return await self._run(
             lambda c: repository.list_finished(
                 c, pools=pools, statuses=statuses, after=after, limit=limit
@@ -526,7 +659,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         )
 
     async def load_output(self, id: TaskId) -> bytes | None:
-        """The output of a task that succeeded."""
+        """The output of a task that succeeded.
+
+        Args:
+            id: The task's id.
+
+        Returns:
+            Its output bytes, or None if it has none.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
         return await self._run(lambda c: repository.load_output(c, id))
 
     # The inbox (see `SqlStore.read_inbox`).
@@ -534,7 +677,20 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     async def read_inbox(
         self, limit: int = 1000, *, after: int | None = None, base: TimeBase = inbox.UNIX
     ) -> list[InboxItem]:
-        """The oldest inbox items, left in place (as `SqlStore.read_inbox`)."""
+        """The oldest inbox items, left in place (as `SqlStore.read_inbox`).
+
+        Args:
+            limit: At most this many items.
+            after: Only inbox ids above it.
+            base: The engine's time base for the specs' times.
+
+        Returns:
+            The items, oldest first.
+
+        Raises:
+            InvalidValue: `limit` or `after` out of range.
+            StoreUnavailable: The database cannot be reached.
+        """
         limit = inbox.check_limit(limit)
         after = inbox.check_after(after)
         items: list[InboxItem] = []
@@ -551,7 +707,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
                 return items
 
     async def wait_inbox(self, timeout: float) -> bool:
-        """Until the inbox holds an item (True), or `timeout` seconds passed (False)."""
+        """Wait until the inbox holds an item, or until `timeout` seconds passed.
+
+        Args:
+            timeout: Seconds to wait at most.
+
+        Returns:
+            True once the inbox holds an item; else False.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
         deadline = time.monotonic() + max(0.0, timeout)
         listener = self._listener
         if listener is not None and self._listening.locked():

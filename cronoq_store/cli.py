@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import sqlite3
 import sys
 import time
@@ -30,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import URL, Connection, Engine, create_engine, event
+from sqlalchemy import URL, Connection, Engine, create_engine, event, inspect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool
 
@@ -91,6 +92,14 @@ def shown_target(ctx: click.Context) -> str:
         return "?"
 
 
+def hint(target: Target, *command: str) -> str:
+    """The command line to run next, in backquotes, as it can be pasted: the database named as
+    it was given (a bare path as typed, a URL with its password masked) and the --schema."""
+    url = target.url if "://" not in target.url else shown(target.parsed())
+    schema = ["--schema", target.schema] if target.schema else []
+    return "`" + shlex.join(["cronoq-store", "--url", url, *schema, *command]) + "`"
+
+
 def _one_line(text: str) -> str:
     """Driver messages span lines ("... failed\\n\\tIs the server running?"): join them."""
     return dialects.redact("; ".join(part.strip() for part in text.splitlines() if part.strip()))
@@ -104,13 +113,17 @@ def _errors(where: str) -> Iterator[None]:
     except BrokenPipeError:
         raise  # stdout closed by the reader (`| head`): click exits quietly
     except (sa_exc.SQLAlchemyError, OSError) as exc:
-        raise _failure(where, dialects.translate(exc)) from exc
+        raise _failure(where, dialects.translate(exc), exc) from exc
     except StoreError as exc:
         raise _failure(where, exc) from exc
 
 
-def _failure(where: str, exc: StoreError) -> click.ClickException:
-    what = "database unavailable" if isinstance(exc, StoreUnavailable) else "failed"
+def _failure(
+    where: str, exc: StoreError, cause: BaseException | None = None
+) -> click.ClickException:
+    """One line; a connection's cause (`dialects.describe`) under one label on every dialect."""
+    unavailable = isinstance(exc, StoreUnavailable) or dialects.describe(cause or exc) is not None
+    what = "database unavailable" if unavailable else "failed"
     return click.ClickException(_one_line(f"{what} ({where}): {exc}"))
 
 
@@ -137,7 +150,7 @@ def _database(
         plain = path and not path.startswith(":") and path[:5].lower() != "file:"
         if plain and not create and not Path(path).exists():  # SqlStore refuses the others
             raise click.ClickException(
-                f"no SQLite database at {path}: `cronoq-store upgrade` creates one"
+                f"no SQLite database at {path}: {hint(target, 'upgrade')} creates one"
             )
         if plain and not write:
             reader = _sqlite_reader(url, config)
@@ -149,9 +162,9 @@ def _database(
             store = SqlStore(engine, config)
             try:
                 if target.schema and dialects.name(engine.dialect) == "mysql":
-                    _mysql_database(engine, target.schema, create=create)
+                    _mysql_database(engine, target, create=create)
                 if need_schema:
-                    _require_head(store, target.schema)
+                    _require_head(store, target)
                 yield store
             finally:
                 store.close()
@@ -159,16 +172,17 @@ def _database(
             engine.dispose()
 
 
-def _mysql_database(engine: Engine, schema: str, *, create: bool) -> None:
+def _mysql_database(engine: Engine, target: Target, *, create: bool) -> None:
     """MySQL's --schema is a database of its own: `upgrade` creates it (as PostgreSQL's first
     migration creates its schema); any other command names it and says what to do."""
+    schema = target.schema or ""
     with engine.begin() as conn:
         if dialects.database_exists(conn, schema):
             return
         if not create:
             raise SchemaError(
                 f"no database {schema!r} on this server (--schema): "
-                f"`cronoq-store --schema {schema} upgrade` creates it"
+                f"{hint(target, 'upgrade')} creates it"
             )
         dialects.create_database(conn, schema)
 
@@ -203,20 +217,32 @@ def _unknown(rev: str) -> SchemaError:
     )
 
 
-def _require_head(store: SqlStore, schema: str | None) -> None:
+def _require_head(store: SqlStore, target: Target) -> None:
     """Refuse a database this build cannot read: not migrated, behind, or newer than it."""
-    rev = migrate.current_revision(store.engine, schema=schema)
+    rev = migrate.current_revision(store.engine, schema=target.schema)
     head = migrate.head_revision()
     if rev == head:
         return
     if rev is None:
-        raise SchemaError("no cronoq schema in this database: run `cronoq-store upgrade`")
+        raise SchemaError(f"{_where_tables(store.engine, target)}: run {hint(target, 'upgrade')}")
     if rev not in known_revisions():
         raise _unknown(rev)
     raise SchemaError(
         f"the database is at schema revision {rev!r}, behind this build's {head!r}: "
-        f"run `cronoq-store upgrade`"
+        f"run {hint(target, 'upgrade')}"
     )
+
+
+def _where_tables(engine: Engine, target: Target) -> str:
+    """What is missing where: the PostgreSQL schema itself, or cronoq's tables in it."""
+    if dialects.name(engine.dialect) != "postgresql":
+        return "no cronoq tables in this database"
+    inspector = inspect(engine)
+    if target.schema is None:
+        return f"no cronoq tables in PostgreSQL schema {inspector.default_schema_name!r}"
+    if not inspector.has_schema(target.schema):
+        return f"no PostgreSQL schema {target.schema!r} in this database"
+    return f"PostgreSQL schema {target.schema!r} has no cronoq tables"
 
 
 # Formatting.
@@ -231,6 +257,13 @@ def _console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     wide = stream.isatty() or "COLUMNS" in os.environ
     return Console(stderr=stderr, highlight=False, width=None if wide else 160)
+
+
+def print_table(console: Console, grid: Table) -> None:
+    """`grid` without the spaces rich pads its last column with (lines end in text)."""
+    with console.capture() as captured:
+        console.print(grid)
+    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def _when(unix_ns: int | None) -> str | None:
@@ -446,7 +479,7 @@ def current(target: Target, check: bool) -> None:
         raise _failure(shown(target.parsed()), _unknown(rev))
     head = migrate.head_revision()
     if check and rev != head:
-        raise click.ClickException(f"not at head {head!r}: run `cronoq-store upgrade`")
+        raise click.ClickException(f"not at head {head!r}: run {hint(target, 'upgrade')}")
 
 
 @main.command()
@@ -707,7 +740,7 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
             grid.add_column(name, justify="right" if name == "count" else "left")
         for c in counts:
             grid.add_row(*_cells(c["pool"], c["status"], c["count"]))
-        console.print(grid)
+        print_table(console, grid)
     else:
         click.echo("tasks      none")
     if schedules:
@@ -718,7 +751,7 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
             grid.add_column(name)
         for s in schedules:
             grid.add_row(*_cells(s["name"], s["schedule"], s["next"], s["last_task"]))
-        console.print(grid)
+        print_table(console, grid)
     else:
         click.echo("recurring  none")
 
@@ -806,7 +839,7 @@ def tasks_cmd(
                 r["updated"],
             )
         )
-    console.print(grid)
+    print_table(console, grid)
     if next_after is not None:
         click.echo(f"more: --after {next_after}")
 
@@ -854,7 +887,7 @@ def _task_detail(row: Any) -> dict[str, Any]:
     return out
 
 
-@main.command()
+@main.command(context_settings={"ignore_unknown_options": True})  # `show -5`: an id
 @click.argument("ref")
 @click.option("--by-key", is_flag=True, help="REF is a key even if it looks like an id.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
@@ -937,7 +970,8 @@ def prune(
     target: Target, older_than: timedelta, dry_run: bool, batch_size: int, as_json: bool
 ) -> None:
     """Delete old finished tasks that no live task depends on, in short transactions."""
-    cutoff = codec.saturate(time.time_ns() - (older_than // timedelta(microseconds=1)) * 1000)
+    # Saturates at the Unix epoch, before which no task was updated (never at int64's 1677).
+    cutoff = max(0, time.time_ns() - (older_than // timedelta(microseconds=1)) * 1000)
     with _database(target, write=True) as store:
         with store.engine.connect() as conn:
             total = int(
@@ -1053,7 +1087,10 @@ def demo_cmd(ctx: click.Context, overwrite: bool, ttl: float) -> None:
             report = demo.run(Path(url.database), overwrite=overwrite, ttl=ttl)
         except FileExistsError as exc:  # the demo writes a workload of its own, never reuses
             if overwrite:
-                raise click.ClickException(f"{exc}: pass --url NEW_PATH") from exc
+                raise click.ClickException(
+                    f"{url.database} is not a database the demo made: it is never "
+                    "overwritten; pass --url NEW_PATH"
+                ) from exc
             raise click.ClickException(
                 f"{url.database} exists: pass --overwrite (if an earlier demo made it), "
                 "or --url NEW_PATH"

@@ -14,7 +14,7 @@ from rich import box
 from rich.table import Table
 
 from . import codec, inbox
-from .cli import Target, _cells, _console, _database, _echo_json, _when
+from .cli import Target, _cells, _console, _database, _echo_json, _when, print_table
 from .errors import InvalidValue
 from .model import Priority, TaskSpec
 
@@ -151,7 +151,7 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
                     f"{r['payload_size']} B",
                 )
             )
-        console.print(grid)
+        print_table(console, grid)
     if rejects:
         grid = Table(
             title="set aside", title_justify="left", box=box.SIMPLE, show_edge=False, pad_edge=False
@@ -160,6 +160,6 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
             grid.add_column(name, overflow="fold")
         for r in rejects:
             grid.add_row(*_cells(r["inbox_id"], r["rejected"], r["reason"]))
-        console.print(grid)
+        print_table(console, grid)
     if next_after is not None:
         click.echo(f"more: --after {next_after}")

@@ -179,10 +179,24 @@ def run(
     overwrite: bool = False,
     python: str = sys.executable,
 ) -> DemoReport:
-    """Run the demonstration on a new SQLite file at `path`; raises if a step times out.
+    """Run the demonstration on a new SQLite file at `path`.
 
-    `warmup` is how long the first leader commits before it is killed; `timeout` bounds each
-    step that waits for a process (start-up included).
+    Args:
+        path: The SQLite file to create (with its acknowledgement log beside it).
+        ttl: The lease TTL of the demo's processes, in seconds.
+        poll: How often the standbys look at the lease, in seconds.
+        warmup: How long the first leader commits before it is killed, in seconds.
+        timeout: The bound on each step that waits for a process (start-up included).
+        overwrite: Replace an earlier demo's files at `path` (never another database).
+        python: The interpreter that runs the demo's processes.
+
+    Returns:
+        What happened, and whether the conformance check passed (`DemoReport.ok`).
+
+    Raises:
+        FileExistsError: `path` exists and is not an earlier demo's (or `overwrite` is off).
+        DriverProcessError: A process did not report a step within `timeout`, or exited
+            first (`cronoq_store.testing`).
     """
     began = time.monotonic()
     db = Path(path).absolute()
@@ -302,7 +316,14 @@ def run(
 
 
 def format_report(report: DemoReport) -> str:
-    """The report as a few lines of text."""
+    """The report as a few lines of text.
+
+    Args:
+        report: What `run` returned.
+
+    Returns:
+        The lines `cronoq-store demo` prints, joined by newlines.
+    """
     epochs = " -> ".join(str(e) for e in report.epochs)
     lines = [
         f"cronoq-store failover demo on {report.path}",

@@ -132,6 +132,12 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
     transaction starts with BEGIN IMMEDIATE: the write lock is taken up front, a busy database
     waits `busy_timeout` instead of failing mid-transaction, and the leader row read inside a
     commit cannot change before the commit ends.
+
+    Args:
+        engine: A SQLite engine (pysqlite); the app's own, when it shares one with the store.
+        full_sync: fsync every commit (`synchronous=FULL`) rather than risk the last commits
+            on power loss (`NORMAL`).
+        busy_timeout: How long a statement waits for another connection's write lock.
     """
     sync = "FULL" if full_sync else "NORMAL"
     busy_ms = int(busy_timeout.total_seconds() * 1000)
@@ -487,7 +493,14 @@ _URL_PASSWORD = re.compile(r"(\w+(?:\+\w+)?://[^:/@\s]*:)\S*@")
 
 def redact(text: str) -> str:
     """`text` with anything that looks like a password replaced by ***: the one place every
-    printed URL and database message goes through."""
+    printed URL and database message goes through.
+
+    Args:
+        text: A URL or a message that may hold one (`user:secret@host`, `password=secret`).
+
+    Returns:
+        The text with each such password replaced by `***`.
+    """
     return _PASSWORD.sub(r"\1=***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
@@ -516,12 +529,23 @@ def parse_url(text: str) -> URL:
         url = make_url(text)
     except (sa_exc.ArgumentError, ValueError) as exc:
         raise InvalidValue(redact(f"bad database URL: {exc}")) from exc
+    if url.get_backend_name() not in {"sqlite", *_DRIVERS}:
+        raise InvalidValue(
+            f"bad database URL: {scheme}:// is not a database cronoq-store knows; {URL_FORMS}"
+        )
     # SQLAlchemy drops an option with an empty value; `?prepare_threshold=` means None.
     query = text.partition("?")[2].partition("#")[0]
     blank = {k for k, v in parse_qsl(query, keep_blank_values=True) if not v}
     if PREPARE_THRESHOLD in blank and PREPARE_THRESHOLD not in url.query:
         url = url.update_query_dict({PREPARE_THRESHOLD: ""})
     return url
+
+
+URL_FORMS: Final = (
+    "write sqlite:///PATH (or a bare file path), postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB "
+    "or mysql+pymysql://USER:PASSWORD@HOST:PORT/DB"
+)
+"""The URL forms the store is tested with, for a message about a URL it cannot use."""
 
 
 PREPARE_THRESHOLD: Final = "prepare_threshold"
@@ -677,6 +701,69 @@ def _is_transient(exc: sa_exc.DBAPIError) -> bool:
     return isinstance(exc, sa_exc.OperationalError) and type(orig).__module__.startswith("psycopg")
 
 
+_CAUSES: Final = (
+    (
+        re.compile(
+            r"Access denied for user '([^']*)'"
+            r"|password authentication failed for user \"([^\"]*)\""
+            r"|role \"([^\"]*)\" does not exist"
+        ),
+        "access denied for user {!r}: check the URL's user and password",
+    ),
+    (
+        re.compile(r"Unknown database '([^']*)'|database \"([^\"]*)\" does not exist"),
+        "no database {!r} on this server: create it, or fix the URL's database name",
+    ),
+    (
+        re.compile(
+            r"Can't connect to (?:MySQL|local MySQL) server|Connection refused"
+            r"|failed to resolve host|Name or service not known|could not translate host name"
+            r"|No route to host|timeout expired|Connection timed out|No such file or directory"
+        ),
+        "cannot reach the server: is it running, and are the URL's host and port right?",
+    ),
+)
+"""Driver messages of one cause on every dialect (PostgreSQL's libpq and MariaDB's), and the
+one wording `describe` gives it."""
+
+
+def missing_table(exc: sa_exc.DBAPIError) -> bool:
+    """Whether `exc` says a table does not exist (PostgreSQL 42P01, MySQL 1146, SQLite's "no
+    such table"): the store's tables are not where the statement looked."""
+    orig: Any = exc.orig
+    if isinstance(orig, sqlite3.Error):
+        return str(orig).startswith("no such table")
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] == 1146
+    return getattr(orig, "sqlstate", None) == "42P01"
+
+
+def describe(exc: BaseException) -> str | None:
+    """The cause of a failed connection in the same words on every dialect (access denied,
+    unknown database, unreachable server), or None: MariaDB's driver tuples such as
+    `(1045, "Access denied ...")` and libpq's "FATAL: role ..." say one thing three ways.
+
+    Looks through `exc`'s chain, so a `StoreError` raised from a driver error is described too.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, sa_exc.DBAPIError) and e.orig is not None:
+            text = str(e.orig)
+            for pattern, words in _CAUSES:
+                found = pattern.search(text)
+                if found is not None:
+                    name = next((g for g in found.groups() if g is not None), None)
+                    return redact(words.format(name) if name is not None else words)
+        todo += (e.__cause__, e.__context__)
+    return None
+
+
 def hide_parameters(exc: BaseException) -> None:
     """Drop the bound parameters from every SQLAlchemy error in `exc`'s chain, in place.
 
@@ -709,7 +796,9 @@ def translate(exc: BaseException) -> StoreError:
     if isinstance(exc, sa_exc.TimeoutError):  # the pool ran dry
         return StoreUnavailable(redact(f"no database connection available: {exc}"))
     if isinstance(exc, sa_exc.DBAPIError):
-        message = redact(str(exc.orig) if exc.orig is not None else str(exc)).strip()
+        message = (
+            describe(exc) or redact(str(exc.orig) if exc.orig is not None else str(exc)).strip()
+        )
         if _is_transient(exc):
             return StoreUnavailable(message)
         return StoreError(message)

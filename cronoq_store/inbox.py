@@ -2,9 +2,9 @@
 
 An app calls `enqueue(conn, spec)` on its own `Connection` or ORM `Session`, inside its own
 transaction: the row commits with the app's writes or not at all, and nothing here commits.
-The leader reads the oldest rows (`read`), turns each into a task, and commits `InboxTaken`
-for it in the same fenced batch as its `Submitted`, so an item becomes at most one task and a
-fenced leader consumes nothing (see docs/guarantees.md).
+The leader reads the oldest rows (`SqlStore.read_inbox`), turns each into a task, and commits
+`InboxTaken` for it in the same fenced batch as its `Submitted`, so an item becomes at most one
+task and a fenced leader consumes nothing (see docs/guarantees.md).
 
 Times in an enqueued spec (deadline, fixed start) are Unix nanoseconds, i.e. engine times under
 `TimeBase(0)`: an app knows no engine's time base. The leader reads them under its own base.
@@ -25,11 +25,12 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Connection, Delete, Insert, Select, bindparam, delete, func, insert, select
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import Session
 
 from . import codec, dialects
-from .errors import CorruptValue, InvalidValue
+from .errors import CorruptValue, InvalidValue, SchemaError
 from .model import InboxItem, TaskSpec, TimeBase
 from .schema import check_schema_name, inbox, inbox_rejects
 
@@ -204,6 +205,39 @@ def _write(
     return ids
 
 
+def _write_or_explain(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+) -> list[int]:
+    """`_write`, its driver errors translated: where the inbox table is not, a `SchemaError`
+    naming the schema searched and `schema=` (an app's usual slip is to leave it out)."""
+    try:
+        return _write(conn, rows, options, notify=notify)
+    except sa_exc.DBAPIError as exc:
+        if not dialects.missing_table(exc):
+            raise dialects.translate(exc) from exc
+        dialects.hide_parameters(exc)
+        given = (options.get("schema_translate_map") or {}).get(None)
+        raise SchemaError(
+            f"no table {inbox.name} in {_searched(conn, given)}: pass enqueue(..., schema=) "
+            f"the schema of the store's tables (its StoreConfig.schema), or create them there "
+            f"(`cronoq-store upgrade`)"
+        ) from exc
+    except sa_exc.SQLAlchemyError as exc:
+        raise dialects.translate(exc) from exc
+
+
+def _searched(conn: Connection, given: str | None) -> str:
+    """Where a statement without a schema looked: the schema given, or the connection's own."""
+    kind = {"postgresql": "PostgreSQL schema", "mysql": "MySQL database"}.get(
+        dialects.name(conn.dialect)
+    )
+    if kind is None:
+        return "this SQLite database"
+    if given is not None:
+        return f"{kind} {given!r} (schema=)"
+    return f"{kind} {conn.dialect.default_schema_name!r} (the connection's default; no schema=)"
+
+
 def _table_sql(conn: Connection, options: Mapping[str, Any]) -> str:
     """The inbox table's name as SQL text, in the schema `options` or `conn` translate to.
 
@@ -236,11 +270,10 @@ def enqueue(
     schema: str | None = None,
     notify: bool = True,
 ) -> int:
-    """Write `spec` into the inbox in the caller's transaction; returns its inbox id.
+    """Write `spec` into the inbox in the caller's transaction.
 
     Never commits: the item exists once the caller's transaction commits, and a rollback leaves
-    no trace. `schema` names the PostgreSQL schema (MySQL database) of the store's tables, if
-    any. Refuses a spec that cannot be stored (`InvalidValue`) before writing anything.
+    no trace.
 
     PostgreSQL: the transaction also notifies a listening leader when it commits, unless not
     `notify`. A notifying commit holds a database-wide lock through its WAL flush, so where
@@ -248,6 +281,25 @@ def enqueue(
     Without it the leader finds the item by its probe: every `StoreConfig.inbox_poll` when it
     polls (`inbox_listen=False`, or `transaction_pooler=True`, behind which no notification
     arrives anyway); within `SLOW_CHECK_S` if it listens.
+
+    Args:
+        conn: The app's `Connection`, or its ORM `Session` (its transaction is joined).
+        spec: The task to create once a leader drains the inbox.
+        schema: The PostgreSQL schema (MySQL database) of the store's tables, if any: the
+            store's `StoreConfig.schema`.
+        notify: PostgreSQL: wake a listening leader when the transaction commits (above).
+
+    Returns:
+        The item's inbox id.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
     """
     return enqueue_many(conn, [spec], schema=schema, notify=notify)[0]
 
@@ -259,10 +311,29 @@ def enqueue_many(
     schema: str | None = None,
     notify: bool = True,
 ) -> list[int]:
-    """`enqueue` for several specs at once (all or none); their ids, in order."""
+    """`enqueue` for several specs at once (all or none).
+
+    Args:
+        conn: The app's `Connection`, or its ORM `Session`.
+        specs: The tasks, in order.
+        schema: The schema of the store's tables, as for `enqueue`.
+        notify: As for `enqueue`.
+
+    Returns:
+        Their inbox ids, in order.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
+    """
     rows = _rows(specs)
     options = _options(schema)
-    return _write(_connection(conn), rows, options, notify=_notify(notify))
+    return _write_or_explain(_connection(conn), rows, options, notify=_notify(notify))
 
 
 def _notify(notify: object) -> bool:
@@ -278,7 +349,26 @@ async def enqueue_async(
     schema: str | None = None,
     notify: bool = True,
 ) -> int:
-    """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`."""
+    """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`.
+
+    Args:
+        conn: The app's `AsyncConnection` or `AsyncSession`.
+        spec: The task to create once a leader drains the inbox.
+        schema: The schema of the store's tables, as for `enqueue`.
+        notify: As for `enqueue`.
+
+    Returns:
+        The item's inbox id.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
+    """
     return (await enqueue_many_async(conn, [spec], schema=schema, notify=notify))[0]
 
 
@@ -289,7 +379,26 @@ async def enqueue_many_async(
     schema: str | None = None,
     notify: bool = True,
 ) -> list[int]:
-    """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`."""
+    """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`.
+
+    Args:
+        conn: The app's `AsyncConnection` or `AsyncSession`.
+        specs: The tasks, in order.
+        schema: The schema of the store's tables, as for `enqueue`.
+        notify: As for `enqueue`.
+
+    Returns:
+        Their inbox ids, in order.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
+            type (before anything is written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
+    """
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     rows = _rows(specs)
@@ -302,7 +411,7 @@ async def enqueue_many_async(
             f"enqueue_many_async needs an AsyncConnection or AsyncSession, "
             f"not {type(conn).__name__}"
         )
-    return await conn.run_sync(lambda c: _write(c, rows, options, notify=notify))
+    return await conn.run_sync(lambda c: _write_or_explain(c, rows, options, notify=notify))
 
 
 # The leader's side.

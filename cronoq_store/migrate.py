@@ -12,12 +12,13 @@ __all__ = [
     "TABLE_PREFIX",
     "VERSION_TABLE",
     "alembic_config",
+    "cronoq_tables_only",
     "current_revision",
     "downgrade",
     "head_revision",
-    "include_name",
     "script_location",
     "upgrade",
+    "without_cronoq_tables",
 ]
 
 import contextlib
@@ -47,9 +48,38 @@ TABLE_PREFIX: Final = "cronoq_"
 """Every table of the store is named with it."""
 
 
-def include_name(name: str | None, type_: str, _parents: object) -> bool:
-    """Autogenerate filter: only cronoq's own tables (an app's tables live beside them), not
-    the version table nor Galera's migration lock, which live outside the history."""
+def without_cronoq_tables(name: str | None, type_: str, parent_names: object) -> bool:
+    """The autogenerate filter for an APP's own `env.py`: everything except cronoq's tables.
+
+    One import and one line, `context.configure(..., include_name=without_cronoq_tables)`:
+    the app's `alembic revision --autogenerate` then never proposes dropping the `cronoq_`
+    tables beside its own (nor their indexes, which are compared with their table).
+
+    Args:
+        name: The name of the reflected object (a table, index, column, ... or schema).
+        type_: What it is, as Alembic says it ("table", "index", "schema", ...).
+        parent_names: Alembic's names of its schema and table (unused).
+
+    Returns:
+        False for a table named with `TABLE_PREFIX` (the version table included), else True.
+    """
+    return not (type_ == "table" and (name or "").startswith(TABLE_PREFIX))
+
+
+def cronoq_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
+    """The autogenerate filter of CRONOQ's own history (its `migrations/env.py`): only its
+    tables, so an app's tables beside them are never proposed for dropping. Not for an app's
+    `env.py`: there it hides the app's tables; use `without_cronoq_tables`.
+
+    Args:
+        name: The name of the reflected object.
+        type_: What it is, as Alembic says it ("table", "index", ...).
+        parent_names: Alembic's names of its schema and table (unused).
+
+    Returns:
+        For a table, whether it is one of cronoq's (its version table and Galera's
+        migration lock excepted); else True.
+    """
     if type_ == "table":
         return (
             name is not None
@@ -59,8 +89,17 @@ def include_name(name: str | None, type_: str, _parents: object) -> bool:
     return True
 
 
+include_name = cronoq_tables_only
+"""The earlier name of `cronoq_tables_only`, kept for existing env.py files (not in __all__:
+it read as the filter an app wants, which it is not)."""
+
+
 def script_location() -> Path:
-    """The migrations folder: inside the installed package, or the source tree's."""
+    """The migrations folder: inside the installed package, or the source tree's.
+
+    Returns:
+        The folder holding `env.py` and `versions/`.
+    """
     packaged = Path(str(resources.files("cronoq_store"))) / "migrations"
     if (packaged / "env.py").is_file():
         return packaged
@@ -68,7 +107,16 @@ def script_location() -> Path:
 
 
 def alembic_config(connection: Connection | None = None, *, schema: str | None = None) -> Config:
-    """An Alembic `Config` for the packaged migrations, optionally bound to `connection`."""
+    """An Alembic `Config` for the packaged migrations, optionally bound to `connection`.
+
+    Args:
+        connection: The connection `env.py` migrates on; None for commands that need none
+            (`history`, `heads`).
+        schema: The PostgreSQL schema (MySQL database) of the tables, if any.
+
+    Returns:
+        A `Config` for `alembic.command` functions; it needs no alembic.ini.
+    """
     cfg = Config()
     cfg.set_main_option("script_location", str(script_location()))
     cfg.set_main_option("path_separator", "os")
@@ -78,7 +126,11 @@ def alembic_config(connection: Connection | None = None, *, schema: str | None =
 
 
 def head_revision() -> str:
-    """The newest revision this build knows."""
+    """The newest revision this build knows.
+
+    Returns:
+        Its id, such as "0004_commit_seq".
+    """
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None, "the packaged migrations have no head"
     return head
@@ -181,19 +233,56 @@ def upgrade(
     """Migrate the database to `revision` (default: this build's newest) under the lock.
 
     At the head revision it also restores the leader row if it was deleted (without it no
-    instance can lead): returns the restored row's id high-water mark, None when nothing was
-    restored.
+    instance can lead).
+
+    Args:
+        bind: An engine, or a connection in the caller's transaction (committed here).
+        revision: The revision to reach; "head" for this build's newest.
+        schema: The PostgreSQL schema (created if missing) or MySQL database of the tables.
+
+    Returns:
+        The restored leader row's next task id; None when nothing was restored.
+
+    Raises:
+        InvalidValue: An unusable `schema` name (before any DDL).
+        SchemaError: The database stands at a revision this build does not know.
+        StoreUnavailable: The database cannot be reached.
+        StoreError: A migration the database refused (it rolls back where DDL is
+            transactional).
     """
     return _run(bind, schema, "upgrade", revision)
 
 
 def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = None) -> None:
-    """Migrate the database down to `revision` ("base" drops every cronoq table)."""
+    """Migrate the database down to `revision` ("base" drops every cronoq table).
+
+    Args:
+        bind: An engine, or a connection in the caller's transaction.
+        revision: The revision to go down to, or "base".
+        schema: The PostgreSQL schema or MySQL database of the tables.
+
+    Raises:
+        InvalidValue: An unusable `schema` name.
+        SchemaError: The database stands at a revision this build does not know.
+        StoreUnavailable: The database cannot be reached.
+    """
     _run(bind, schema, "downgrade", revision)
 
 
 def current_revision(bind: Engine | Connection, *, schema: str | None = None) -> str | None:
-    """The revision the database stands at; None for a database never migrated."""
+    """The revision the database stands at.
+
+    Args:
+        bind: An engine or a connection.
+        schema: The PostgreSQL schema or MySQL database of the tables.
+
+    Returns:
+        The revision id; None for a database never migrated.
+
+    Raises:
+        SchemaError: The version table holds several heads.
+        StoreUnavailable: The database cannot be reached.
+    """
     try:
         if isinstance(bind, Engine):
             with bind.connect() as conn:

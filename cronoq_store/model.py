@@ -118,11 +118,25 @@ class TimeBase:
         _int("TimeBase.unix_ns", self.unix_ns)
 
     def to_unix(self, t: Time) -> int:
-        """Unix nanoseconds of engine time `t`."""
+        """Unix nanoseconds of engine time `t`.
+
+        Args:
+            t: An engine time (nanoseconds since this base).
+
+        Returns:
+            The same instant in Unix nanoseconds.
+        """
         return self.unix_ns + t
 
     def from_unix(self, unix_ns: int) -> Time:
-        """Engine time of Unix nanoseconds `unix_ns`."""
+        """Engine time of Unix nanoseconds `unix_ns`.
+
+        Args:
+            unix_ns: An instant in Unix nanoseconds.
+
+        Returns:
+            The same instant as an engine time under this base.
+        """
         return unix_ns - self.unix_ns
 
 
@@ -173,7 +187,14 @@ class Priority(enum.IntEnum):
 
     @classmethod
     def from_index(cls, index: int) -> Priority:
-        """The priority stored as `index`; an unknown index reads as NORMAL."""
+        """The priority stored as `index`.
+
+        Args:
+            index: The stored integer.
+
+        Returns:
+            Its priority; NORMAL for an index no priority has (a newer build's).
+        """
         try:
             return cls(index)
         except ValueError:
@@ -209,7 +230,14 @@ class TaskStatus(enum.StrEnum):
 
     @classmethod
     def from_name(cls, name: str) -> TaskStatus | None:
-        """The status stored as `name` (case-insensitive); None for an unknown name."""
+        """The status stored as `name`.
+
+        Args:
+            name: The stored name, in any case.
+
+        Returns:
+            Its status; None for a name no status has.
+        """
         try:
             return cls(name.lower())
         except (ValueError, AttributeError):

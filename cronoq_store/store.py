@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "MAX_WAIT",
+    "Outputs",
     "SqlStore",
     "StoreConfig",
 ]
@@ -657,6 +658,23 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         With `StoreConfig.migrate` off, the schema must already stand at this build's head
         (`SchemaError` otherwise, nothing written); `check_schema=False` skips that check, for
         tools that inspect or migrate a database at any revision.
+
+        Args:
+            url_or_path: A SQLAlchemy URL (string or `URL`) or a SQLite file path (created
+                0600 if missing).
+            config: How the store behaves; `StoreConfig()` when None.
+            check_schema: With migration off, refuse a database not at head.
+
+        Returns:
+            A store that owns its engine (`close` disposes of it); it does not lead yet.
+
+        Raises:
+            InvalidValue: A URL or path the store cannot use (query options on SQLite,
+                PostgreSQL host lists that can never connect).
+            StoreError: A URL whose dialect or driver is not installed (the message says
+                what to install and write).
+            StoreUnavailable: The database cannot be reached.
+            SchemaError: The schema is newer than this build, or (migration off) not at head.
         """
         config = config or StoreConfig()
         store = cls._owning(_engine_for(url_or_path, config), config)
@@ -671,16 +689,29 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         return store
 
     def migrate(self) -> None:
-        """Migrate the database to this build's schema (idempotent; safe from many processes)."""
+        """Migrate the database to this build's schema (idempotent; safe from many processes).
+
+        Raises:
+            SchemaError: The database stands at a revision this build does not know.
+            StoreUnavailable: The database cannot be reached.
+        """
         migrate.upgrade(self._raw_engine, schema=self.config.schema)
 
     def check_schema(self) -> None:
-        """Refuse (`SchemaError`) a database not at this build's head revision; only reads."""
+        """Refuse a database not at this build's head revision; only reads.
+
+        Raises:
+            SchemaError: Not migrated, behind, or newer than this build.
+            StoreUnavailable: The database cannot be reached.
+        """
         with translated():
             migrate.require_head(self._raw_engine, schema=self.config.schema)
 
     def close(self) -> None:
-        """Stop leading (releasing the lease) and dispose of an engine this store created."""
+        """Stop leading (releasing the lease) and dispose of an engine this store created.
+
+        Raises nothing: a lease that cannot be cleared is logged and left to expire.
+        """
         if self._leadership.epoch is not None:
             self.release_leadership()
         if self._listener is not None:
@@ -750,7 +781,16 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     # Leadership.
 
     def wait_leadership_lost(self, timeout: float | None = None) -> bool:
-        """Block until leadership is lost; False if `timeout` seconds passed first."""
+        """Block until leadership is lost (at once if this instance does not lead).
+
+        Args:
+            timeout: Seconds to wait at most; None waits as long as it takes.
+
+        Returns:
+            True once leadership is lost; False if `timeout` passed first.
+
+        Raises nothing: it only waits on this instance's own state.
+        """
         return self._lost.wait(timeout)
 
     def _lose(
@@ -796,9 +836,19 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """Block until this instance leads; returns the new fencing epoch.
 
         Checks every `lock_poll` whether the lease is free, expired (on the database's clock) or
-        ours, and backs off up to `MAX_RETRY_DELAY` while the database cannot be reached. With
-        `timeout` (seconds), raises `StoreUnavailable` if this instance does not lead by then.
+        ours, and backs off up to 5 s between attempts while the database cannot be reached.
         An instance that leads already steps down first and leads anew under the next epoch.
+
+        Args:
+            timeout: Seconds to try at most; None tries until it leads.
+
+        Returns:
+            The new fencing epoch, which every `commit` of this term passes.
+
+        Raises:
+            StoreUnavailable: `timeout` passed before this instance could lead (the database
+                unreachable, or another instance holding a live lease).
+            LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
         self._lose("taking the lease anew", logging.INFO, released=True)
         self._stop()
@@ -856,7 +906,10 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             keeper.join(self.config.lease_renew.total_seconds())
 
     def release_leadership(self) -> None:
-        """Give leadership up; a waiting standby can take over at once."""
+        """Give leadership up; a waiting standby can take over at once.
+
+        Raises nothing: a lease that cannot be cleared is logged and expires on its own.
+        """
         self._lose("released", logging.INFO, released=True)
         self._stop()
         if self._leadership.epoch is not None:
@@ -874,6 +927,23 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """Make `batch` durable in one transaction, or raise and write nothing.
 
         Idempotent: committing the same batch again (after a timeout, say) changes nothing.
+        A successful commit also renews the lease (fencing and renewal are one row).
+
+        Args:
+            epoch: The epoch `acquire_leadership` returned for this term.
+            base: The engine's time base: every time in `batch` is an engine time under it.
+            batch: The mutations, applied in order (`Submitted`, `StatusChanged`,
+                `RecurringUpsert`, `RecurringRemove`, `RecurringNext`, `InboxTaken`).
+            outputs: `(task id, bytes)` pairs: the outputs of tasks that succeeded.
+
+        Raises:
+            Fenced: Another instance leads (or this one's lease expired): nothing was
+                written and this instance stepped down. `DatabaseBehind` (a `Fenced`) when
+                the database lost commits this leader had made durable.
+            StoreUnavailable: The database could not be reached, or the commit took longer
+                than `StoreConfig.commit_timeout`; retry the same batch.
+            InvalidValue: A mutation or value the store cannot hold (checked before writing).
+            StoreError: Anything else the database refused; nothing was written.
         """
         with self._telemetry.commit(epoch, batch):
             work, seq = self._commit_work(epoch, base, batch, outputs)
@@ -890,7 +960,19 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             self._fence_renewed(epoch, started, seq)
 
     def recover(self, base: TimeBase) -> Recovered:
-        """Everything a new leader needs to resume (quarantining undecodable rows)."""
+        """Everything a new leader needs to resume (quarantining undecodable rows).
+
+        Args:
+            base: The engine's time base: times come back as engine times under it.
+
+        Returns:
+            Live tasks, recently finished ones (`StoreConfig.retention`), recurring schedules,
+            the next free task id and any commits a failover lost.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+            StoreError: Anything else the database refused.
+        """
         now = self._now()
 
         def scan(conn: Connection) -> tuple[Recovered, int]:
@@ -909,7 +991,17 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         return result
 
     def prune(self, older_than: timedelta) -> int:
-        """Delete finished tasks updated before `older_than` ago that no live task needs."""
+        """Delete finished tasks updated before `older_than` ago that no live task needs.
+
+        Args:
+            older_than: How long ago a finished task was last updated, at least.
+
+        Returns:
+            How many tasks were deleted (in short transactions; any instance may prune).
+
+        Raises:
+            StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
+        """
         cutoff = self._now() - _ns(older_than)
         limit = repository.PRUNE_BATCH
         total = 0
@@ -927,7 +1019,19 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     # Queries.
 
     def get_task(self, ref: TaskRef) -> TaskRecord | None:
-        """A task by id, or the newest task with a key."""
+        """A task by id, or the newest task with a key.
+
+        Args:
+            ref: `ById(id)` or `ByKey(key)`.
+
+        Returns:
+            The task, or None if there is none.
+
+        Raises:
+            InvalidValue: `ref` is neither `ById` nor `ByKey`.
+            CorruptValue: The row cannot be decoded.
+            StoreUnavailable: The database cannot be reached.
+        """
         if isinstance(ref, ById):
             return self._read(lambda c: repository.get_task(c, task_id=ref.id))  # type: ignore[no-any-return]
         if isinstance(ref, ByKey):
@@ -941,7 +1045,20 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         after: TaskId | None = None,
         limit: int = 100,
     ) -> list[TaskRecord]:
-        """Finished tasks by id above `after`: in `pools` (any if empty), with `statuses`."""
+        """Finished tasks by id above `after`: in `pools` (any if empty), with `statuses`.
+
+        Args:
+            pools: Only these pools; every pool when empty.
+            statuses: Only these terminal statuses; every one when empty.
+            after: Only ids above it (the last id of the previous page).
+            limit: At most this many.
+
+        Returns:
+            The tasks, by ascending id.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
         return self._read(  # type: ignore[no-any-return]
             lambda c: repository.list_finished(
                 c, pools=pools, statuses=statuses, after=after, limit=limit
@@ -949,7 +1066,17 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         )
 
     def load_output(self, id: TaskId) -> bytes | None:
-        """The output of a task that succeeded."""
+        """The output of a task that succeeded.
+
+        Args:
+            id: The task's id.
+
+        Returns:
+            Its output bytes, or None if it has none (or no such task exists).
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
         return self._read(lambda c: repository.load_output(c, id))  # type: ignore[no-any-return]
 
     # The inbox: what apps enqueue in their own transactions (`cronoq_store.enqueue`).
@@ -960,7 +1087,20 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """The oldest inbox items (above inbox id `after`), left in place: commit `InboxTaken`
         for each with its `Submitted` (or alone, to drop it). Spec times are engine times under
         `base` (Unix nanoseconds by default). Undecodable rows are set aside, not returned
-        (`inbox_rejected` counts them), and the rows behind them still are."""
+        (`inbox_rejected` counts them), and the rows behind them still are.
+
+        Args:
+            limit: At most this many items.
+            after: Only inbox ids above it.
+            base: The engine's time base for the specs' times.
+
+        Returns:
+            The items, oldest first.
+
+        Raises:
+            InvalidValue: `limit` or `after` out of range.
+            StoreUnavailable: The database cannot be reached.
+        """
         limit = inbox.check_limit(limit)
         after = inbox.check_after(after)
         items: list[InboxItem] = []
@@ -978,8 +1118,17 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
                 return items
 
     def wait_inbox(self, timeout: float) -> bool:
-        """Block until the inbox holds an item (True; at once if it holds one now), or until
-        `timeout` seconds passed (False)."""
+        """Block until the inbox holds an item, or until `timeout` seconds passed.
+
+        Args:
+            timeout: Seconds to wait at most.
+
+        Returns:
+            True once the inbox holds an item (at once if it holds one now); else False.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
         return inbox.wait(
             lambda: bool(self._read(inbox.has_items)),
             timeout,

@@ -14,11 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from alembic import context
-from sqlalchemy import Connection, create_engine, pool
+from sqlalchemy import Connection, create_engine, inspect, make_url, pool
+from sqlalchemy.exc import SQLAlchemyError
 
 from cronoq_store import dialects
-from cronoq_store.migrate import VERSION_TABLE, include_name
+from cronoq_store.errors import SchemaError, StoreError
+from cronoq_store.migrate import VERSION_TABLE, cronoq_tables_only
 from cronoq_store.schema import metadata
+from cronoq_store.store import _create_private, sqlite_file
 
 config = context.config
 
@@ -49,12 +52,32 @@ def _run(connection: Connection) -> None:
         version_table=VERSION_TABLE,
         version_table_schema=schema,
         render_as_batch=connection.dialect.name == "sqlite",
-        include_name=include_name,
+        include_name=cronoq_tables_only,
         compare_type=True,
         on_version_apply=[_renewal(config.attributes.get("renew_lock"))],
     )
     with context.begin_transaction():
         context.run_migrations()
+
+
+def _require_schema(conn: Connection) -> None:
+    """This path migrates into an existing schema (`cronoq-store upgrade` creates one): say
+    so in one line rather than fail on the first CREATE TABLE."""
+    schema = _option("schema", "CRONOQ_SCHEMA")
+    kind = {"postgresql": "PostgreSQL schema", "mysql": "MySQL database"}.get(
+        dialects.name(conn.dialect)
+    )
+    if not schema or kind is None:
+        return
+    if kind == "MySQL database":
+        found = dialects.database_exists(conn, schema)
+    else:
+        found = inspect(conn).has_schema(schema)
+    if not found:
+        raise SchemaError(
+            f"no {kind} {schema!r} (-x schema=): this path migrates into an existing one; "
+            f"create it, or run `cronoq-store --url URL --schema {schema} upgrade`, which does"
+        )
 
 
 def run_migrations_online() -> None:
@@ -65,14 +88,26 @@ def run_migrations_online() -> None:
     url = _option("url", "CRONOQ_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
     if not url:
         raise SystemExit("no database: pass -x url=..., set CRONOQ_DATABASE_URL or sqlalchemy.url")
-    engine = create_engine(url, poolclass=pool.NullPool, hide_parameters=True)  # rows are task data
+    where = "?"
     try:
-        schema = config.attributes.get("schema") or _option("schema", "CRONOQ_SCHEMA")
-        with engine.begin() as conn, dialects.migration_lock(conn, schema=schema) as renew:
-            config.attributes["renew_lock"] = renew
-            _run(conn)
-    finally:
-        engine.dispose()
+        parsed = dialects.parse_url(url) if "://" in url else make_url(f"sqlite:///{url}")
+        where = dialects.safe_url(parsed)
+        if parsed.get_backend_name() == "sqlite":
+            _create_private(sqlite_file(parsed))  # 0600, as `cronoq-store upgrade` makes it
+        engine = create_engine(parsed, poolclass=pool.NullPool, hide_parameters=True)  # task data
+        try:
+            schema = config.attributes.get("schema") or _option("schema", "CRONOQ_SCHEMA")
+            with engine.begin() as conn, dialects.migration_lock(conn, schema=schema) as renew:
+                config.attributes["renew_lock"] = renew
+                _require_schema(conn)
+                _run(conn)
+        finally:
+            engine.dispose()
+    except (SQLAlchemyError, StoreError) as exc:
+        # One line, as the CLI says it (`dialects.describe`), not Alembic's 90-line traceback.
+        error = dialects.translate(exc)
+        why = " ".join(str(error).split())
+        raise SystemExit(f"cronoq migrations failed ({where}): {why}") from None
 
 
 if context.is_offline_mode():

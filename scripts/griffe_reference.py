@@ -6,7 +6,11 @@ Griffe counts every special method as public, so each dataclass would list its
 methods that have no docstring (a documented one is still shown).
 
 `RequireDocstrings` warns about every public name without a docstring, so `mkdocs build
---strict` fails instead of publishing a bare entry.
+--strict` fails instead of publishing a bare entry. `RequireSignatureDocs` warns about a public
+function or method whose docstring does not document each parameter (`Args:`), what it
+returns (`Returns:`, unless it returns None) and, where it touches the database, what it
+raises (`Raises:`). `HideInternals` drops private base classes (`_Face[...]`) and the source
+text of attributes set in `__init__` from the pages.
 """
 
 from __future__ import annotations
@@ -92,3 +96,93 @@ class RequireDocstrings(griffe.Extension):
                 if obj.docstring is None:
                     where = f"{obj.relative_filepath}:{obj.lineno}"
                     griffe.logger.warning(f"{where}: public {obj.path} has no docstring")
+
+
+RAISES_REQUIRED = (
+    "cronoq_store.store.SqlStore.",
+    "cronoq_store.aio.AsyncSqlStore.",
+    "cronoq_store.inbox.",
+    "cronoq_store.migrate.upgrade",
+    "cronoq_store.migrate.downgrade",
+    "cronoq_store.migrate.current_revision",
+)
+"""Where a function touches the database: its docstring must also say what it raises (a
+`Raises:` section, or "Raises nothing" with why)."""
+NOT_YET_DOCUMENTED = frozenset(
+    {
+        "cronoq_store.dialects.translate",
+    }
+)
+"""Issue 24's debt: functions still documented in prose only. The list only shrinks: a name
+documented in full must leave it (the check says so), and a new function is never added."""
+
+
+def missing_signature_docs(func: griffe.Function, *, raises: bool) -> list[str]:
+    """What `func`'s docstring leaves out: parameters not under `Args:`, a `Returns:` for a
+    function that returns something, a `Raises:` when `raises`."""
+    sections = func.docstring.parse("google") if func.docstring is not None else []
+    kinds = {section.kind.value for section in sections}
+    documented = {
+        param.name
+        for section in sections
+        if section.kind.value == "parameters"
+        for param in section.value
+    }
+    missing = []
+    for param in func.parameters:
+        if param.name not in ("self", "cls") and param.name not in documented:
+            missing.append(f"parameter {param.name!r} (Args:)")
+    returns = str(func.returns) if func.returns is not None else "None"
+    if returns != "None" and "property" not in func.labels and "returns" not in kinds:
+        missing.append("what it returns (Returns:)")
+    said_none = func.docstring is not None and "Raises nothing" in func.docstring.value
+    if raises and "property" not in func.labels and "raises" not in kinds and not said_none:
+        missing.append("what it raises (Raises:)")
+    return missing
+
+
+class RequireSignatureDocs(griffe.Extension):
+    """Warn (so a strict build fails) about a public function or method that does not
+    document its parameters, its return value and (on the database) what it raises."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """Runs once the package is loaded, over what the reference renders."""
+        rendered = _rendered()
+        for module in _modules(pkg):
+            if module.path not in rendered:
+                continue
+            for obj in _shown(module):
+                if not obj.is_function or obj.name.startswith("__"):
+                    continue
+                assert isinstance(obj, griffe.Function)
+                raises = obj.path.startswith(RAISES_REQUIRED)
+                missing = missing_signature_docs(obj, raises=raises)
+                where = f"{obj.relative_filepath}:{obj.lineno}"
+                if obj.path in NOT_YET_DOCUMENTED:
+                    if not missing:
+                        griffe.logger.warning(
+                            f"{where}: {obj.path} is documented in full now: take it off "
+                            "NOT_YET_DOCUMENTED in scripts/griffe_reference.py"
+                        )
+                    continue
+                for what in missing:
+                    griffe.logger.warning(f"{where}: public {obj.path} does not document {what}")
+
+
+class HideInternals(griffe.Extension):
+    """Keep the store's inside off the pages: private base classes (`Bases: _Face[...]`), and
+    the source text of attributes assigned in `__init__` (`config = config or StoreConfig()`),
+    whose docstrings say what they are."""
+
+    def on_class(self, *, cls: griffe.Class, **kwargs: Any) -> None:
+        """Runs once the object tree is complete."""
+        cls.bases = [
+            b for b in cls.bases if not str(b).split("[")[0].split(".")[-1].startswith("_")
+        ]
+        for member in cls.members.values():
+            if (
+                not member.is_alias
+                and member.is_attribute
+                and "instance-attribute" in member.labels
+            ):
+                member.value = None

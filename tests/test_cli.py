@@ -150,7 +150,7 @@ def test_upgrade_current_downgrade(db_url: URL) -> None:
     finally:
         engine.dispose()
     assert run(url, "current").stdout == "none\n"
-    assert "no cronoq schema" in one_error(run(url, "status", code=1))
+    assert "no cronoq tables in " in one_error(run(url, "status", code=1))
 
 
 def test_status(db_url: URL, store: SqlStore) -> None:
@@ -383,7 +383,8 @@ def test_postgresql_schema(db_url: URL) -> None:
         engine.dispose()
     status = json.loads(run(url, "--schema", "cronoq", "status", "--json").stdout)
     assert status["revision"] == migrate.head_revision() and status["tasks"] == []
-    assert "no cronoq schema" in one_error(run(url, "status", code=1))  # not in public
+    line = one_error(run(url, "status", code=1))  # not in public
+    assert "no cronoq tables in PostgreSQL schema 'public'" in line
 
 
 @pytest.mark.sqlite
@@ -433,7 +434,7 @@ def test_out_of_range_input_is_one_line_never_a_traceback(db_url: URL, store: Sq
     assert [t["id"] for t in everything["tasks"]] == [1, 2, 3, 4, 5, 6]
     for age in ("800000d", "1000000000d", f"{huge}d", f"{huge}w"):
         out = run(url, "prune", "--older-than", age, "--dry-run").stdout
-        assert out.startswith("would delete 0 finished tasks updated before 1677-"), (age, out)
+        assert out.startswith("would delete 0 finished tasks updated before 1970-01-01"), (age, out)
     assert parse_duration(f"{huge}d") == timedelta.max
 
 
@@ -531,7 +532,7 @@ def test_mysql_schema_names_a_database_upgrade_creates(db_url: URL) -> None:
     schema = f"{db_url.database}_s"
     line = one_error(run(url, "--schema", schema, "status", code=1))
     assert f"no database {schema!r} on this server" in line
-    assert f"`cronoq-store --schema {schema} upgrade` creates it" in line
+    assert f"--schema {schema} upgrade` creates it" in line and "`cronoq-store --url " in line
     try:
         assert run(url, "--schema", schema, "upgrade").stdout.startswith("upgraded none -> ")
         status = json.loads(run(url, "--schema", schema, "status", "--json").stdout)

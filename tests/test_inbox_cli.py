@@ -84,4 +84,4 @@ def test_enqueue_refuses_bad_input(db_url: URL, store: SqlStore) -> None:
 
 def test_enqueue_on_a_missing_sqlite_file(tmp_path: object) -> None:
     error = one_error(run(f"{tmp_path}/none.db", "enqueue", "x", code=1))
-    assert "cronoq-store upgrade" in error
+    assert "upgrade` creates one" in error

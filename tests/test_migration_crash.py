@@ -105,7 +105,7 @@ def assert_schema_complete(engine: Engine) -> None:
         context = MigrationContext.configure(
             conn,
             opts={
-                "include_name": migrate.include_name,
+                "include_name": migrate.cronoq_tables_only,
                 "compare_type": True,
                 "version_table": migrate.VERSION_TABLE,
             },

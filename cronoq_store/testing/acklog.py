@@ -26,7 +26,12 @@ class AckLog:
         self._lock = threading.Lock()
 
     def append(self, record: Mapping[str, Any], *, sync: bool) -> None:
-        """Append `record` as one line in one write; with `sync`, fsync before returning."""
+        """Append `record` as one line in one write; with `sync`, fsync before returning.
+
+        Args:
+            record: A JSON-ready record.
+            sync: fsync the log before returning (an acknowledged record survives a crash).
+        """
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         with self._lock:
             view = memoryview(data)
@@ -50,7 +55,14 @@ class AckLog:
 
 
 def read_log(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
-    """The records of a log, and how many lines could not be parsed (torn by a kill)."""
+    """The records of a log, and how many lines could not be parsed (torn by a kill).
+
+    Args:
+        path: The log file.
+
+    Returns:
+        The parsed records, in order, and the count of lines that could not be parsed.
+    """
     records: list[dict[str, Any]] = []
     torn = 0
     with open(path, "rb") as f:

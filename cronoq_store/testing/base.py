@@ -45,13 +45,24 @@ class Store(Protocol):
         """As `SqlStore.is_leader`."""
 
     def acquire_leadership(self, timeout: float | None = None) -> int:
-        """As `SqlStore.acquire_leadership`: the new epoch."""
+        """As `SqlStore.acquire_leadership`: the new epoch.
+
+        Args:
+            timeout: Seconds to try at most; None tries until it leads.
+
+        Returns:
+            The new fencing epoch.
+        """
 
     def release_leadership(self) -> None:
         """As `SqlStore.release_leadership`."""
 
     def on_leadership_lost(self, callback: Callable[[], None]) -> None:
-        """As `SqlStore.on_leadership_lost`."""
+        """As `SqlStore.on_leadership_lost`.
+
+        Args:
+            callback: Called once each time leadership ends.
+        """
 
     def commit(
         self,
@@ -60,13 +71,34 @@ class Store(Protocol):
         batch: Sequence[Mutation],
         outputs: Sequence[tuple[TaskId, bytes]] = (),
     ) -> None:
-        """As `SqlStore.commit`."""
+        """As `SqlStore.commit`.
+
+        Args:
+            epoch: The epoch of this term.
+            base: The engine's time base of every time in `batch`.
+            batch: The mutations, in order.
+            outputs: `(task id, bytes)` pairs of tasks that succeeded.
+        """
 
     def recover(self, base: TimeBase) -> Recovered:
-        """As `SqlStore.recover`."""
+        """As `SqlStore.recover`.
+
+        Args:
+            base: The engine's time base.
+
+        Returns:
+            Everything a new leader needs to resume.
+        """
 
     def get_task(self, ref: TaskRef) -> TaskRecord | None:
-        """As `SqlStore.get_task`."""
+        """As `SqlStore.get_task`.
+
+        Args:
+            ref: `ById(id)` or `ByKey(key)`.
+
+        Returns:
+            The task, or None.
+        """
 
 
 # Canonical forms, so specs compare across processes and database round trips.
@@ -92,6 +124,13 @@ def _canon(value: object) -> Any:
 
 
 def digest(value: TaskSpec | RecurringSpec) -> str:
-    """A short stable digest of a spec (equal specs, equal digests)."""
+    """A short stable digest of a spec (equal specs, equal digests).
+
+    Args:
+        value: A task spec or a recurring schedule spec.
+
+    Returns:
+        A hex digest, equal for equal specs.
+    """
     text = json.dumps(_canon(value), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:20]

@@ -143,7 +143,14 @@ class CheckReport:
         )
 
     def as_dict(self, limit: int = 20) -> dict[str, Any]:
-        """A JSON-ready summary (lists cut to `limit` items, with their full counts)."""
+        """A JSON-ready summary (lists cut to `limit` items, with their full counts).
+
+        Args:
+            limit: At most this many items of each list.
+
+        Returns:
+            The summary: counts, the first `limit` problems of each kind, and `ok`.
+        """
         out: dict[str, Any] = {"ok": self.ok}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -206,6 +213,13 @@ def check(store: Store, log_path: str | os.PathLike[str]) -> CheckReport:
 
     A `SqlStore` is read with one scan of its tasks table; any other store task by task with
     `get_task`, so that stored tasks no log record names are not looked for there.
+
+    Args:
+        store: The store the drivers committed to (any `testing.Store`).
+        log_path: The acknowledgement log the drivers wrote.
+
+    Returns:
+        What was checked and every violation found (`CheckReport.ok` when none).
     """
     records, torn = read_log(log_path)
     report = CheckReport(records=len(records), torn_lines=torn)

@@ -164,7 +164,14 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m cronoq_store.testing drive|check ...`."""
+    """`python -m cronoq_store.testing drive|check ...`.
+
+    Args:
+        argv: The arguments; `sys.argv[1:]` when None.
+
+    Returns:
+        The exit status: 0 when the run (or the check) succeeded.
+    """
     parser = argparse.ArgumentParser(prog="python -m cronoq_store.testing", description=kit_doc)
     sub = parser.add_subparsers(dest="command", required=True)
     drive = sub.add_parser("drive", help="lead (or stand by) and commit a logged workload")

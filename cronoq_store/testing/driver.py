@@ -143,7 +143,11 @@ class WorkloadDriver:
     # Events.
 
     def emit(self, event: Event) -> None:
-        """Report `event` (with the run id and a wall-clock time) to the emit callback."""
+        """Report `event` (with the run id and a wall-clock time) to the emit callback.
+
+        Args:
+            event: The event's fields (its name under "event").
+        """
         event = {"t": time.time(), **event, "run": self.run_id, "pid": os.getpid()}
         if self._emit_fn is not None:
             with self._emit_lock:
@@ -201,7 +205,11 @@ class WorkloadDriver:
         self._pause_requested.set()
 
     def arm_hang(self, point: HangPoint | None = None) -> None:
-        """Hang at `point` (default: the configured `hang_at`) the next time it is reached."""
+        """Hang at `point` (default: the configured `hang_at`) the next time it is reached.
+
+        Args:
+            point: A hang point; None for the configured `hang_at`.
+        """
         point = point or self.config.hang_at
         if point in SQL_ONLY and not self._sql:
             raise ValueError(f"hanging {point} needs a SqlStore")
@@ -259,7 +267,11 @@ class WorkloadDriver:
                 self._wait(0.05)
 
     def lead(self) -> bool:
-        """Become leader and recover; False when stopped first."""
+        """Become leader and recover; False when stopped first.
+
+        Returns:
+            True once leading with the state recovered; False when stopped first.
+        """
         self.emit({"event": "standby"})
         slice_s = self.config.acquire_slice
         while True:
@@ -302,7 +314,11 @@ class WorkloadDriver:
         return True
 
     def commit_one(self) -> bool:
-        """Commit, log and acknowledge one batch; False when fenced (leadership lost)."""
+        """Commit, log and acknowledge one batch; False when fenced (leadership lost).
+
+        Returns:
+            True once the batch is committed and acknowledged; False when fenced.
+        """
         epoch = self._epoch
         assert epoch is not None
         planned = self.workload.plan()
@@ -423,7 +439,11 @@ class WorkloadDriver:
         self.emit({"event": "released", "epoch": epoch})
 
     def run(self) -> DriverSummary:
-        """Lead and commit until stopped, the duration ran out or max_batches were acked."""
+        """Lead and commit until stopped, the duration ran out or max_batches were acked.
+
+        Returns:
+            What this driver committed, acknowledged and saw.
+        """
         handler = _StoreWarnings(self.emit, self.summary)
         store_log = logging.getLogger("cronoq_store")
         store_log.addHandler(handler)

@@ -118,7 +118,11 @@ class DriverProcess:
             self._cond.notify_all()
 
     def mark(self) -> int:
-        """The index the next event will have (to wait for events after now)."""
+        """The index the next event will have (to wait for events after now).
+
+        Returns:
+            The index of the next event.
+        """
         with self._cond:
             return len(self.events)
 
@@ -130,7 +134,20 @@ class DriverProcess:
         timeout: float = 20.0,
         where: Callable[[dict[str, Any]], bool] | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """The first event `name` at or after index `start` (that satisfies `where`)."""
+        """The first event `name` at or after index `start` (that satisfies `where`).
+
+        Args:
+            name: The event name.
+            start: The first event index to look at.
+            timeout: Seconds to wait at most.
+            where: A test the event must pass; any event named `name` when None.
+
+        Returns:
+            The event's index and the event.
+
+        Raises:
+            DriverProcessError: No such event within `timeout`, or the process exited first.
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
             i = start
@@ -152,12 +169,24 @@ class DriverProcess:
                 self._cond.wait(left)
 
     def since(self, start: int, name: str) -> list[dict[str, Any]]:
-        """Events `name` from index `start` on."""
+        """Events `name` from index `start` on.
+
+        Args:
+            start: The first event index to look at.
+            name: The event name.
+
+        Returns:
+            The matching events, in order.
+        """
         with self._cond:
             return [e for e in self.events[start:] if e.get("event") == name]
 
     def tail(self) -> str:
-        """The last events and the end of stderr, for error messages."""
+        """The last events and the end of stderr, for error messages.
+
+        Returns:
+            A few lines of text.
+        """
         with self._cond:
             events = [json.dumps(e)[:300] for e in self.events[-8:]]
         err = ""
@@ -166,7 +195,11 @@ class DriverProcess:
         return "\n  events: " + "\n    ".join(events) + "\n  stderr: " + err
 
     def state(self) -> str:
-        """The process state letter from /proc ("T" while stopped; "?" if unknown)."""
+        """The process state letter from /proc ("T" while stopped; "?" if unknown).
+
+        Returns:
+            The state letter.
+        """
         try:
             stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
         except OSError:
@@ -174,7 +207,14 @@ class DriverProcess:
         return stat.rsplit(")", 1)[1].split()[0]
 
     def wait_stopped(self, timeout: float = 5.0) -> None:
-        """Wait until the process is stopped (after it reported `pausing`)."""
+        """Wait until the process is stopped (after it reported `pausing`).
+
+        Args:
+            timeout: Seconds to wait at most.
+
+        Raises:
+            DriverProcessError: It was not stopped within `timeout`.
+        """
         deadline = time.monotonic() + timeout
         while self.state() != "T":
             if time.monotonic() > deadline:
@@ -182,18 +222,33 @@ class DriverProcess:
             time.sleep(0.005)
 
     def signal(self, sig: signal.Signals) -> None:
-        """Send `sig` to the process."""
+        """Send `sig` to the process.
+
+        Args:
+            sig: The signal number.
+        """
         self.proc.send_signal(sig)
 
     def arm(self, point: HangPoint) -> None:
-        """Make it hang at `point` the next time it gets there (needs `control_path`)."""
+        """Make it hang at `point` the next time it gets there (needs `control_path`).
+
+        Args:
+            point: The hang point.
+
+        Raises:
+            ValueError: It was started without `control_path`.
+        """
         if self.control_path is None:
             raise ValueError("arm needs a DriverProcess started with control_path")
         self.control_path.write_text(point.value)
         self.proc.send_signal(signal.SIGUSR2)
 
     def kill(self) -> float:
-        """SIGKILL it and reap it; the wall-clock time the signal was sent."""
+        """SIGKILL it and reap it; the wall-clock time the signal was sent.
+
+        Returns:
+            The wall-clock time (`time.time()`) the signal was sent.
+        """
         t = time.time()
         self.proc.kill()
         self.proc.wait(10)
@@ -203,6 +258,16 @@ class DriverProcess:
         """Stop it gracefully (SIGTERM: it releases the lease) and return its exit summary.
 
         Waits for it to have started first: before that, SIGTERM would just end it.
+
+        Args:
+            timeout: Seconds to wait for it to exit.
+
+        Returns:
+            Its exit summary event.
+
+        Raises:
+            DriverProcessError: It did not exit within `timeout` (its threads' stacks in
+                the message).
         """
         self.wait("started", timeout=timeout)
         self.proc.send_signal(signal.SIGCONT)

@@ -35,7 +35,15 @@ from .config import DriverConfig
 
 
 def output_for(task_id: int, attempt: int) -> bytes:
-    """The output the workload stores for a task that succeeded."""
+    """The output the workload stores for a task that succeeded.
+
+    Args:
+        task_id: The task's id.
+        attempt: The attempt that succeeded.
+
+    Returns:
+        The output bytes (derived from both, so the checker can verify them).
+    """
     return b"out:%d:%d" % (task_id, attempt)
 
 

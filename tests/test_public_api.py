@@ -47,6 +47,7 @@ INTERNAL = (
     "cli",
     "cli_inbox",
     "bench",
+    "web",
 )
 # A public package's modules: its parts, no promise to users on their own. The package's
 # `__all__` names what of them is public, and its reference page documents it.

@@ -449,12 +449,14 @@ def test_command_needs_a_token_beyond_loopback(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2 and "set --token" in refused.stderr, refused.stderr
     port = free_port()
-    server = subprocess.Popen(
-        [*cli, "web", "--host", "0.0.0.0", "--port", str(port)],
-        env=env | {"CRONOQ_WEB_TOKEN": "t0ken"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    log = tmp_path / "web.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [*cli, "web", "--host", "0.0.0.0", "--port", str(port)],
+            env=env | {"CRONOQ_WEB_TOKEN": "t0ken"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -462,7 +464,7 @@ def test_command_needs_a_token_beyond_loopback(tmp_path: Path) -> None:
                 first = httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
                 break
             except httpx.TransportError:
-                assert server.poll() is None, server.stdout.read() if server.stdout else ""
+                assert server.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, "the dashboard did not come up in 30 s"
                 time.sleep(0.1)
         assert first.status_code == 401

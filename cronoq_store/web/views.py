@@ -48,6 +48,10 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
     pools = sorted({c["pool"] for c in live})
     statuses = [s for s in STATUSES if any(c["status"] == s for c in live)]
     grid = {(c["pool"], c["status"]): c["count"] for c in live}
+    finished = int(conn.execute(repository.finished_count_stmt()).scalar_one())
+    recent = int(
+        conn.execute(repository.finished_since_count_stmt(), {"cutoff": cutoff}).scalar_one()
+    )
     return {
         "revision": migrate.current_revision(conn, schema=schema),
         "head": migrate.head_revision(),
@@ -57,10 +61,10 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
         "statuses": statuses,
         "grid": grid,
         "live_total": sum(c["count"] for c in live),
-        "finished": int(conn.execute(repository.finished_count_stmt()).scalar_one()),
-        "past_retention": int(
-            conn.execute(repository.past_retention_count_stmt(), {"cutoff": cutoff}).scalar_one()
-        ),
+        "finished": finished,
+        # Under READ COMMITTED each count has its own snapshot: a prune in between must not
+        # make the backlog negative.
+        "past_retention": max(0, finished - recent),
         "retention": cli._ns_text(retention // timedelta(microseconds=1) * 1000),
         "schedules": int(conn.execute(repository.recurring_count_stmt()).scalar_one()),
         "inbox": inbox.depth(conn),

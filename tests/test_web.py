@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from datetime import timedelta
 from html.parser import HTMLParser
@@ -474,3 +475,27 @@ def test_command_needs_a_token_beyond_loopback(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_wheel_ships_templates_and_static_files(tmp_path: Path) -> None:
+    """The wheel carries every template and static file (no front-end build step)."""
+    root = Path(__file__).resolve().parent.parent
+    build = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr
+    (wheel,) = tmp_path.glob("cronoq_store-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = set(archive.namelist())
+    web = root / "cronoq_store" / "web"
+    wanted = {
+        f"cronoq_store/web/{p.relative_to(web).as_posix()}"
+        for folder in ("templates", "static")
+        for p in (web / folder).iterdir()
+    }
+    assert len(wanted) >= 11 and wanted <= shipped, wanted - shipped

@@ -68,8 +68,10 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
         "retention": cli._ns_text(retention // timedelta(microseconds=1) * 1000),
         "schedules": int(conn.execute(repository.recurring_count_stmt()).scalar_one()),
         "inbox": inbox.depth(conn),
-        "server": cli._server(conn),
         "lost": repository.lost_commits(conn),
+        # Last: on a server that refuses it, `_server` rolls back (ending the read-only
+        # transaction), and nothing may read after that.
+        "server": cli._server(conn),
     }
 
 

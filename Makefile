@@ -14,10 +14,11 @@ find_python = $(firstword $(foreach p,$(1),$(shell $(p) -c 'import sys; print(sy
 PYTHON_LOWEST ?= $(call find_python,python3.11 $(wildcard $(HOME)/.pyenv/versions/3.11*/bin/python3.11))
 PYTHON_NEWEST ?= $(call find_python,python3.13 $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13))
 # The range's ends run SQLite and the dialect-free tests (the main run has all three dialects),
-# but not the real-process failover rounds (`slow`: a minute), which exercise no dependency edge.
-RANGE_TESTS := -m 'not postgresql and not mysql and not galera and not slow'
+# but not the real-process failover rounds (`slow`: a minute), which exercise no dependency edge,
+# nor the dashboard's real-browser tests (`browser`), which exercise the browser, not the range.
+RANGE_TESTS := -m 'not postgresql and not mysql and not galera and not slow and not browser'
 
-.PHONY: demo test test-lowest test-newest lint docs venv clean
+.PHONY: demo test test-lowest test-newest lint docs venv clean screenshots
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +70,11 @@ $(BIN)/.docs-installed: $(BIN)/.installed
 # about this site.
 docs: $(BIN)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The dashboard's pictures in docs/img (docs/dashboard.md), taken in Debian's headless Chromium.
+screenshots: venv
+	scripts/browser setup
+	$(BIN)/python scripts/dashboard-screenshots docs/img
 
 lint: venv
 	$(BIN)/ruff check .

@@ -54,6 +54,7 @@ LAZY_COMMANDS: Final = {
     "bench": "cronoq_store.bench:bench",
     "enqueue": "cronoq_store.cli_inbox:enqueue_cmd",
     "inbox": "cronoq_store.cli_inbox:inbox_cmd",
+    "web": "cronoq_store.web:web_cmd",
 }
 """Subcommands from optional modules, imported only when run (so `--help` stays fast)."""
 

@@ -805,3 +805,13 @@ def translate(exc: BaseException) -> StoreError:
     if isinstance(exc, ConnectionError | TimeoutError):
         return StoreUnavailable(redact(str(exc)))
     return StoreError(redact(f"{type(exc).__name__}: {exc}"))
+
+
+def read_only_sql(dialect: Dialect) -> str | None:
+    """The statement (for `exec_driver_sql`) that makes the transaction it starts read-only
+    (PostgreSQL, MySQL), so a reader that must never write (the dashboard) cannot, even by
+    mistake. None on SQLite, whose reader connections run with `PRAGMA query_only` instead."""
+    which = name(dialect)
+    if which in ("postgresql", "mysql"):
+        return "SET TRANSACTION READ ONLY"
+    return None

@@ -49,6 +49,7 @@ INTERNAL = (
     "cli_inbox",
     "telemetry",  # its instrument names are the contract (docs/observability.md), not its code
     "bench",
+    "web",
 )
 # A public package's modules: its parts, no promise to users on their own. The package's
 # `__all__` names what of them is public, and its reference page documents it.

@@ -789,6 +789,16 @@ def translate(exc: BaseException) -> StoreError:
 
     `exc` loses its statement parameters here (`hide_parameters`), so the chain of the error
     raised from it shows no task data.
+
+    Args:
+        exc: What the driver, SQLAlchemy or the pool raised (a `StoreError` passes through).
+
+    Returns:
+        `StoreUnavailable` for what is worth retrying (a lost or refused connection, a busy or
+        locked database, a timeout, a read-only server), else `StoreError`; the message in
+        the words of `describe` where it knows the cause, passwords masked.
+
+    Raises nothing: the error is returned, for the caller to raise from `exc`.
     """
     hide_parameters(exc)
     if isinstance(exc, StoreError):

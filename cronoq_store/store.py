@@ -238,9 +238,10 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
             url, pool_size=config.pool_size, hide_parameters=True, connect_args=connect_args
         )
     except (sa_exc.ArgumentError, ImportError) as exc:
+        # With advice, SQLAlchemy's own text ("Can't load plugin: ...") only adds noise.
         advice = dialects.url_advice(url)
-        why = dialects.redact(f"bad database URL: {exc}")
-        raise StoreError(f"{why}; {advice}" if advice else why) from exc
+        why = f"bad database URL: {advice}" if advice else f"bad database URL: {exc}"
+        raise StoreError(dialects.redact(why)) from exc
     execution.ping_when_idle(engine, execution.PING_IDLE)
     return engine
 

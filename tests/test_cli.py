@@ -514,7 +514,9 @@ def test_no_part_of_a_password_is_ever_printed(url: str, secrets: tuple[str, ...
     ],
 )
 def test_a_url_without_its_driver_says_what_to_install_and_write(url: str, advice: str) -> None:
-    assert advice in one_error(run(url, "status", code=1))
+    line = one_error(run(url, "status", code=1))
+    assert advice in line
+    assert "Can't load plugin" not in line  # SQLAlchemy's text says less than the advice
 
 
 @pytest.mark.sqlite

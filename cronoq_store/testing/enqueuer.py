@@ -16,6 +16,7 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
 from ..dialects import connect_options, parse_url
+from ..errors import StoreUnavailable
 from ..inbox import enqueue_many
 from ..model import (
     TaskSpec,
@@ -102,10 +103,14 @@ def run_enqueuer(
                         summary.rolled_back += len(ids)
                     else:
                         summary.committed += len(ids)
-                except sa_exc.DBAPIError as exc:
+                except (sa_exc.DBAPIError, StoreUnavailable) as exc:
+                    # The app's own COMMIT raises the driver's error; `enqueue_many`, the
+                    # store's (a connection cut mid-enqueue, a failover): either is a failed
+                    # transaction an app retries, never the end of it.
                     summary.failed += 1
                     if emit is not None:
-                        emit({"event": "enqueue_failed", "message": str(exc.orig)[:300]})
+                        why = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+                        emit({"event": "enqueue_failed", "message": str(why)[:300]})
                     stop.wait(0.05)
                     continue
                 stop.wait(gap)

@@ -148,6 +148,7 @@ class PgPair:
         for port in (self.primary_port, self.replica_port):
             if _port_open(port):
                 raise PgPairError(f"port {port} is taken by a server that is not ours")
+            _remove_stale_socket_lock(port)
         self.sync = sync
         primary = self.primary_name
         replica = self.replica_name
@@ -363,6 +364,36 @@ class PgPair:
                 raise PgPairError(f"{what}: not within {timeout} s\n{self.log_tail()}")
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
+
+
+SOCKET_DIR: Final = Path("/var/run/postgresql")
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: not gone, and not a zombie (which `kill(pid, 0)` finds alive)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _remove_stale_socket_lock(port: int) -> None:
+    """Remove the socket lock file a SIGKILLed postmaster left on `port`, once it is dead.
+
+    PostgreSQL refuses to start while the PID in that file answers `kill(pid, 0)`, which a
+    killed postmaster not yet reaped by its parent (init here, after pg_ctl exited) still
+    does: a new cluster on the port then failed to start ("lock file ... already exists").
+    """
+    lock = SOCKET_DIR / f".s.PGSQL.{port}.lock"
+    try:
+        pid = int(lock.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    if not _alive(pid):
+        for stale in (lock, SOCKET_DIR / f".s.PGSQL.{port}"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
 
 def _whoami() -> str:

@@ -1,4 +1,4 @@
-"""PostgreSQL: what `enqueue`'s NOTIFY costs apps when commits are slow (issue 21, point 7).
+"""PostgreSQL: what `enqueue`'s NOTIFY costs apps when commits are slow.
 
 A transaction that issued NOTIFY takes a database-wide lock at commit (to queue its
 notifications in commit order) and holds it until its commit record is flushed: such commits

@@ -4,7 +4,7 @@ Fills a temporary SQLite file with `-n` tasks (default 1,000,000; 1% live in 8 p
 finished, most past the retention) through `SqlStore.commit`, then times, `--runs` times each:
 
 - each page's reads in one read-only transaction (`Reader.read` of the `views` function), the
-  figure issue 26 bounds (the overview under 100 ms at 1,000,000 tasks);
+  figure the dashboard is built to (the overview under 100 ms at 1,000,000 tasks);
 - the same page fetched over HTTP from `cronoq-store web` on a loopback port (reads,
   templates and HTTP: what an operator waits for);
 - for comparison, the CLI's `status` count (`repository.task_counts_stmt`, every task grouped

@@ -102,7 +102,7 @@ def to_unix_opt(base: TimeBase, t: Time | None, field: str = "time") -> int | No
 
 
 def saturate(value: int) -> int:
-    """`value` clamped to the signed 64-bit range (as the reference's saturating arithmetic)."""
+    """`value` clamped to the signed 64-bit range: an overflow stays at the bound, never wraps."""
     return INT64_MIN if value < INT64_MIN else INT64_MAX if value > INT64_MAX else value
 
 

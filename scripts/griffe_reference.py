@@ -109,7 +109,7 @@ RAISES_REQUIRED = (
 """Where a function touches the database: its docstring must also say what it raises (a
 `Raises:` section, or "Raises nothing" with why)."""
 NOT_YET_DOCUMENTED: frozenset[str] = frozenset()
-"""Issue 24's debt: functions still documented in prose only. The list only shrinks: a name
+"""Functions still documented in prose only (a debt). The list only shrinks: a name
 documented in full must leave it (the check says so), and a new function is never added."""
 
 

@@ -421,7 +421,7 @@ def test_unusable_schema_is_a_usage_error() -> None:
     assert "Invalid value for '--schema'" in error and "contains '.'" in error
 
 
-# No traceback for any input; no part of a password ever (issue 11, items 7-11).
+# No traceback for any input; no part of a password ever.
 
 
 def test_out_of_range_input_is_one_line_never_a_traceback(db_url: URL, store: SqlStore) -> None:

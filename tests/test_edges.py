@@ -1,4 +1,4 @@
-"""Semantics at the edges (issue 10), on every dialect: the reference's rules hold everywhere.
+"""Semantics at the edges, on every dialect: the same folding and bound rules hold everywhere.
 
 Ids and times at the ends of the 64-bit range, saturating bounds, time bases that move,
 revivals, replays, batch order, prune beside a leader's commits, SQLite URLs, and refs.
@@ -83,7 +83,7 @@ def test_ids_at_the_ends_of_the_range_commit_and_recover(store: SqlStore) -> Non
     store.commit(lead(store), BASE, [submit(INT64_MAX, key="top"), submit(INT64_MIN)])
     rec = store.recover(BASE)
     assert [t.id for t in rec.tasks] == [INT64_MIN, INT64_MAX]
-    assert rec.next_id == 2**63  # one above the top id, as the reference's unsigned next id
+    assert rec.next_id == 2**63  # one above the top id: the id high-water mark is unsigned
     top = store.get_task(ById(INT64_MAX))
     assert top is not None and top.key == "top"
     # Finished and pruned, the top id is still never handed out again.
@@ -264,7 +264,7 @@ def test_replayed_batch_changes_nothing(store: SqlStore) -> None:
     store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED, at=200)])
     store.commit(epoch, BASE, a)
     assert state(store, 1) is TaskStatus.SUCCEEDED
-    # The reference's rule: a transition that comes before the repeated insert still applies.
+    # The rule: a transition that comes before the repeated insert still applies.
     store.commit(epoch, BASE, [status(1, TaskStatus.RUNNING, at=300), *a])
     assert state(store, 1) is TaskStatus.RUNNING
 

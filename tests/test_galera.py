@@ -1,4 +1,4 @@
-"""The store on a three-node MariaDB Galera cluster of its own (issue 27).
+"""The store on a three-node MariaDB Galera cluster of its own.
 
 `scripts/galera` builds the cluster once for this module (own data directories under /tmp, own
 ports, the nodes run as the mysql user; the shared server on 3306 is never touched) and removes

@@ -3,7 +3,7 @@
 The replica is stopped while the leader commits (the lag window), the primary crashes, the
 replica is started and promoted, and the same leader process reaches it through the multi-host
 URL. The commits of the lag window are gone: the test measures how many, and checks that the
-leader noticed instead of writing on (issue 21, point 4): none of its old term's commits landed
+leader noticed instead of writing on: none of its old term's commits landed
 after the crash, it stepped down with `DatabaseBehind`, and its next recovery reported the gap.
 Figures are printed in the terminal summary (`cronoq lossy failover`).
 """

@@ -1,7 +1,7 @@
-"""A model-based check of `SqlStore` on every dialect (issue 10, item 11).
+"""A model-based check of `SqlStore` on every dialect.
 
 A Hypothesis `RuleBasedStateMachine` drives a real store with random batches and checks it
-against a plain-Python model of the reference store's rules after every step:
+against a plain-Python model of the store's documented rules after every step:
 
 - a batch folds in order: a transition of a task submitted earlier in the batch goes into its
   insert; any other transition updates the stored row first, and has no effect (a warning) when
@@ -187,7 +187,7 @@ def commit(
     batch: Sequence[Mutation],
     outputs: Sequence[tuple[int, bytes]],
 ) -> Model:
-    """The state after committing `batch`, by the reference's rules; `Refused` if refused."""
+    """The state after committing `batch`, by the documented rules; `Refused` if refused."""
     after = model.copy()
     inserts: dict[int, MTask] = {}
     updates: dict[int, tuple[TaskStatus, int, int, str | None]] = {}

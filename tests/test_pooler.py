@@ -1,4 +1,4 @@
-"""The store behind pgbouncer in transaction mode (issue 21, point 1).
+"""The store behind pgbouncer in transaction mode.
 
 A pooler in transaction mode hands each transaction whichever server connection is free, so
 nothing may outlive a transaction: no server-side prepared statement (psycopg prepares a

@@ -67,7 +67,7 @@ PARTS = {
         "__main__",
     ),
 }
-# What `cronoq_store` re-exports lives in these; the reference documents each name there.
+# What `cronoq_store` re-exports lives in these; the API reference documents each name there.
 HOMES = ("store", "aio", "model", "errors", "inbox")
 # Public at the top level but loaded on first use, so left out of `__all__` (see __init__.py).
 LAZY = ("AsyncSqlStore",)

@@ -1,4 +1,4 @@
-"""Failover to a synchronous replica loses nothing acknowledged (issue 21: keep what works).
+"""Failover to a synchronous replica loses nothing acknowledged.
 
 A real leader process (the kit's driver) commits a logged workload and drains the inbox
 through the multi-host URL (`target_session_attrs=read-write`) while app processes enqueue

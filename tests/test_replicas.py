@@ -1,7 +1,7 @@
 """The store beside PostgreSQL replication, on a primary and a streaming replica of our own
 (tests/pgpair.py), and beside a MariaDB server in read-only mode (one of our own).
 
-Issue 21, point 2: a server that refuses writes (a hot standby, a primary being demoted, a
+A server that refuses writes (a hot standby, a primary being demoted, a
 MariaDB `--read-only`) is `StoreUnavailable`, never a permanent `StoreError`; the connection
 that met it is dropped, so the next one can reach the new primary; `acquire_leadership` waits
 out its timeout. Point 3: a lost synchronous standby blocks no commit and no acquire past its

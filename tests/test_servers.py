@@ -1,4 +1,4 @@
-"""The test set-up says what it changes on a MariaDB server it did not start (issue 11, 14).
+"""The test set-up says what it changes on a MariaDB server it did not start.
 
 Both raise the global max_allowed_packet only above what it is (higher is harmless to anyone
 else sharing the server) and put it back afterwards.

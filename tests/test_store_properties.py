@@ -508,7 +508,7 @@ def test_batching_does_not_matter(leading: Leading, data: st.DataObject) -> None
 def test_committing_twice_is_committing_once(leading: Leading, data: st.DataObject) -> None:
     """A batch retried after a timeout (committed twice in a row, as it was) changes nothing.
 
-    A retried batch merged with the next one is not the same: as in the reference, a task stored
+    A retried batch merged with the next one is not the same: a task stored
     already ignores its repeated insert and the transitions folded into it (see
     tests/test_edges.py::test_replayed_batch_changes_nothing).
     """

@@ -1,4 +1,4 @@
-"""Issue 24, "What a user meets": hints that can be pasted, errors in words, the same wording
+"""What a user meets: hints that can be pasted, errors in words, the same wording
 on every dialect. Each test runs the CLI as a user would (CliRunner, or a real subprocess)."""
 
 from __future__ import annotations

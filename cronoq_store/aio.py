@@ -345,17 +345,24 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         timeout: timedelta | None = None,
         deadline: timedelta | None = None,
         unknown: str = RETRIED,
+        bounds: bool = True,
     ) -> T:
         """Run `fn` in one transaction on a sync-style connection; errors leave translated.
 
-        `idle`, `timeout`, `deadline`, `unknown`: as `SqlStore._run` (the same `transaction`
-        runs inside `run_sync`).
+        `idle`, `timeout`, `deadline`, `unknown`, `bounds`: as `SqlStore._run` (the same
+        `transaction` runs inside `run_sync`).
         """
         with translated():
             async with self.engine.connect() as conn:
                 return await conn.run_sync(
                     lambda c: transaction(
-                        c, fn, idle=idle, timeout=timeout, deadline=deadline, unknown=unknown
+                        c,
+                        fn,
+                        idle=idle,
+                        timeout=timeout,
+                        deadline=deadline,
+                        unknown=unknown,
+                        bounds=bounds,
                     )
                 )
 
@@ -371,7 +378,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         if timeout is not None:
             return await self._run(
                 fn, idle=self.config.lease_ttl, timeout=timeout, deadline=timeout,
-                unknown=RETRY_COMMIT,
+                unknown=RETRY_COMMIT, bounds=False,  # a commit's are in its flight
             )  # fmt: skip
         bound = lease_bound(self.config, deadline)
         return await self._run(fn, idle=self.config.lease_ttl, deadline=bound)

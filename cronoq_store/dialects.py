@@ -367,8 +367,13 @@ def bound_idle(conn: Connection, idle: timedelta | None) -> None:
 
 
 def bound(
-    conn: Connection, *, idle: timedelta | None, timeout: timedelta | None, idle_too: bool = True
-) -> None:
+    conn: Connection,
+    *,
+    idle: timedelta | None,
+    timeout: timedelta | None,
+    idle_too: bool = True,
+    defer: bool = False,
+) -> tuple[Select[Any], dict[str, str]] | None:
     """`bound_idle(conn, idle)` (unless not `idle_too`) and, given a `timeout`, a bound on how
     long each statement of this transaction may wait (so a commit cannot hang), in one round
     trip where both need one.
@@ -379,7 +384,9 @@ def bound(
 
     On PostgreSQL both are transaction-local `set_config` calls, so one SELECT carries both: a
     commit pays one statement for its bounds, not two. MySQL's are session settings sent only
-    when they change, and SQLite needs neither.
+    when they change, and SQLite needs neither. With `defer`, PostgreSQL's statement and its
+    parameters are returned instead of run, for the caller to send with its own
+    (`lease.fencing`).
     """
     which = name(conn.dialect)
     if which == "postgresql":
@@ -392,22 +399,25 @@ def bound(
             params = {}
             for i, (setting, ms) in enumerate(settings):
                 params[f"n{i}"], params[f"v{i}"] = setting, str(ms)
+            if defer:
+                return _set_local_stmt(len(settings)), params
             execution.run_stmt(conn, _set_local_stmt(len(settings)), params)
-        return
+        return None
     if which != "mysql":
-        return
+        return None
     if timeout is not None:
         seconds = max(1, -(-timeout // timedelta(seconds=1)))
         if conn.info.get("cronoq_lock_wait_s") != seconds:
             conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
             conn.info["cronoq_lock_wait_s"] = seconds
     if not idle_too or not idle_bound_supported(conn.dialect):
-        return
+        return None
     seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
     if conn.info.get(IDLE_INFO, 0) != seconds:
         value = str(seconds) if seconds else "DEFAULT"
         conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {value}")
         conn.info[IDLE_INFO] = seconds
+    return None
 
 
 _MS: Final = timedelta(milliseconds=1)

@@ -30,13 +30,16 @@ __all__ = [
     "PING_IDLE",
     "WATCHDOG",
     "Deadline",
+    "Flight",
     "Ran",
     "Watchdog",
     "collection_paused",
     "compile_key",
+    "counted",
     "driver_sql",
     "observed",
     "ping_when_idle",
+    "pipelines",
     "positional",
     "run",
     "run_many",
@@ -139,10 +142,16 @@ def positional(order: Sequence[str]) -> Params:
 
 
 class Ran(NamedTuple):
-    """What a statement did: rows it matched (the driver's rowcount) and rows it returned."""
+    """What a statement did: rows it matched (the driver's rowcount; None where the driver
+    cannot tell) and rows it returned."""
 
-    rowcount: int
+    rowcount: int | None
     rows: Sequence[Any]
+
+
+def counted(rowcount: int) -> int | None:
+    """A DB-API rowcount, None for the -1 of a driver that cannot tell."""
+    return None if rowcount < 0 else rowcount
 
 
 def observed(conn: Connection) -> bool:
@@ -172,7 +181,7 @@ def run(conn: Connection, sql: str, params: Any = None, *, many: bool = False) -
     """
     if observed(conn):
         result = conn.exec_driver_sql(sql, params)
-        return Ran(result.rowcount, result.all() if result.returns_rows else [])
+        return Ran(counted(result.rowcount), result.all() if result.returns_rows else [])
     dbapi_conn: Any = conn.connection.dbapi_connection
     cursor = dbapi_conn.cursor()
     try:
@@ -182,7 +191,8 @@ def run(conn: Connection, sql: str, params: Any = None, *, many: bool = False) -
             cursor.execute(sql)
         else:
             cursor.execute(sql, params)
-        return Ran(cursor.rowcount, cursor.fetchall() if cursor.description is not None else [])
+        rows = cursor.fetchall() if cursor.description is not None else []
+        return Ran(counted(cursor.rowcount), rows)
     except conn.dialect.loaded_dbapi.Error as exc:
         invalidated = conn.dialect.is_disconnect(exc, dbapi_conn, cursor)
         if invalidated:
@@ -355,3 +365,103 @@ class Watchdog:
 
 WATCHDOG: Final = Watchdog()
 """The process's one watchdog, shared by every store and both faces."""
+
+
+def pipelines(conn: Connection) -> bool:
+    """Whether `conn` can send statements without waiting for each answer: sync psycopg's
+    pipeline mode, on the DB-API cursor (`run`'s path: nothing observes the connection)."""
+    dialect = conn.dialect
+    return dialect.driver == "psycopg" and not dialect.is_async and not observed(conn)
+
+
+class Flight:
+    """Statements of one transaction sent to the server together, answered in one round trip.
+
+    On sync psycopg (`pipelines`) `add` queues a statement and `send` sends every queued one
+    in pipeline mode, then reads all the answers: a transaction's leading statements cost one
+    round trip instead of one each. Elsewhere `add` runs the statement at once (`run`) and
+    `send` only hands the results back, so the caller's code is the same on every dialect.
+
+    On the server, an error aborts the statements after it (the transaction is failed):
+    `send` raises it as `run` would, with `failed` set to the index of the statement that
+    raised it.
+    """
+
+    __slots__ = ("_queue", "_ran", "conn", "failed", "pipelined")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.pipelined = pipelines(conn)
+        self._queue: list[tuple[str, Any, bool]] = []
+        self._ran: list[Ran] = []
+        self.failed: int | None = None
+        """The index of the statement whose error `send` raised."""
+
+    def add(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
+        """Queue (or run) `stmt` once with `params`; its index in `send`'s results."""
+        params = params or {}
+        sql, getter = driver_sql(self.conn, stmt, tuple(params))
+        return self._add(sql, params if getter is None else getter(params), False)
+
+    def add_many(self, stmt: Statement, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Queue (or run) `stmt` once per row as one executemany; its index in `send`'s."""
+        sql, getter = driver_sql(self.conn, stmt, tuple(rows[0]))
+        return self._add(sql, rows if getter is None else [getter(r) for r in rows], True)
+
+    def _add(self, sql: str, params: Any, many: bool) -> int:
+        index = len(self._ran) + len(self._queue)
+        if self.pipelined:
+            self._queue.append((sql, params, many))
+        else:
+            try:
+                self._ran.append(run(self.conn, sql, params, many=many))
+            except sa_exc.DBAPIError:
+                self.failed = index
+                raise
+        return index
+
+    def send(self) -> Sequence[Ran]:
+        """Send what is queued and wait for the answers; every result so far, by index."""
+        if self._queue:
+            self._send()
+        return self._ran
+
+    def _send(self) -> None:
+        conn = self.conn
+        dbapi_conn: Any = conn.connection.dbapi_connection
+        queue, self._queue = self._queue, []
+        cursors: list[Any] = []
+        try:
+            with dbapi_conn.pipeline():
+                for sql, params, many in queue:
+                    cursor = dbapi_conn.cursor()
+                    cursors.append(cursor)
+                    if many:
+                        cursor.executemany(sql, params)
+                    else:
+                        cursor.execute(sql, params)
+            for cursor in cursors:
+                rows = cursor.fetchall() if cursor.description is not None else []
+                self._ran.append(Ran(counted(cursor.rowcount), rows))
+        except conn.dialect.loaded_dbapi.Error as exc:
+            # The answers before the error arrived; the failed statement has none.
+            answered = 0
+            while answered < len(cursors) and cursors[answered].pgresult is not None:
+                answered += 1
+            self.failed = len(self._ran) + answered
+            sql = queue[min(answered, len(queue) - 1)][0]
+            invalidated = conn.dialect.is_disconnect(exc, dbapi_conn, None)
+            if invalidated:
+                conn.invalidate(exc)
+            raise sa_exc.DBAPIError.instance(
+                sql,
+                None,
+                exc,
+                conn.dialect.loaded_dbapi.Error,
+                hide_parameters=True,
+                connection_invalidated=invalidated,
+                dialect=conn.dialect,
+            ) from exc
+        finally:
+            for cursor in cursors:
+                cursor.close()

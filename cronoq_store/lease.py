@@ -12,34 +12,39 @@ from threads and steps down on the holder's own monotonic clock.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any, Final, NamedTuple
 
 from sqlalchemy import (
     Connection,
+    Integer,
     Row,
     Select,
     Update,
     and_,
     bindparam,
     case,
+    func,
+    literal,
     null,
     or_,
     select,
     update,
 )
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement
 
 from . import codec, execution, leadership
 from .dialects import db_now_ns
-from .errors import DatabaseBehind, LeaderRowMissing
+from .errors import DatabaseBehind, Fenced, LeaderRowMissing
 from .model import LostCommits
 from .schema import leader
 
@@ -353,6 +358,75 @@ def fence(
         return True
     _diagnose(conn, epoch=epoch, holder=holder, acked=acked)
     return False
+
+
+@cache
+def fence_or_fail_stmt() -> Select[Any]:
+    """`fence_stmt` as a statement that fails (division by zero) when it matches nothing: in a
+    `execution.Flight`, whose statements run without waiting for each answer, a fenced
+    commit's writes are then never run, and COMMIT cannot apply anything."""
+    fenced = fence_stmt().returning(leader.c.id).cte("fence")
+    return select(literal(1, Integer) // func.count(fenced.c.id))
+
+
+FENCED: Final = "epoch {epoch} was fenced off: another instance leads"
+"""What `Fenced` says when a commit's fence check matched nothing."""
+
+
+@contextlib.contextmanager
+def fencing(
+    conn: Connection,
+    *,
+    epoch: int,
+    holder: str,
+    next_id: int,
+    ttl_ns: int,
+    seq: int,
+    acked: int,
+    first: tuple[Select[Any], dict[str, Any]] | None = None,
+) -> Iterator[execution.Flight]:
+    """A flight (`execution.Flight`) whose first statement is the fence check, for a commit's
+    writes: `fence`, with `first` (a statement and its parameters, the transaction's bounds)
+    before it.
+
+    Pipelined, the fence fails the flight when it matches nothing, so the writes queued
+    behind it never run; the transaction is then rolled back, and the lease row read in a
+    new one for `fence`'s diagnosis. Otherwise the fence runs (and is checked) at once.
+    Raises `Fenced` (or what `fence` raises) when we do not lead.
+    """
+    params = {
+        "b_epoch": epoch,
+        "b_holder": holder,
+        "b_next_id": next_id,
+        "b_ttl": ttl_ns,
+        "b_seq": seq,
+        "b_acked": acked,
+    }
+    flight = execution.Flight(conn)
+    if first is not None:
+        flight.add(*first)
+    if not flight.pipelined:
+        if not fence(
+            conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl_ns, seq=seq, acked=acked
+        ):
+            raise Fenced(FENCED.format(epoch=epoch))
+        yield flight
+        return
+    at = flight.add(fence_or_fail_stmt(), params)
+    try:
+        yield flight
+        flight.send()
+    except sa_exc.DBAPIError as exc:
+        if flight.failed != at or getattr(exc.orig, "sqlstate", None) != _DIVISION_BY_ZERO:
+            raise
+        # The transaction is failed: end it, and diagnose in a new one (the caller's
+        # rollback then ends that one).
+        conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+        _diagnose(conn, epoch=epoch, holder=holder, acked=acked)
+        raise Fenced(FENCED.format(epoch=epoch)) from None
+
+
+_DIVISION_BY_ZERO: Final = "22012"
 
 
 def record_lost(conn: Connection, *, holder: str, lost: LostCommits) -> None:

@@ -25,6 +25,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    exists,
     func,
     insert,
     literal,
@@ -37,6 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import dialect as postgresql_dialect
 
 from . import codec, dialects, execution
 from .errors import CorruptValue, InvalidValue, StoreError
@@ -135,7 +137,8 @@ def _expanded(
 ) -> execution.Ran:
     """`stmt` with its IN list rendered for `ids` by SQLAlchemy (any length)."""
     result = conn.execute(stmt, {"ids": list(ids)})
-    return execution.Ran(result.rowcount, result.all() if result.returns_rows else [])
+    rows = result.all() if result.returns_rows else []
+    return execution.Ran(execution.counted(result.rowcount), rows)
 
 
 def _can_copy(conn: Connection) -> bool:
@@ -488,98 +491,237 @@ def write(
     base: TimeBase,
     folded: Folded,
     outputs: Sequence[tuple[TaskId, bytes]],
+    flight: execution.Flight | None = None,
 ) -> None:
-    """Write a folded batch (after the fence check), in the order of the design."""
-    inserts = folded.inserts
-    updates = folded.updates
-    # Insert or ignore, as the reference: a task stored already (a replayed batch) keeps its
-    # row, and the transitions folded into its insert (its dependency rows too) are ignored
-    # with it. One new task is inserted with the dialect's own "ignore duplicates" form where
-    # it has one (`dialects.insert_ignoring`), which says whether it was stored already: no
-    # lookup first. More are looked up first, then loaded in one bulk statement (COPY).
-    ignoring = dialects.insert_ignoring(conn.dialect, tasks) if len(inserts) == 1 else None
-    if inserts and ignoring is None:
-        existing: set[int] = set()
-        for chunk in _chunks(list(inserts)):
-            existing.update(row[0] for row in _run_in(conn, existing_ids_stmt(), chunk).rows)
-        if existing:
-            inserts = {i: r for i, r in inserts.items() if i not in existing}
-    # 1. Transitions of stored tasks first, so the keys they release can be reused below. A
-    # task that succeeded in this batch gets its output in the same statement.
-    revived: list[dict[str, Any]] = []
+    """Write a folded batch (after the fence check), in the order of the design.
+
+    Statements go into `flight` (a commit's, behind its fence: `lease.fencing`) until an
+    answer is needed or a statement must run on its own (COPY, an IN list); on psycopg what
+    is queued then leaves together, in one round trip. Before anything runs on its own the
+    flight is sent, so the fence is answered first. The phases: transitions of stored
+    tasks, new tasks with their dependency rows, outputs, inbox rows taken, recurring
+    schedules.
+    """
+    flight = flight or execution.Flight(conn)
+    inserts = _existing_dropped(conn, folded.inserts, flight)
     pending: dict[int, bytes] = dict(outputs)
-    if updates:
-        live: list[dict[str, Any]] = []
-        plain: list[dict[str, Any]] = []
-        with_output: list[dict[str, Any]] = []
-        for task_id, st in updates.items():
-            params: dict[str, Any] = {
-                "b_id": task_id,
-                "b_status": _NAME[st.status],
-                "b_terminal": _TERMINAL[st.status],
-                "b_attempt": st.attempt,
-                "b_at": st.at,
-                "b_message": st.message,
-            }
-            if st.status is TaskStatus.SUCCEEDED and task_id in pending:
-                params["b_output"] = bytes(pending.pop(task_id))
-                with_output.append(params)
-            else:
-                plain.append(params)
-                if not params["b_terminal"]:
-                    live.append(params)
-        updated = 0
-        if live:
-            # A live transition of a task still live changes no live key: one statement for
-            # all of them. Only when fewer rows matched than were sent can one be a revival.
-            matched = _executemany(conn, status_update_live_stmt(), live).rowcount
-            updated = -1 if matched < 0 else matched
-            done = {p["b_id"] for p in live}
-            if matched != len(live):
-                done -= _revive(conn, list(done), revived)
-            plain = [p for p in plain if p["b_id"] not in done]
-        for stmt, rows in ((status_update_stmt(), plain), (status_output_stmt(), with_output)):
-            if rows:
-                count = _executemany(conn, stmt, rows).rowcount
-                updated = -1 if count < 0 or updated < 0 else updated + count
-        if 0 <= updated < len(updates):
-            log.warning(
-                "status updates for %d tasks missing from the store (pruned?)",
-                len(updates) - updated,
-            )
-        finished = [i for i, st in updates.items() if _TERMINAL[st.status]]
-        for chunk in _chunks(finished):
-            _run_in(conn, delete_deps_stmt(), chunk)
-    # 2. New tasks, and the dependency rows of those still live and of revived ones.
-    if ignoring is not None:
-        (new,) = inserts.values()
-        if not execution.run_stmt(conn, ignoring, new).rows:
-            inserts = {}  # stored already
-    elif inserts:
-        _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
-    new_deps = [
-        d
-        for i, rows in folded.deps.items()
-        if i in inserts and not inserts[i]["terminal"]
-        for d in rows
+    revived = _write_updates(conn, folded.updates, pending, flight)
+    _write_inserts(conn, folded, inserts, revived, flight)
+    _write_outputs([(i, o) for i, o in outputs if i in pending], flight)
+    if folded.inbox_taken or folded.recurring:
+        flight.send()
+        _write_inbox(conn, folded.inbox_taken)
+        _write_recurring(conn, base, folded.recurring)
+    flight.send()
+
+
+def _existing_dropped(
+    conn: Connection, inserts: dict[int, dict[str, Any]], flight: execution.Flight
+) -> dict[int, dict[str, Any]]:
+    """`inserts` without the tasks stored already, when there are more than one.
+
+    Insert or ignore, as the reference: a task stored already (a replayed batch) keeps its
+    row, and the transitions folded into its insert (its dependency rows too) are ignored
+    with it. One new task is inserted in a form that says whether it was stored already
+    (`_write_inserts`): no lookup first. More are looked up first, then loaded in one bulk
+    statement (COPY).
+    """
+    if len(inserts) < 2:
+        return inserts
+    flight.send()
+    existing: set[int] = set()
+    for chunk in _chunks(list(inserts)):
+        existing.update(row[0] for row in _run_in(conn, existing_ids_stmt(), chunk).rows)
+    return {i: r for i, r in inserts.items() if i not in existing} if existing else inserts
+
+
+def _write_updates(
+    conn: Connection,
+    updates: dict[int, _Status],
+    pending: dict[int, bytes],
+    flight: execution.Flight,
+) -> list[dict[str, Any]]:
+    """Transitions of stored tasks, first, so the keys they release can be reused by the new
+    tasks. A task that succeeded in this batch gets its output in the same statement (taken
+    from `pending`). Returns the dependency rows of revived tasks, to insert again."""
+    revived: list[dict[str, Any]] = []
+    if not updates:
+        return revived
+    live: list[dict[str, Any]] = []
+    plain: list[dict[str, Any]] = []
+    with_output: list[dict[str, Any]] = []
+    for task_id, st in updates.items():
+        params: dict[str, Any] = {
+            "b_id": task_id,
+            "b_status": _NAME[st.status],
+            "b_terminal": _TERMINAL[st.status],
+            "b_attempt": st.attempt,
+            "b_at": st.at,
+            "b_message": st.message,
+        }
+        if st.status is TaskStatus.SUCCEEDED and task_id in pending:
+            params["b_output"] = bytes(pending.pop(task_id))
+            with_output.append(params)
+        else:
+            plain.append(params)
+            if not params["b_terminal"]:
+                live.append(params)
+    counts: list[int | None] = []
+    if live:
+        # A live transition of a task still live changes no live key: one statement for
+        # all of them. Only when fewer rows matched than were sent can one be a revival.
+        at = flight.add_many(status_update_live_stmt(), live)
+        matched = flight.send()[at].rowcount
+        counts.append(matched)
+        done = {p["b_id"] for p in live}
+        if matched != len(live):
+            done -= _revive(conn, list(done), revived)
+        plain = [p for p in plain if p["b_id"] not in done]
+    sent = [
+        flight.add_many(stmt, rows)
+        for stmt, rows in ((status_update_stmt(), plain), (status_output_stmt(), with_output))
+        if rows
     ]
-    new_deps.extend(revived)
-    if new_deps:
-        _insert_many(conn, insert_deps_stmt(), new_deps)
-    # 3. The other outputs of tasks that succeeded (in this batch or an earlier one).
-    rest = [(i, o) for i, o in outputs if i in pending]
+    if sent:
+        ran = flight.send()
+        counts.extend(ran[i].rowcount for i in sent)
+    if None not in counts:
+        missing = len(updates) - sum(c for c in counts if c is not None)
+        if missing > 0:
+            log.warning("status updates for %d tasks missing from the store (pruned?)", missing)
+    finished = [i for i, st in updates.items() if _TERMINAL[st.status]]
+    for chunk in _chunks(finished):
+        _run_in(conn, delete_deps_stmt(), chunk)
+    return revived
+
+
+FLIGHT_ROWS: Final = 8
+"""Most dependency rows a flight carries as an executemany; more go by COPY, on their own."""
+
+
+def _write_inserts(
+    conn: Connection,
+    folded: Folded,
+    inserts: dict[int, dict[str, Any]],
+    revived: list[dict[str, Any]],
+    flight: execution.Flight,
+) -> None:
+    """New tasks, and the dependency rows of those still live and of revived ones."""
+    if len(inserts) == 1:
+        (new,) = inserts.values()
+        deps = [] if new["terminal"] else folded.deps.get(new["id"], [])
+        inserted = _insert_one(conn, new, deps, flight)
+        # Stored already (nothing of it is written), or its rows went in the same statement.
+        new_deps = [] if not inserted or flight.pipelined else deps
+    else:
+        if inserts:
+            _insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
+        new_deps = [
+            d
+            for i, rows in folded.deps.items()
+            if i in inserts and not inserts[i]["terminal"]
+            for d in rows
+        ]
+    new_deps = [*new_deps, *revived]
+    if not new_deps:
+        return
+    if flight.pipelined and len(new_deps) <= FLIGHT_ROWS:
+        flight.add_many(insert_deps_stmt(), new_deps)
+        return
+    flight.send()
+    _insert_many(conn, insert_deps_stmt(), new_deps)
+
+
+def _insert_one(
+    conn: Connection, new: dict[str, Any], deps: list[dict[str, Any]], flight: execution.Flight
+) -> bool:
+    """Insert one new task unless its id is stored already; whether it was inserted.
+
+    Pipelined (PostgreSQL), it is not asked: the task goes with its live dependency rows
+    in one statement (`insert_with_deps_stmt`), which inserts them only with the task, and
+    nothing waits for its answer. Elsewhere the dialect's "ignore a stored id" form says it
+    (`dialects.insert_ignoring`), or on MariaDB an INSERT ... SELECT of the row where its id
+    is absent (`insert_if_absent_stmt`). Either way a live-key clash is still refused.
+    """
+    if flight.pipelined and deps:
+        params = dict(new)
+        for i, d in enumerate(deps):
+            params[f"d{i}_ordinal"] = d["ordinal"]
+            params[f"d{i}_target_id"] = d["target_id"]
+            params[f"d{i}_target_key"] = d["target_key"]
+        flight.add(insert_with_deps_stmt(tuple(new), len(deps)), params)
+        return True
+    ignoring = dialects.insert_ignoring(conn.dialect, tasks)
+    if ignoring is None:
+        at = flight.add(insert_if_absent_stmt(tuple(new)), new)
+        return flight.send()[at].rowcount != 0
+    at = flight.add(ignoring, new)
+    if flight.pipelined and not deps:
+        return True  # nothing waits on the answer
+    return bool(flight.send()[at].rows)
+
+
+@cache
+def insert_if_absent_stmt(keys: tuple[str, ...]) -> Insert:
+    """One new task row of the columns `keys`, unless a task with its id is stored (then it
+    inserts nothing): what "insert or ignore" is where no ignoring form can be trusted
+    (MariaDB, MySQL), in one statement that refuses a live-key clash as a plain INSERT does."""
+    columns = [c for c in tasks.c if c.name in keys]
+    row = select(*(bindparam(c.name, type_=c.type) for c in columns)).where(
+        ~exists().where(tasks.c.id == bindparam("id", type_=tasks.c.id.type))
+    )
+    return insert(tasks).from_select([c.name for c in columns], row)
+
+
+@cache
+def insert_with_deps_stmt(keys: tuple[str, ...], count: int) -> Insert:
+    """PostgreSQL: one new task row of the columns `keys` (unless its id is stored) and, only
+    if it was inserted, its `count` dependency rows (`d{i}_ordinal`, `d{i}_target_id`,
+    `d{i}_target_key`): the task's insert is a data-modifying CTE they select from."""
+    ignoring = dialects.insert_ignoring(postgresql_dialect(), tasks)  # type: ignore[no-untyped-call]
+    assert ignoring is not None
+    values = {c.name: bindparam(c.name, type_=c.type) for c in tasks.c if c.name in keys}
+    new = ignoring.values(values).cte("new")
+    rows = [
+        select(
+            new.c.id,
+            bindparam(f"d{i}_ordinal", type_=task_deps.c.ordinal.type),
+            bindparam(f"d{i}_target_id", type_=task_deps.c.target_id.type),
+            bindparam(f"d{i}_target_key", type_=task_deps.c.target_key.type),
+        )
+        for i in range(count)
+    ]
+    names = ["task_id", "ordinal", "target_id", "target_key"]
+    return (
+        insert(task_deps)
+        .from_select(names, rows[0] if count == 1 else union_all(*rows))
+        .add_cte(new)
+    )
+
+
+def _write_outputs(rest: Sequence[tuple[TaskId, bytes]], flight: execution.Flight) -> None:
+    """The other outputs of tasks that succeeded (in this batch or an earlier one)."""
     if rest:
         succeeded = TaskStatus.SUCCEEDED.value
-        _executemany(
-            conn,
+        flight.add_many(
             output_stmt(),
             [{"b_id": i, "b_succeeded": succeeded, "b_output": bytes(o)} for i, o in rest],
         )
-    # 4. Inbox rows made into these tasks (or dropped), gone in the same fenced transaction.
-    for chunk in _chunks(list(folded.inbox_taken)):
+
+
+def _write_inbox(conn: Connection, taken: Mapping[int, None]) -> None:
+    """Inbox rows made into these tasks (or dropped), gone in the same fenced transaction."""
+    for chunk in _chunks(list(taken)):
         _run_in(conn, inbox_take_stmt(), chunk)
-    # 5. Recurring schedules, in batch order.
-    for m in folded.recurring:
+
+
+def _write_recurring(
+    conn: Connection,
+    base: TimeBase,
+    changes: Sequence[RecurringUpsert | RecurringRemove | RecurringNext],
+) -> None:
+    """Recurring schedules, in batch order."""
+    for m in changes:
         if isinstance(m, RecurringUpsert):
             name = codec.bounded("RecurringSpec.name", m.spec.name, codec.NAME_MAX)
             spec_text = codec.encode_recurring(base, m.spec)

@@ -323,9 +323,11 @@ def transaction(
     timeout: timedelta | None = None,
     deadline: timedelta | None = None,
     unknown: str = RETRIED,
+    bounds: bool = True,
 ) -> T:
     """Run `fn` in one transaction on `conn`, under the bounds of `dialects.bound` (`idle`,
-    `timeout`): the runner of every transaction `SqlStore._run` and `AsyncSqlStore._run`
+    `timeout`; not `bounds`: `fn` sets them itself, as a commit does in its first flight,
+    `lease.fencing`): the runner of every transaction `SqlStore._run` and `AsyncSqlStore._run`
     start (the latter inside `run_sync`), so both faces keep the same rules.
 
     `deadline`: the whole transaction, COMMIT included, ends within it whatever the server
@@ -348,7 +350,8 @@ def transaction(
     committing = False
     try:
         with conn.begin():
-            dialects.bound(conn, idle=idle, timeout=timeout)
+            if bounds:
+                dialects.bound(conn, idle=idle, timeout=timeout)
             result = fn(conn)
             committing = True
     except BaseException as exc:
@@ -408,13 +411,14 @@ def commit_work(
     deadline = time.monotonic() + timeout.total_seconds()
 
     def work(conn: Connection) -> None:
-        # Its statement timeout (`dialects.bound`) is set by the caller's
-        # `_lease_run(work, timeout=config.commit_timeout)`, with the idle bound in one go.
-        if not lease.fence(
-            conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq, acked=acked
-        ):
-            raise Fenced(f"epoch {epoch} was fenced off: another instance leads")
-        repository.write(conn, base, folded, outputs)
+        # Run with `bounds=False` (`_lease_run`): its bounds (`dialects.bound`: the lease TTL's
+        # idle bound, the commit timeout) ride in the fence's flight, before the fence.
+        first = dialects.bound(conn, idle=config.lease_ttl, timeout=timeout, defer=True)
+        with lease.fencing(
+            conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq, acked=acked,
+            first=first,
+        ) as flight:  # fmt: skip
+            repository.write(conn, base, folded, outputs, flight)
         if time.monotonic() > deadline:
             # Rolled back: a caller that gave up waiting must not find it committed later.
             raise StoreUnavailable(f"commit did not finish within {timeout}; rolled back")
@@ -741,6 +745,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         timeout: timedelta | None = None,
         deadline: timedelta | None = None,
         unknown: str = RETRIED,
+        bounds: bool = True,
     ) -> Any:
         """Run `fn` in one transaction (`transaction`). Every transaction that touches the
         leader row passes `idle` = the lease TTL: the server ends it if this process pauses
@@ -749,8 +754,9 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         it, and every lease transaction a `deadline` for the whole of it."""
         with translated(), self.engine.connect() as conn:
             return transaction(
-                conn, fn, idle=idle, timeout=timeout, deadline=deadline, unknown=unknown
-            )
+                conn, fn, idle=idle, timeout=timeout, deadline=deadline, unknown=unknown,
+                bounds=bounds,
+            )  # fmt: skip
 
     def _lease_run(
         self,
@@ -764,7 +770,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         if timeout is not None:
             return self._run(
                 fn, idle=self.config.lease_ttl, timeout=timeout, deadline=timeout,
-                unknown=RETRY_COMMIT,
+                unknown=RETRY_COMMIT, bounds=False,  # a commit's are in its flight
             )  # fmt: skip
         bound = lease_bound(self.config, deadline)
         return self._run(fn, idle=self.config.lease_ttl, deadline=bound)

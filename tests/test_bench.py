@@ -43,6 +43,9 @@ def _expected(dialect: str) -> set[tuple[str, int | None, str]]:
     }
     figures |= {("transition", b, names[0]) for b in SIZES}
     figures |= {("submit_cpu", 1, names[0]), ("transition_cpu", 1, names[0])}
+    figures |= {
+        (m, 1, names[0]) for m in ("leader_commit", "leader_cpu", "leader_p50", "leader_p99")
+    }
     return figures | {("recover", None, ""), ("recover_memory", None, ""), ("prune", 1000, "")}
 
 

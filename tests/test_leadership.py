@@ -47,6 +47,7 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TimeBase,
+    execution,
     lease,
     migrate,
 )
@@ -454,6 +455,8 @@ def test_race_harness_catches_a_plain_select_check(
         return bool(row.epoch == epoch and row.holder == holder)
 
     monkeypatch.setattr(lease, "fence", plain_select_fence)
+    # The fence runs as `lease.fence` (and can be replaced) where a commit is not pipelined.
+    monkeypatch.setattr(execution, "pipelines", lambda _conn: False)
     old = open_store(RACE)
     epoch = old.acquire_leadership(timeout=WAIT)
     outcome = race_commit_paused(old, epoch, engine, dialect, task_id=1)

@@ -16,7 +16,7 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.3f} s"
     if unit == "bytes":
         return f"{value / 2**20:.1f} MiB"
-    if unit == "ms/commit":
+    if unit in ("ms/commit", "ms"):
         return f"{value:.3f} ms"
     return f"{value:,.0f} /s"
 
@@ -29,6 +29,10 @@ METRIC_NAMES: Final = {
     "recover": "recover time",
     "recover_memory": "recover peak mem",
     "prune": "prune",
+    "leader_commit": "leader commit",
+    "leader_cpu": "leader CPU/commit",
+    "leader_p50": "leader latency p50",
+    "leader_p99": "leader latency p99",
 }
 
 
@@ -122,6 +126,10 @@ _MARKDOWN_ROWS: Final = (
     ("recover", None, "recovery of the live tasks"),
     ("recover_memory", None, "recovery peak memory / result"),
     ("prune", None, "prune, batch 1000"),
+    ("leader_commit", 1, "leader commit, batch 1, vs a fenced hand-written client"),
+    ("leader_cpu", 1, "batch 1, CPU per leader commit"),
+    ("leader_p50", 1, "batch 1, leader commit latency p50"),
+    ("leader_p99", 1, "batch 1, leader commit latency p99"),
 )
 
 
@@ -135,7 +143,9 @@ def _markdown_cell(f: Figure) -> str:
     if f.metric == "recover_memory":
         return f"{f.ratio:.2f}x of {_fmt(f.raw, f.unit)}{mark}"
     base = f" {f.baseline}" if f.baseline else ""
-    unit = "s" if f.unit == "s" else "rows/s"
+    if f.unit == "ms":  # a latency: both sides', the ratio beside them
+        return f"{f.store:.3f} ms vs {f.raw:.3f} ms (**{f.ratio:.2f}x**{spread})"
+    unit = "s" if f.unit == "s" else f.unit
     value = f"{f.store:.2f} s" if f.unit == "s" else f"{f.store:,.0f} {unit}"
     return f"{value} (**{f.ratio:.2f}x**{base}{spread}){mark}"
 

@@ -26,6 +26,7 @@ from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskS
 from ..repository import PRUNE_BATCH
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
+from .leader import leader_commit
 from .raw import Baseline, RawDriver, baselines
 from .results import BenchResult, DatabaseResult, Figure, Metric, Target, _goal
 from .targets import raw_database
@@ -158,7 +159,7 @@ class _Bench:
         """A figure from (store, raw) pairs: medians, the median per-pair ratio, its spread."""
         ratios = [s / r if r else float("inf") for s, r in pairs]
         goal, higher = _goal(self.target, metric, batch, baseline)
-        cpu = metric in ("submit_cpu", "transition_cpu")
+        cpu = metric.endswith("_cpu")
         figure = Figure(
             metric=metric,
             batch_size=batch,
@@ -376,6 +377,7 @@ def bench_database(
         click.echo(f"{b.label}:", err=True)
         try:
             b.throughput()
+            leader_commit(b)
             b.recovery()
             b.prune()
         finally:

@@ -46,7 +46,7 @@ INTERNAL = (
     "execution",
     "jsontext",
     "cli",
-    "cli_inbox",
+    "inspection",
     "telemetry",  # its instrument names are the contract (docs/observability.md), not its code
     "bench",
     "web",

@@ -26,7 +26,9 @@ READ_ONLY: Final = "cronoq_read_only"
 """Execution option marking a transaction that only reads (SQLite begins it deferred)."""
 
 
-def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta) -> None:
+def configure_sqlite(
+    engine: Engine, *, full_sync: bool, busy_timeout: timedelta, read_only: bool = False
+) -> None:
     """Make `engine`'s connections durable and make every transaction take the write lock.
 
     pysqlite's own transaction handling is switched off (as SQLAlchemy documents) so that the
@@ -39,6 +41,9 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
         full_sync: fsync every commit (`synchronous=FULL`) rather than risk the last commits
             on power loss (`NORMAL`).
         busy_timeout: How long a statement waits for another connection's write lock.
+        read_only: Connections that cannot write (`PRAGMA query_only`), whose transactions
+            all begin deferred, and that leave the journal mode as it is: for looking at a
+            database beside its writer (`cronoq-store status`) without ever holding it up.
     """
     sync = "FULL" if full_sync else "NORMAL"
     busy_ms = int(busy_timeout.total_seconds() * 1000)
@@ -49,8 +54,11 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            _wal(cursor, busy_timeout)
-            cursor.execute(f"PRAGMA synchronous = {sync}")
+            if read_only:
+                cursor.execute("PRAGMA query_only = ON")
+            else:
+                _wal(cursor, busy_timeout)
+                cursor.execute(f"PRAGMA synchronous = {sync}")
             cursor.execute("PRAGMA foreign_keys = OFF")
         finally:
             cursor.close()
@@ -58,8 +66,8 @@ def configure_sqlite(engine: Engine, *, full_sync: bool, busy_timeout: timedelta
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
         # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
-        read_only = conn.get_execution_options().get(READ_ONLY, False)
-        execution.run(conn, "BEGIN" if read_only else "BEGIN IMMEDIATE")
+        reads = read_only or conn.get_execution_options().get(READ_ONLY, False)
+        execution.run(conn, "BEGIN" if reads else "BEGIN IMMEDIATE")
 
 
 def _wal(cursor: sqlite3.Cursor, busy_timeout: timedelta) -> None:

@@ -123,7 +123,7 @@ def main() -> int:
             results["fill_s"] = round(fill(store, args.n), 1)
         results["file_mb"] = round(db.stat().st_size / 2**20, 1)
         target = cli.Target(url=str(db), schema=None)
-        with cli._database(target) as reader_store:
+        with cli.open_database(target) as reader_store:
             engine = reader_store.engine
             reader = web_app.Reader(engine)
             retention = timedelta(hours=1)

@@ -208,7 +208,8 @@ def _expect(column: str, value: object, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def _retry_obj(retry: RetryPolicy) -> dict[str, Any]:
+def retry_obj(retry: RetryPolicy) -> dict[str, Any]:
+    """A retry policy as its stored JSON object (and as operators are shown it)."""
     return {
         "max_attempts": retry.max_attempts,
         "initial_backoff_ns": retry.initial_backoff_ns,
@@ -229,7 +230,7 @@ def _retry_from(obj: object, column: str = "retry") -> RetryPolicy | None:
 
 
 def encode_retry(retry: RetryPolicy | None) -> str | None:
-    return None if retry is None else _dumps(_retry_obj(retry))
+    return None if retry is None else _dumps(retry_obj(retry))
 
 
 def decode_retry(text: str | None) -> RetryPolicy | None:
@@ -531,7 +532,7 @@ def _template_obj(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
         },
         "duration_hint_ns": spec.duration_hint_ns,
         "timeout_ns": spec.timeout_ns,
-        "retry": None if spec.retry is None else _retry_obj(spec.retry),
+        "retry": None if spec.retry is None else retry_obj(spec.retry),
         "deps": _deps_list(spec.deps, "template deps"),
         "resources": {clean(k): v for k, v in spec.resources.items()},
         "tags": sorted({clean(t) for t in spec.tags}),

@@ -60,6 +60,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.schema import CreateTable
 
+from .dialects.statements import db_now_ns
 from .errors import StoreUnavailable
 
 LOCK_TABLE: Final = "cronoq_migration_lock"
@@ -130,9 +131,6 @@ def acquire(
 
     `conn` must not hold uncommitted work of its caller: each attempt ends in a COMMIT.
     """
-    # 'db_now_ns' is imported late: dialects imports this module.
-    from .dialects import db_now_ns
-
     table = lock_table(schema)
     deadline = time.monotonic() + timeout_s
     now = db_now_ns()
@@ -175,8 +173,6 @@ def acquire(
 def renew(conn: Connection, holder: str, *, schema: str | None) -> None:
     """Extend the lock in the caller's transaction; `StoreUnavailable` if it is no longer ours
     (it expired and another process took it: this migrator must stop)."""
-    from .dialects import db_now_ns
-
     table = lock_table(schema)
     stmt = (
         update(table)

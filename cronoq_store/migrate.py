@@ -23,7 +23,7 @@ __all__ = [
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Final
@@ -150,17 +150,20 @@ def _is_known(rev: str) -> bool:
         return False
 
 
-def _unknown(rev: str) -> SchemaError:
-    return SchemaError(
-        f"the database is at schema revision {rev!r}, which this build of cronoq-store "
-        f"does not know (its newest is {head_revision()!r}); upgrade cronoq-store"
-    )
+def require_known(rev: str) -> None:
+    """Refuse (`SchemaError`) a revision this build does not know: a newer cronoq-store
+    migrated the database."""
+    if not _is_known(rev):
+        raise SchemaError(
+            f"the database is at schema revision {rev!r}, which this build of cronoq-store "
+            f"does not know (its newest is {head_revision()!r}): the schema is newer than "
+            "this cronoq-store; upgrade cronoq-store"
+        )
 
 
 def _check_known(conn: Connection, schema: str | None) -> None:
     for rev in _heads(conn, schema):
-        if not _is_known(rev):
-            raise _unknown(rev)
+        require_known(rev)
 
 
 @contextlib.contextmanager
@@ -296,22 +299,41 @@ def current_revision(bind: Engine | Connection, *, schema: str | None = None) ->
     return heads[0] if heads else None
 
 
-def require_head(bind: Engine | Connection, *, schema: str | None = None) -> None:
+MIGRATE_FIRST: Final = (
+    "migrate it first (`cronoq-store upgrade`, or SqlStore.open with StoreConfig(migrate=True))"
+)
+"""What `require_head` advises for a database not migrated, or behind, unless told otherwise."""
+NO_SCHEMA: Final = "no cronoq schema in this database"
+
+
+def require_head(
+    bind: Engine | Connection,
+    *,
+    schema: str | None = None,
+    advice: str = MIGRATE_FIRST,
+    missing: Callable[[], str] = lambda: NO_SCHEMA,
+) -> None:
     """Refuse (`SchemaError`) a database that does not stand at this build's head revision:
     never migrated, behind, or at a revision this build does not know. Only reads.
 
     What `SqlStore.open` checks when it does not migrate, so a store never leads or commits on
-    a schema it was not written for.
+    a schema it was not written for; `cronoq-store` too, in its own words: `advice` (what to
+    run) for a database not migrated or behind, and `missing` (called only then) saying what is
+    not there.
     """
     # Galera: a causal read, or a node that has not applied a migration just made through
     # another node would refuse a database at head.
     if isinstance(bind, Engine):
-        # Read-only: on SQLite it starts deferred and takes no write lock.
-        with (
-            bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn,
-            galera.causal_reads(conn),
-        ):
-            rev = current_revision(conn, schema=schema)
+        # Read-only: on SQLite it starts deferred and takes no write lock. Whatever connecting
+        # raises is translated, as `current_revision` translates it.
+        try:
+            with (
+                bind.connect().execution_options(**{dialects.READ_ONLY: True}) as conn,
+                galera.causal_reads(conn),
+            ):
+                rev = current_revision(conn, schema=schema)
+        except Exception as exc:
+            raise dialects.translate(exc) from exc
     else:
         with galera.causal_reads(bind):
             rev = current_revision(bind, schema=schema)
@@ -319,13 +341,8 @@ def require_head(bind: Engine | Connection, *, schema: str | None = None) -> Non
     if rev == head:
         return
     if rev is None:
-        raise SchemaError(
-            "no cronoq schema in this database: migrate it first (`cronoq-store upgrade`, or "
-            "SqlStore.open with StoreConfig(migrate=True))"
-        )
-    if not _is_known(rev):
-        raise _unknown(rev)
+        raise SchemaError(f"{missing()}: {advice}")
+    require_known(rev)
     raise SchemaError(
-        f"the database is at schema revision {rev!r}, behind this build's {head!r}: migrate "
-        "it first (`cronoq-store upgrade`, or SqlStore.open with StoreConfig(migrate=True))"
+        f"the database is at schema revision {rev!r}, behind this build's {head!r}: {advice}"
     )

@@ -212,9 +212,14 @@ def driver_options(url: URL, config: StoreConfig) -> tuple[URL, dict[str, Any]]:
     return url, connect_args
 
 
-def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> Engine:
+def _engine_for(
+    target: str | os.PathLike[str] | URL, config: StoreConfig, *, read_only: bool = False
+) -> Engine:
     """The engine `SqlStore.open` owns. Its statement parameters are task data (payloads,
-    labels), so `hide_parameters` keeps them out of SQLAlchemy's errors and logging."""
+    labels), so `hide_parameters` keeps them out of SQLAlchemy's errors and logging.
+
+    `read_only` (SQLite; `cronoq-store`'s looks): the file is not created, and its connections
+    cannot write nor take the write lock (`dialects.configure_sqlite`)."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
         url = make_url("sqlite://").set(database=str(_sqlite_path(os.fspath(target))))
     else:
@@ -222,7 +227,8 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
     dialects.check_url(url)
     if url.get_backend_name() == "sqlite":
         path = sqlite_file(url)
-        _create_private(path)
+        if not read_only:
+            _create_private(path)
         engine = create_engine(
             url, pool_size=config.pool_size, max_overflow=0, hide_parameters=True
         )
@@ -230,6 +236,7 @@ def _engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> En
             engine,
             full_sync=config.full_sync,
             busy_timeout=min(config.busy_timeout, config.commit_timeout),
+            read_only=read_only,
         )
         return engine
     try:

@@ -456,19 +456,19 @@ def test_any_error_of_any_command_is_one_line(
     """Whatever a command raises (a store error, or a bug no check foresaw) ends in one line
     on stderr and status 1."""
     url = cli_url(db_url)
-    import cronoq_store.cli as cli
+    from cronoq_store import inspection
 
     def corrupt(*_args: object) -> None:
         raise CorruptValue("schedule 'nightly': JSON nested deeper than 64 levels")
 
-    monkeypatch.setattr(cli, "_schedule", corrupt)
+    monkeypatch.setattr(inspection, "schedule", corrupt)
     line = one_error(run(url, "status", code=1))
     assert "nested deeper than 64 levels" in line and line.startswith("Error: failed (")
 
     def bug(*_args: object) -> None:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(cli, "_task_detail", bug)
+    monkeypatch.setattr(inspection, "task_detail", bug)
     line = one_error(run(url, "show", "1", code=1))
     assert "internal error (RecursionError" in line
 

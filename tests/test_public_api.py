@@ -46,7 +46,7 @@ INTERNAL = (
     "execution",
     "jsontext",
     "cli",
-    "cli_inbox",
+    "inspection",
     "telemetry",  # its instrument names are the contract (docs/observability.md), not its code
     "bench",
     "web",
@@ -54,6 +54,7 @@ INTERNAL = (
 # A public package's modules: its parts, no promise to users on their own. The package's
 # `__all__` names what of them is public, and its reference page documents it.
 PARTS = {
+    "dialects": ("statements", "sessions", "locks", "urls", "translation"),
     "testing": (
         "base",
         "config",

@@ -1,7 +1,7 @@
 """`cronoq-store web` at the HTTP level, on every dialect: each page, its filters and paging,
 the security rules (token, headers, 405s, escaping, no password), and that it never writes.
 
-The app is built as the command builds it (`cli._database` then `create_app`), on a database
+The app is built as the command builds it (`cli.open_database` then `create_app`), on a database
 holding a known set of tasks. On PostgreSQL the URL carries a password (the local server
 trusts, so it is accepted and ignored), so every "no password" assertion is a real one there.
 """
@@ -119,7 +119,7 @@ def store(db_url: URL) -> Iterator[SqlStore]:
 def make_client(db_url: URL, **options: object) -> Iterator[httpx.Client]:
     """A client of the app the command serves for `db_url` (a URL with a password)."""
     target = cli_module.Target(url=url_with_password(db_url), schema=None)
-    with cli_module._database(target) as reader:
+    with cli_module.open_database(target) as reader:
         app = web_app.create_app(reader.engine, **options)  # type: ignore[arg-type]
         with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
             yield client
@@ -412,7 +412,7 @@ def test_reads_only(db_url: URL, store: SqlStore) -> None:
     """The app's transactions cannot write, and serving every page changes nothing."""
     target = cli_module.Target(url=url_with_password(db_url), schema=None)
     before = snapshot(store)
-    with cli_module._database(target) as reader_store:
+    with cli_module.open_database(target) as reader_store:
         reader = web_app.Reader(reader_store.engine)
         with pytest.raises(web_app.Unavailable):
             reader.read(lambda conn: conn.execute(tasks.delete()))

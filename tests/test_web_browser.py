@@ -142,7 +142,7 @@ def site(db: URL) -> Iterator[tuple[str, SqlStore]]:
             assert taken is not None
         target = cli_module.Target(url=str(db.database), schema=None)
         with (
-            cli_module._database(target) as reader,
+            cli_module.open_database(target) as reader,
             serve(create_app(reader.engine, refresh_s=1.0)) as base,
         ):
             yield base, store

@@ -45,7 +45,7 @@ def is_loopback(host: str) -> bool:
     default="1h",
     show_default=True,
     metavar="DURATION",
-    callback=cli._duration_option,
+    callback=cli.duration_option,
     help="Finished tasks older than this count as the prune backlog.",
 )
 @click.option(
@@ -84,7 +84,7 @@ def web_cmd(
             f"the dashboard needs the web extra ({exc.name} is missing): "
             "pip install 'cronoq-store[web]'"
         ) from exc
-    with cli._database(target) as store:
+    with cli.open_database(target) as store:
         app = create_app(
             store.engine,
             schema=target.schema,

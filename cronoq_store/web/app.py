@@ -146,9 +146,9 @@ class Reader:
                 finally:
                     conn.rollback()
         except (sa_exc.SQLAlchemyError, OSError) as exc:
-            raise Unavailable(cli._one_line(str(dialects.translate(exc)))) from exc
+            raise Unavailable(cli.one_line(str(dialects.translate(exc)))) from exc
         except StoreError as exc:
-            raise Unavailable(cli._one_line(str(exc))) from exc
+            raise Unavailable(cli.one_line(str(exc))) from exc
 
 
 def _text(request: Request, name: str) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from .. import cli, codec, inbox, lease, migrate, repository
+from .. import codec, inbox, inspection, migrate, repository
 from ..errors import CorruptValue
 from ..model import TaskStatus
 from ..schema import inbox as inbox_table
@@ -55,7 +55,7 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
     return {
         "revision": migrate.current_revision(conn, schema=schema),
         "head": migrate.head_revision(),
-        "lease": cli._lease_view(lease.lease_view(conn)),
+        "lease": inspection.lease_state(conn),
         "live": live,
         "pools": pools,
         "statuses": statuses,
@@ -65,13 +65,13 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
         # Under READ COMMITTED each count has its own snapshot: a prune in between must not
         # make the backlog negative.
         "past_retention": max(0, finished - recent),
-        "retention": cli._ns_text(retention // timedelta(microseconds=1) * 1000),
+        "retention": inspection.seconds_text(retention // timedelta(microseconds=1) * 1000),
         "schedules": int(conn.execute(repository.recurring_count_stmt()).scalar_one()),
         "inbox": inbox.depth(conn),
         "lost": repository.lost_commits(conn),
-        # Last: on a server that refuses it, `_server` rolls back (ending the read-only
+        # Last: on a server that refuses it, `inspection.server` rolls back (ending the read-only
         # transaction), and nothing may read after that.
-        "server": cli._server(conn),
+        "server": inspection.server(conn),
     }
 
 
@@ -118,7 +118,7 @@ def tasks_page(conn: Connection, flt: TaskFilter) -> dict[str, Any]:
         newest_first=True,
         limit=flt.limit + 1,  # one more says whether an older page exists
     )
-    rows = [cli._task_dict(r) for r in conn.execute(stmt)]
+    rows = [inspection.task_dict(r) for r in conn.execute(stmt)]
     more = len(rows) > flt.limit
     rows = rows[: flt.limit]
     return {"tasks": rows, "older": rows[-1]["id"] if more else None}
@@ -129,10 +129,10 @@ def task_page(conn: Connection, task_id: int) -> dict[str, Any] | None:
     row = conn.execute(repository.task_row_stmt(task_id=task_id)).first()
     if row is None:
         return None
-    detail = cli._task_detail(row)
+    detail = inspection.task_detail(row)
     detail["payload_preview"] = hex_preview(row.payload)
-    detail["payload_size_text"] = cli._size_text(detail["payload_size"])
-    detail["output_size_text"] = cli._size_text(detail["output_size"])
+    detail["payload_size_text"] = inspection.size_text(detail["payload_size"])
+    detail["output_size_text"] = inspection.size_text(detail["output_size"])
     head = None
     if row.output_size:
         head = conn.execute(
@@ -148,16 +148,16 @@ def schedules(conn: Connection) -> list[dict[str, Any]]:
     for r in conn.execute(repository.recurring_stmt()):
         item: dict[str, Any] = {
             "name": r.name,
-            "next": cli._when(r.next_unix_ns),
+            "next": inspection.when(r.next_unix_ns),
             "last_task": r.last_task_id,
         }
         try:
-            spec = codec.decode_recurring(cli.UNIX, r.name, r.spec, r.template_payload)
+            spec = codec.decode_recurring(inspection.UNIX, r.name, r.spec, r.template_payload)
         except CorruptValue as exc:
             item["error"] = str(exc)
         else:
             item["cron"] = spec.cron
-            item["interval"] = cli._ns_text(spec.interval_ns)
+            item["interval"] = inspection.seconds_text(spec.interval_ns)
             item["timezone"] = spec.timezone
             item["pool"] = spec.template.pool
         out.append(item)
@@ -189,10 +189,10 @@ def inbox_page(conn: Connection) -> dict[str, Any]:
     rejects = [
         {
             "inbox_id": r.inbox_id,
-            "enqueued": cli._when(r.enqueued_unix_ns),
-            "rejected": cli._when(r.rejected_unix_ns),
+            "enqueued": inspection.when(r.enqueued_unix_ns),
+            "rejected": inspection.when(r.rejected_unix_ns),
             "reason": r.reason,
-            "payload_size": cli._size_text(None if r.payload is None else len(r.payload)),
+            "payload_size": inspection.size_text(None if r.payload is None else len(r.payload)),
         }
         for r in conn.execute(inbox.rejects_stmt(), {"limit": LIST_MAX})
     ]

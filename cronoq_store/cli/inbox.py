@@ -1,4 +1,4 @@
-"""The inbox's commands, `cronoq-store enqueue` and `cronoq-store inbox` (`cli.LAZY_COMMANDS`).
+"""The inbox's commands, `cronoq-store enqueue` and `cronoq-store inbox` (`LAZY_COMMANDS`).
 
 `enqueue` is what an app does in its own transaction, from a shell: it commits one item and
 prints its inbox id. `inbox` shows what waits for the leader and the rows set aside.
@@ -13,10 +13,12 @@ import click
 from rich import box
 from rich.table import Table
 
-from . import codec, inbox
-from .cli import Target, _cells, _console, _database, _echo_json, _when, print_table
-from .errors import InvalidValue
-from .model import Priority, TaskSpec
+from .. import codec, inbox
+from ..errors import InvalidValue
+from ..inspection import when
+from ..model import Priority, TaskSpec
+from .output import cells, console, echo_json, print_table
+from .target import Target, open_database
 
 _PRIORITIES: Final = click.Choice([p.name.lower() for p in Priority], case_sensitive=False)
 
@@ -77,7 +79,7 @@ def enqueue_cmd(
         codec.spec_columns(inbox.UNIX, spec)  # what cannot be stored is refused up front
     except InvalidValue as exc:
         raise click.UsageError(str(exc)) from exc
-    with _database(target, write=True) as store, store.engine.begin() as conn:
+    with open_database(target, write=True) as store, store.engine.begin() as conn:
         inbox_id = inbox.enqueue(conn, spec)
     click.echo(inbox_id)
 
@@ -85,7 +87,7 @@ def enqueue_cmd(
 def _item_dict(row: Any, now_ns: int) -> dict[str, Any]:
     return {
         "inbox_id": row.id,
-        "enqueued": _when(row.enqueued_unix_ns),
+        "enqueued": when(row.enqueued_unix_ns),
         "age_s": round(max(0, now_ns - row.enqueued_unix_ns) / 1e9, 3),
         "key": row.key,
         "pool": row.pool,
@@ -98,8 +100,8 @@ def _item_dict(row: Any, now_ns: int) -> dict[str, Any]:
 def _reject_dict(row: Any) -> dict[str, Any]:
     return {
         "inbox_id": row.inbox_id,
-        "enqueued": _when(row.enqueued_unix_ns),
-        "rejected": _when(row.rejected_unix_ns),
+        "enqueued": when(row.enqueued_unix_ns),
+        "rejected": when(row.rejected_unix_ns),
         "reason": row.reason,
         "payload_size": None if row.payload is None else len(row.payload),
         "fields": row.fields,
@@ -118,7 +120,7 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
     params: dict[str, Any] = {"limit": limit}
     if after is not None:
         params["after"] = after
-    with _database(target) as store, store.engine.connect() as conn:
+    with open_database(target) as store, store.engine.connect() as conn:
         now = time.time_ns()
         stmt = inbox.oldest_stmt(after=after is not None)
         items = [_item_dict(r, now) for r in conn.execute(stmt, params)]
@@ -126,7 +128,7 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
         summary = inbox.depth(conn)
     next_after = items[-1]["inbox_id"] if len(items) == limit else None
     if as_json:
-        _echo_json({**summary, "inbox": items, "rejects": rejects, "next_after": next_after})
+        echo_json({**summary, "inbox": items, "rejects": rejects, "next_after": next_after})
         return
     age = summary["oldest_age_s"]
     click.echo(
@@ -134,14 +136,14 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
         + ("" if age is None else f", oldest {age:g} s old")
         + f", {summary['set_aside']} set aside"
     )
-    console = _console()
+    out = console()
     if items:
         grid = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
         for name in ("inbox id", "enqueued", "key", "pool", "kind", "tenant", "payload"):
             grid.add_column(name, overflow="fold")
         for r in items:
             grid.add_row(
-                *_cells(
+                *cells(
                     r["inbox_id"],
                     r["enqueued"],
                     r["key"],
@@ -151,7 +153,7 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
                     f"{r['payload_size']} B",
                 )
             )
-        print_table(console, grid)
+        print_table(out, grid)
     if rejects:
         grid = Table(
             title="set aside", title_justify="left", box=box.SIMPLE, show_edge=False, pad_edge=False
@@ -159,7 +161,7 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
         for name in ("inbox id", "rejected", "reason"):
             grid.add_column(name, overflow="fold")
         for r in rejects:
-            grid.add_row(*_cells(r["inbox_id"], r["rejected"], r["reason"]))
-        print_table(console, grid)
+            grid.add_row(*cells(r["inbox_id"], r["rejected"], r["reason"]))
+        print_table(out, grid)
     if next_after is not None:
         click.echo(f"more: --after {next_after}")

@@ -1,0 +1,80 @@
+"""`upgrade`, `downgrade`, `current` and `history`: the schema's revisions."""
+
+from __future__ import annotations
+
+import click
+from alembic.script import ScriptDirectory
+
+from .. import migrate
+from .target import Target, errors, hint, open_database, shown
+
+
+def known_revisions() -> set[str]:
+    """Every revision the packaged migrations know."""
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+@click.command()
+@click.argument("revision", default="head")
+@click.pass_obj
+def upgrade(target: Target, revision: str) -> None:
+    """Migrate the database to REVISION (default: head); safe to run from many hosts at once."""
+    with open_database(target, write=True, create=True, need_schema=False) as store:
+        before = migrate.current_revision(store.engine, schema=target.schema)
+        restored = migrate.upgrade(store.engine, revision, schema=target.schema)
+        after = migrate.current_revision(store.engine, schema=target.schema)
+    if before != after:
+        click.echo(f"upgraded {before or 'none'} -> {after}")
+    elif restored is None:
+        click.echo(f"at {after or 'none'}: nothing to do")
+    if restored is not None:
+        click.echo(f"restored the missing leader row (free, epoch 0); next task id {restored}")
+
+
+@click.command()
+@click.argument("revision")
+@click.option(
+    "--yes-destroy-data",
+    is_flag=True,
+    help="Required: a downgrade drops tables and the tasks in them.",
+)
+@click.pass_obj
+def downgrade(target: Target, revision: str, yes_destroy_data: bool) -> None:
+    """Migrate the database down to REVISION ("base" drops every cronoq table)."""
+    if not yes_destroy_data:
+        raise click.UsageError(
+            "a downgrade drops tables and the data in them: pass --yes-destroy-data to go ahead"
+        )
+    with open_database(target, write=True, need_schema=False) as store:
+        before = migrate.current_revision(store.engine, schema=target.schema)
+        migrate.downgrade(store.engine, revision, schema=target.schema)
+        after = migrate.current_revision(store.engine, schema=target.schema)
+    click.echo(f"downgraded {before or 'none'} -> {after or 'none'}")
+
+
+@click.command()
+@click.option("--check", is_flag=True, help="Exit with status 1 unless at this build's head.")
+@click.pass_obj
+def current(target: Target, check: bool) -> None:
+    """Print the database's schema revision ("none" before the first upgrade)."""
+    with open_database(target, need_schema=False) as store:
+        rev = migrate.current_revision(store.engine, schema=target.schema)
+    click.echo(rev or "none")
+    if rev is not None:
+        with errors(shown(target.parsed())):
+            migrate.require_known(rev)
+    head = migrate.head_revision()
+    if check and rev != head:
+        raise click.ClickException(f"not at head {head!r}: run {hint(target, 'upgrade')}")
+
+
+@click.command()
+def history() -> None:
+    """List the migrations this build ships, newest first (no database needed)."""
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    for rev in script.walk_revisions():
+        down = rev.down_revision
+        parent = "<base>" if down is None else ", ".join([down] if isinstance(down, str) else down)
+        mark = " (head)" if rev.is_head else ""
+        click.echo(f"{parent} -> {rev.revision}{mark}: {rev.doc}")

@@ -1,0 +1,53 @@
+"""Every difference between SQLite, PostgreSQL and MariaDB/MySQL that the store must know.
+
+Everything else is dialect-neutral Core. Keep this package small: when a difference can be
+expressed portably, it does not belong here. Its rooms: `statements` (what each dialect
+writes its own way), `sessions` (what each session is told, and how it is interrupted),
+`locks` (the migration lock), `urls` (parsing, checks, advice, redaction) and `translation`
+(errors in the store's terms). Callers use the names here, as `dialects.X`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "configure_sqlite",
+    "redact",
+    "translate",
+]
+
+from .locks import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
+from .locks import MIGRATION_LOCK_NAME as MIGRATION_LOCK_NAME
+from .locks import MIGRATION_LOCK_TIMEOUT_S as MIGRATION_LOCK_TIMEOUT_S
+from .locks import migration_lock as migration_lock
+from .sessions import IDLE_INFO as IDLE_INFO
+from .sessions import READ_ONLY as READ_ONLY
+from .sessions import bound as bound
+from .sessions import bound_idle as bound_idle
+from .sessions import configure_sqlite as configure_sqlite
+from .sessions import idle_bound_supported as idle_bound_supported
+from .sessions import interrupter as interrupter
+from .statements import create_database as create_database
+from .statements import database_exists as database_exists
+from .statements import database_size_stmt as database_size_stmt
+from .statements import db_now_ns as db_now_ns
+from .statements import delete_joins as delete_joins
+from .statements import host_now_ns as host_now_ns
+from .statements import insert_ignoring as insert_ignoring
+from .statements import mysql_collation as mysql_collation
+from .statements import name as name
+from .statements import read_only_sql as read_only_sql
+from .statements import server_role_stmt as server_role_stmt
+from .translation import describe as describe
+from .translation import hide_parameters as hide_parameters
+from .translation import missing_table as missing_table
+from .translation import read_only as read_only
+from .translation import translate as translate
+from .urls import PREPARE_THRESHOLD as PREPARE_THRESHOLD
+from .urls import SECRET_QUERY_KEYS as SECRET_QUERY_KEYS
+from .urls import URL_FORMS as URL_FORMS
+from .urls import check_url as check_url
+from .urls import connect_options as connect_options
+from .urls import parse_url as parse_url
+from .urls import redact as redact
+from .urls import safe_url as safe_url
+from .urls import url_advice as url_advice

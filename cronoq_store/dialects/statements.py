@@ -1,0 +1,189 @@
+"""The statements and expressions each dialect writes its own way: the database clock, an
+INSERT that skips stored keys, sizes, server roles, MySQL's databases."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import time
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Insert,
+    Select,
+    Table,
+    bindparam,
+    cast,
+    func,
+    literal,
+    literal_column,
+    select,
+    table,
+)
+from sqlalchemy import column as sql_column
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.exc import CompileError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateSchema
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+
+def name(dialect: Dialect) -> str:
+    """ "sqlite", "postgresql" or "mysql" (MariaDB included)."""
+    return "mysql" if dialect.name in ("mysql", "mariadb") else dialect.name
+
+
+def mysql_collation(dialect: Dialect) -> str:
+    """A binary collation without trailing-space padding, so "a" and "a " are distinct keys."""
+    return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+
+
+class db_now_ns(FunctionElement[int]):
+    """Unix nanoseconds on the database's clock: one clock for every host sharing a server.
+
+    One expression, compiled per dialect: `clock_timestamp()` on PostgreSQL (the time of
+    evaluation, not of the transaction's start), `UTC_TIMESTAMP(6)` on MariaDB/MySQL (UTC, so
+    the session's time zone and its daylight-saving jumps cannot shift it; `NOW(6)` through
+    `UNIX_TIMESTAMP` is ambiguous for an hour each autumn). SQLite has no server: the processes
+    sharing its file share the host's clock instead, bound as `b_host_now` (pass that parameter
+    to judge a lease at another instant).
+    """
+
+    type = BigInteger()
+    name = "db_now_ns"
+    inherit_cache = True
+
+
+def host_now_ns() -> int:
+    """The host's wall clock in Unix nanoseconds, read when a SQLite statement runs."""
+    return time.time_ns()
+
+
+@compiles(db_now_ns)
+def _db_now_unknown(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    raise CompileError(f"no database clock known for dialect {compiler.dialect.name!r}")
+
+
+@compiles(db_now_ns, "postgresql")
+def _db_now_postgresql(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = func.extract("epoch", func.clock_timestamp())  # numeric, microseconds exact
+    return compiler.process(
+        cast(seconds * 1_000_000_000, BigInteger), **{**kw, "literal_binds": True}
+    )
+
+
+@compiles(db_now_ns, "mysql", "mariadb")
+def _db_now_mysql(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    micros = func.timestampdiff(
+        literal_column("MICROSECOND"), literal("1970-01-01 00:00:00"), func.utc_timestamp(6)
+    )
+    return compiler.process(micros * 1000, **{**kw, "literal_binds": True})
+
+
+@compiles(db_now_ns, "sqlite")
+def _db_now_sqlite(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
+    host_now = bindparam("b_host_now", type_=BigInteger, callable_=host_now_ns)
+    return compiler.process(host_now, **kw)
+
+
+def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:
+    """An INSERT into `target` that skips a row whose primary key is stored already and
+    returns the primary key of each row it inserted, or None where there is none to trust.
+
+    PostgreSQL's `ON CONFLICT (pk) DO NOTHING` and SQLite's (3.35+, for RETURNING) name the
+    primary key alone, so any other unique index (a live key in use) still refuses the row.
+    MariaDB/MySQL have no such form: `INSERT IGNORE` and `ON DUPLICATE KEY` would also swallow
+    a live-key conflict (and IGNORE turns bad values into warnings), so none is given there.
+    """
+    return _insert_ignoring(name(dialect), target)
+
+
+@functools.cache
+def _insert_ignoring(which: str, target: Table) -> Insert | None:
+    key = list(target.primary_key.columns)
+    if which == "postgresql":
+        return postgresql.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
+    if which == "sqlite" and sqlite3.sqlite_version_info >= (3, 35):
+        return sqlite.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
+    return None
+
+
+def delete_joins(dialect: Dialect) -> bool:
+    """Whether a DELETE of rows chosen by a subquery should join it rather than test IN.
+
+    MariaDB/MySQL run a single-table `DELETE ... WHERE id IN (subquery)` as a dependent
+    subquery probed for every row of the table, a full scan per prune batch; their
+    multi-table DELETE joins the derived rows by primary key. SQLite has no such DELETE, and
+    PostgreSQL plans the IN as a semi-join already.
+    """
+    return name(dialect) == "mysql"
+
+
+def database_size_stmt(dialect: Dialect, schema: str | None) -> Select[Any]:
+    """The size of the whole database in bytes, as each dialect reports it."""
+    which = name(dialect)
+    if which == "postgresql":
+        return select(func.pg_database_size(func.current_database()))
+    if which == "mysql":
+        info = table(
+            "tables",
+            sql_column("table_schema"),
+            sql_column("data_length"),
+            sql_column("index_length"),
+            schema="information_schema",
+        )
+        return select(func.coalesce(func.sum(info.c.data_length + info.c.index_length), 0)).where(
+            info.c.table_schema == (schema if schema else func.database())
+        )
+    pages = func.pragma_page_count().table_valued("page_count")
+    size = func.pragma_page_size().table_valued("page_size")
+    return select(
+        select(pages.c.page_count).scalar_subquery() * select(size.c.page_size).scalar_subquery()
+    )
+
+
+def server_role_stmt(dialect: Dialect) -> Select[Any] | None:
+    """PostgreSQL: whether the server is a standby, its synchronous standbys as configured and
+    as connected, and `synchronous_commit`: what decides whether a failover can lose
+    acknowledged commits (docs/deploying.md). None elsewhere."""
+    if name(dialect) != "postgresql":
+        return None
+    replication = table("pg_stat_replication", sql_column("sync_state"), schema="pg_catalog")
+    connected = (
+        select(func.count())
+        .select_from(replication)
+        .where(replication.c.sync_state.in_(("sync", "quorum")))
+        .scalar_subquery()
+    )
+    return select(
+        func.pg_is_in_recovery().label("standby"),
+        func.current_setting("synchronous_standby_names").label("names"),
+        func.current_setting("synchronous_commit").label("commit"),
+        connected.label("connected"),
+    )
+
+
+def database_exists(conn: Connection, schema: str) -> bool:
+    """MySQL: whether the server has a database named `schema` (its --schema)."""
+    schemata = table("schemata", sql_column("schema_name"), schema="information_schema")
+    found = conn.execute(select(literal(1)).where(schemata.c.schema_name == schema)).first()
+    return found is not None
+
+
+def create_database(conn: Connection, schema: str) -> None:
+    """MySQL: create the database `schema` if it is missing (the tables name their charset)."""
+    conn.execute(CreateSchema(schema, if_not_exists=True))
+
+
+def read_only_sql(dialect: Dialect) -> str | None:
+    """The statement (for `exec_driver_sql`) that makes the transaction it starts read-only
+    (PostgreSQL, MySQL), so a reader that must never write (the dashboard) cannot, even by
+    mistake. None on SQLite, whose reader connections run with `PRAGMA query_only` instead."""
+    which = name(dialect)
+    if which in ("postgresql", "mysql"):
+        return "SET TRANSACTION READ ONLY"
+    return None

@@ -36,9 +36,8 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy import exc as sa_exc
 
-from . import codec, dialects, execution
+from . import codec, compat, dialects, execution
 from .errors import CorruptValue, InvalidValue, StoreError
 from .model import (
     INT64_MAX,
@@ -204,9 +203,7 @@ def _insert_many(conn: Connection, stmt: Insert, rows: Sequence[Mapping[str, Any
             for row in rows:
                 write(getter(row))
     except conn.dialect.loaded_dbapi.Error as exc:
-        raise sa_exc.DBAPIError.instance(
-            copy_sql, None, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect
-        ) from exc
+        raise compat.driver_error(conn, exc, copy_sql, cursor=cursor) from exc
     finally:
         cursor.close()
 

@@ -1,8 +1,16 @@
 """How the store's work runs, as opposed to what it runs: mechanics with no SQL of their own.
 
 Statements are Core expressions, compiled by SQLAlchemy once per dialect, schema and key set
-(`driver_sql`). How they then run is this module's business: on the DB-API cursor when nothing
-observes the connection's statements (`run`), through SQLAlchemy's execution otherwise.
+(`driver_sql`). How they then run is this module's business: on the DB-API cursor (`run`),
+past SQLAlchemy's per-statement execution, a third of a small commit's CPU.
+
+Which path runs is decided, never inferred from who listens (`observed`): the cursor, unless
+the engine or connection asks for SQLAlchemy's execution with the `OBSERVED` execution option,
+or SQLAlchemy's statement log is on (`echo`, or the `sqlalchemy.engine` logger at INFO), or the
+driver is async. So a `before_cursor_execute` listener (OpenTelemetry's SQLAlchemy
+instrumentation, a test's) costs the store nothing and sees only what SQLAlchemy executes;
+to see every statement, set the option (docs/observability.md). What SQLAlchemy's execution
+would add to a statement run on the cursor (its error wrapping) is `compat`'s.
 """
 
 from __future__ import annotations
@@ -22,11 +30,13 @@ from typing import Any, Final, NamedTuple
 from sqlalchemy import Connection, Delete, Engine, Insert, Select, Update, event
 from sqlalchemy import exc as sa_exc
 
+from . import compat
 from .errors import StoreError
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "OBSERVED",
     "PING_IDLE",
     "WATCHDOG",
     "Deadline",
@@ -154,30 +164,33 @@ def counted(rowcount: int) -> int | None:
     return None if rowcount < 0 else rowcount
 
 
-def observed(conn: Connection) -> bool:
-    """Whether anything watches `conn`'s statements: a cursor-execute or error listener
-    (tracing, metrics, a test's fault injection) or SQLAlchemy's statement log.
+OBSERVED: Final = "cronoq_observed"
+"""The execution option that runs the store's statements through SQLAlchemy's execution, so
+that its listeners see every one (and PostgreSQL inserts with executemany, not COPY): e.g.
+`store.engine.update_execution_options(cronoq_observed=True)`, or `execution_options=` of
+`create_engine`. Off by default: the store then runs them on the DB-API cursor."""
 
-    SQLAlchemy's per-statement machinery exists for them; without them it is a third of a
-    small commit's CPU, and `run` leaves it out. Async drivers always take SQLAlchemy's path.
+
+def observed(conn: Connection) -> bool:
+    """Whether `conn`'s statements run through SQLAlchemy's execution: asked for (`OBSERVED`),
+    SQLAlchemy's statement log on (`compat.logs_statements`: `echo`, or the logger at INFO),
+    or an async driver (whose cursor only SQLAlchemy drives). Listeners do not count: an
+    instrumented engine keeps the fast path (the module docstring).
     """
-    dispatch: Any = conn.dispatch
     return bool(
         conn.dialect.is_async
-        or dispatch.before_cursor_execute
-        or dispatch.after_cursor_execute
-        or conn.dialect.dispatch.handle_error
-        or conn.engine.logger.isEnabledFor(logging.INFO)
+        or conn.get_execution_options().get(OBSERVED)
+        or compat.logs_statements(conn)
     )
 
 
 def run(conn: Connection, sql: str, params: Any = None, *, many: bool = False) -> Ran:
-    """Run driver SQL in `conn`'s transaction: on its DB-API cursor when nothing observes the
-    connection (`observed`), otherwise through `exec_driver_sql`, so that listeners see every
-    statement. `many`: `params` is a list, run as the driver's executemany.
+    """Run driver SQL in `conn`'s transaction: on its DB-API cursor, or through
+    `exec_driver_sql` when `observed`. `many`: `params` is a list, run as the driver's
+    executemany.
 
     A driver error leaves as SQLAlchemy's `DBAPIError` either way (parameters hidden: they are
-    task data), and a lost connection is invalidated as SQLAlchemy would.
+    task data), and a lost connection is invalidated as SQLAlchemy would (`compat.driver_error`).
     """
     if observed(conn):
         result = conn.exec_driver_sql(sql, params)
@@ -194,19 +207,7 @@ def run(conn: Connection, sql: str, params: Any = None, *, many: bool = False) -
         rows = cursor.fetchall() if cursor.description is not None else []
         return Ran(counted(cursor.rowcount), rows)
     except conn.dialect.loaded_dbapi.Error as exc:
-        invalidated = conn.dialect.is_disconnect(exc, dbapi_conn, cursor)
-        if invalidated:
-            conn.invalidate(exc)
-        raise sa_exc.DBAPIError.instance(
-            sql,
-            None,
-            exc,
-            conn.dialect.loaded_dbapi.Error,
-            hide_parameters=True,
-            connection_invalidated=invalidated,
-            dialect=conn.dialect,
-            ismulti=many,
-        ) from exc
+        raise compat.driver_error(conn, exc, sql, cursor=cursor, many=many) from exc
     finally:
         cursor.close()
 
@@ -449,19 +450,8 @@ class Flight:
             while answered < len(cursors) and cursors[answered].pgresult is not None:
                 answered += 1
             self.failed = len(self._ran) + answered
-            sql = queue[min(answered, len(queue) - 1)][0]
-            invalidated = conn.dialect.is_disconnect(exc, dbapi_conn, None)
-            if invalidated:
-                conn.invalidate(exc)
-            raise sa_exc.DBAPIError.instance(
-                sql,
-                None,
-                exc,
-                conn.dialect.loaded_dbapi.Error,
-                hide_parameters=True,
-                connection_invalidated=invalidated,
-                dialect=conn.dialect,
-            ) from exc
+            sql, _, many = queue[min(answered, len(queue) - 1)]
+            raise compat.driver_error(conn, exc, sql, many=many) from exc
         finally:
             for cursor in cursors:
                 cursor.close()

@@ -37,10 +37,9 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import dialect as postgresql_dialect
 
-from . import codec, dialects, execution
+from . import codec, compat, dialects, execution
 from .errors import CorruptValue, InvalidValue, StoreError
 from .model import (
     INT64_MAX,
@@ -207,9 +206,7 @@ def _insert_many(conn: Connection, stmt: Insert, rows: Sequence[Mapping[str, Any
             for row in rows:
                 write(getter(row))
     except conn.dialect.loaded_dbapi.Error as exc:
-        raise sa_exc.DBAPIError.instance(
-            copy_sql, None, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect
-        ) from exc
+        raise compat.driver_error(conn, exc, copy_sql, cursor=cursor) from exc
     finally:
         cursor.close()
 

@@ -2,19 +2,21 @@
 
 A store made by `SqlStore.open` pings a pooled connection only when it sat unused past
 `execution.PING_IDLE`; a connection lost sooner fails one commit with `StoreUnavailable` and
-the next one succeeds. A commit's statements skip SQLAlchemy's execution machinery only while
-nothing observes them (`execution.observed`).
+the next one succeeds. A commit's statements skip SQLAlchemy's execution machinery unless the
+engine asks for it or logs statements (`execution.observed`), whoever listens.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import URL, Engine, create_engine, event, select, text
+from sqlalchemy import exc as sa_exc
 
 from cronoq_store import (
     ById,
@@ -31,6 +33,7 @@ from cronoq_store import (
 )
 from cronoq_store.schema import tasks
 from cronoq_store.store import StoreConfig
+from cronoq_store.testing.statements import after_statements
 
 BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 SERVERS = [
@@ -123,20 +126,29 @@ def test_a_connection_lost_within_the_idle_bound_fails_one_commit(
 @pytest.mark.parametrize(
     "dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)], indirect=True
 )
-def test_statements_skip_sqlalchemy_only_while_unobserved(db_url: URL) -> None:
+def test_statements_take_sqlalchemys_path_only_when_asked(db_url: URL) -> None:
+    """Listeners (tracing, metrics) leave the store on the DB-API cursor; the `OBSERVED`
+    execution option, on the engine or a connection, and SQLAlchemy's statement log
+    (`echo`, or its logger at INFO) take it through SQLAlchemy's execution."""
+
     def listener(*_args: Any) -> None:
         pass
 
     with SqlStore.open(db_url) as store, store.engine.connect() as conn:
         assert not execution.observed(conn)
-        for name in ("before_cursor_execute", "after_cursor_execute"):
+        for name in ("before_cursor_execute", "after_cursor_execute", "handle_error"):
             event.listen(store.engine, name, listener)
             with store.engine.connect() as watched:
-                assert execution.observed(watched), name
+                assert not execution.observed(watched), name
             event.remove(store.engine, name, listener)
-        event.listen(store.engine, "handle_error", listener)
+        conn.execution_options(**{execution.OBSERVED: True})
         assert execution.observed(conn)
-        event.remove(store.engine, "handle_error", listener)
+        conn.execution_options(**{execution.OBSERVED: False})
+        assert not execution.observed(conn)
+        store.engine.update_execution_options(**{execution.OBSERVED: True})
+        with store.engine.connect() as asked:
+            assert execution.observed(asked)
+        store.engine.update_execution_options(**{execution.OBSERVED: False})
         logger = logging.getLogger("sqlalchemy.engine.Engine")
         level = logger.level
         logger.setLevel(logging.INFO)
@@ -145,17 +157,25 @@ def test_statements_skip_sqlalchemy_only_while_unobserved(db_url: URL) -> None:
         finally:
             logger.setLevel(level)
         assert not execution.observed(conn)
+        store.engine.echo = True
+        try:
+            assert execution.observed(conn)
+        finally:
+            store.engine.echo = False
+        assert not execution.observed(conn)
 
 
-def test_a_listener_sees_every_write_of_a_commit(db_url: URL) -> None:
-    """Observed, a commit runs through SQLAlchemy's execution, and PostgreSQL's inserts leave
-    COPY (which no listener sees) for executemany: the fence, both inserts and the update."""
+def test_a_listener_sees_every_write_of_a_commit_when_asked(db_url: URL) -> None:
+    """With the `OBSERVED` option, a commit runs through SQLAlchemy's execution, and
+    PostgreSQL's inserts leave COPY (which no listener sees) for executemany: the fence, both
+    inserts and the update."""
     seen: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         seen.append(" ".join(statement.split()[:3]).upper())
 
     with SqlStore.open(db_url) as store:
+        store.engine.update_execution_options(**{execution.OBSERVED: True})
         epoch = store.acquire_leadership()
         dep = (Dep(target=ById(id=TaskId(1))),)
         batch = [
@@ -177,3 +197,35 @@ def test_a_listener_sees_every_write_of_a_commit(db_url: URL) -> None:
         assert "INSERT INTO CRONOQ_TASK_DEPS" in seen
         assert "UPDATE CRONOQ_TASKS SET" in seen
         assert stored(store.engine) == set(range(1, 11))
+
+
+@pytest.mark.parametrize(
+    "dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)], indirect=True
+)
+def test_a_connection_lost_before_copy_is_invalidated(db_url: URL, admin: Engine) -> None:
+    """PostgreSQL's COPY runs past SQLAlchemy's execution, and wraps a driver error as it would
+    (`compat.driver_error`): a lost connection is invalidated and says so."""
+    thread = threading.get_ident()
+    killed: list[int] = []
+
+    def kill_before_copy(cursor: Any, statement: str) -> None:
+        """End a commit's session after the statement before its COPY (which ids exist)."""
+        mine = thread == threading.get_ident() and not killed
+        if not mine or not statement.startswith("SELECT cronoq_tasks.id"):
+            return
+        killed.append(cursor.connection.info.backend_pid)
+        with admin.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": killed[0]})
+
+    batch = [Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p")) for i in (1, 2)]
+    with SqlStore.open(db_url, QUIET) as store:
+        epoch = store.acquire_leadership()
+        after_statements(store.engine, kill_before_copy)
+        with pytest.raises(StoreUnavailable) as caught:
+            store.commit(epoch, BASE, batch)
+        cause = caught.value.__cause__
+        assert isinstance(cause, sa_exc.DBAPIError), repr(cause)
+        assert str(cause.statement).startswith("COPY"), cause.statement
+        assert cause.connection_invalidated
+        store.commit(epoch, BASE, batch)  # on a new connection
+        assert stored(admin) == {1, 2}

@@ -519,8 +519,8 @@ def test_demo(tmp_path: Path) -> None:
 # A holder stopped inside a transaction that holds the leader row's lock.
 
 WATCH = "--watch-statements"
-"""The stop-in-* points watch statements; every other driver process runs unobserved, on the
-fast path production takes (`execution.observed`)."""
+"""The stop-in-* points watch statements at the driver (`testing.statements`); every driver
+process runs on the fast path production takes (`execution.observed`)."""
 
 IDLE_BOUND = TTL + 1.0
 """How long the server lets a stopped holder sit idle in its transaction: the lease TTL

@@ -25,7 +25,6 @@ import pytest
 from faces import (
     FACES,
     Store,
-    backend_pid,
     count_attempts,
     keeper,
     open_face,
@@ -53,6 +52,7 @@ from cronoq_store import (
 )
 from cronoq_store.dialects import db_now_ns
 from cronoq_store.schema import leader, tasks
+from cronoq_store.testing.statements import after_statements
 
 SECOND = 1_000_000_000
 WAIT = 10.0
@@ -276,26 +276,50 @@ class Outcome:
         return None
 
 
+def after_each(engine: Engine, hook: Callable[[Any, str], None]) -> None:
+    """`hook(driver_connection, statement)` after each statement `engine` runs, from now on: at
+    the driver for a sync driver (`testing.statements`), so on the path production runs; for
+    an async one, whose statements all run through SQLAlchemy, after its execution."""
+    if not engine.dialect.is_async:
+        after_statements(engine, lambda cursor, statement: hook(cursor.connection, statement))
+        return
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _after(conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
+        hook(conn.connection.driver_connection, statement)
+
+
 class Pause:
     """Holds the thread named `thread` right after its first statement on the leader row that
-    starts with `statement` (any, if empty), until `go` is set."""
+    starts with `statement` (any, if empty), until `go` is set: seen at the driver (`after_each`)
+    on a store's engine, after SQLAlchemy's execution on the test's own (`store=False`)."""
 
-    def __init__(self, engine: Engine, thread: str, statement: str = "") -> None:
+    def __init__(
+        self, engine: Engine, thread: str, statement: str = "", store: bool = True
+    ) -> None:
         self.engine = engine
+        self.store = store
         self.thread = thread
         self.statement = statement
         self.reached = threading.Event()
         self.go = threading.Event()
 
     def __enter__(self) -> Pause:
-        event.listen(self.engine, "after_cursor_execute", self._after)
+        if self.store:
+            after_each(self.engine, self._after)
+        else:
+            event.listen(self.engine, "after_cursor_execute", self._listener)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.go.set()  # (the caller has joined the paused thread by now)
-        event.remove(self.engine, "after_cursor_execute", self._after)
+        self.go.set()  # (the caller has joined the paused thread by now; reached stays set)
+        if not self.store:
+            event.remove(self.engine, "after_cursor_execute", self._listener)
 
-    def _after(self, conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+    def _listener(self, _conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
+        self._after(None, statement)
+
+    def _after(self, _driver_connection: Any, statement: str) -> None:
         if (
             threading.current_thread().name == self.thread
             and statement.lstrip().upper().startswith(self.statement)
@@ -392,7 +416,7 @@ def race_takeover_paused(
 
     taker = Worker("taker", take)
     commit = Worker("old-commit", lambda: old.commit(epoch, BASE, [submit(task_id)]))
-    with Pause(admin, "taker", "UPDATE") as pause:
+    with Pause(admin, "taker", "UPDATE", store=False) as pause:
         taker.start()
         assert pause.reached.wait(WAIT), "the takeover never wrote the lease"
         commit.start()
@@ -500,16 +524,16 @@ def test_connection_cut_inside_a_commit(
     epoch = store.acquire_leadership(timeout=WAIT)
     cut = threading.Event()
 
-    @event.listens_for(store_engine(store), "after_cursor_execute")
-    def kill_after_fence(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+    def kill_after_fence(driver_connection: Any, statement: str) -> None:
         fence = statement.startswith("UPDATE cronoq_leader") and "next_id" in statement
         if fence and not cut.is_set():
             cut.set()
-            pid = backend_pid(conn)
+            pid = driver_connection.info.backend_pid
             with engine.connect() as admin:
                 # Waits (up to 5 s) until the backend is gone.
                 admin.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
 
+    after_each(store_engine(store), kill_after_fence)
     batch = [submit(1), submit(2)]
     with pytest.raises(StoreUnavailable):
         store.commit(epoch, BASE, batch)
@@ -853,11 +877,12 @@ def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
     epoch = old.acquire_leadership(timeout=WAIT)
     paused, resume = threading.Event(), threading.Event()
 
-    @event.listens_for(store_engine(old), "after_cursor_execute")
-    def pause_after_fence(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+    def pause_after_fence(_driver_connection: Any, statement: str) -> None:
         if statement.startswith("UPDATE cronoq_leader") and not paused.is_set():
             paused.set()
             resume.wait(WAIT)  # the leader row stays locked: a process stopped mid-commit
+
+    after_each(store_engine(old), pause_after_fence)
 
     failure: list[BaseException] = []
 
@@ -899,6 +924,22 @@ def _idle_setting(conn: Connection) -> int | None:
     return None
 
 
+def _driver_idle_setting(driver_connection: Any, dialect: str) -> int | None:
+    """`_idle_setting` on a DB-API connection (a statement hook's)."""
+    if dialect == "sqlite":
+        return None
+    cursor = driver_connection.cursor()
+    try:
+        if dialect == "postgresql":
+            cursor.execute("SELECT current_setting('idle_in_transaction_session_timeout')")
+            text_ = str(cursor.fetchone()[0])
+            return int(text_.removesuffix("ms")) if text_.endswith("ms") else int(text_) * 1000
+        cursor.execute("SELECT @@SESSION.idle_transaction_timeout")
+        return int(cursor.fetchone()[0]) * 1000
+    finally:
+        cursor.close()
+
+
 def test_leader_row_transactions_bound_idle_time_and_no_other_does(
     dialect: str, db_url: URL, cleanup: list[Callable[[], None]]
 ) -> None:
@@ -917,17 +958,19 @@ def test_leader_row_transactions_bound_idle_time_and_no_other_does(
     cleanup.append(store.close)
     seen: list[tuple[str, int | None]] = []
 
-    @event.listens_for(store.engine, "before_cursor_execute")
-    def record(conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
-        locks = "FOR UPDATE" in statement or statement.lstrip().startswith("UPDATE")
-        if "cronoq_leader" in statement and locks:
-            seen.append(("leader-row", _idle_setting(conn)))
+    watching = True
 
+    def record(driver_connection: Any, statement: str) -> None:
+        locks = "FOR UPDATE" in statement or statement.lstrip().startswith("UPDATE")
+        if watching and "cronoq_leader" in statement and locks:
+            seen.append(("leader-row", _driver_idle_setting(driver_connection, dialect)))
+
+    after_each(store.engine, record)
     epoch = store.acquire_leadership(timeout=WAIT)
     store.commit(epoch, BASE, [submit(1)])
     assert store._renew(epoch)
     store.release_leadership()
-    event.remove(store.engine, "before_cursor_execute", record)
+    watching = False
     leader_rows = list(seen)
     outside = store._read(_idle_setting)
     recovered_under = store._run(_idle_setting)

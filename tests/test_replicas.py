@@ -71,12 +71,9 @@ def connects(engine: Engine) -> list[float]:
 
 
 def observe(engine: Engine) -> None:
-    """A statement listener, so the store runs its statements through SQLAlchemy's execution
-    (`execution.observed`) instead of the DB-API cursor: both paths must keep the rules."""
-
-    @event.listens_for(engine, "before_cursor_execute")
-    def _seen(*_args: Any) -> None:
-        pass
+    """The store to run its statements through SQLAlchemy's execution (`execution.OBSERVED`)
+    instead of the DB-API cursor: both paths must keep the rules."""
+    engine.update_execution_options(**{execution.OBSERVED: True})
 
 
 def server_port(store: SqlStore) -> int:

@@ -40,8 +40,10 @@ from cronoq_store import (
     TaskStatus,
     TimeBase,
     enqueue_many,
+    execution,
 )
 from cronoq_store.schema import inbox, leader, tasks
+from cronoq_store.testing.statements import after_statements
 
 BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 CONFIG = StoreConfig(lease_ttl=timedelta(seconds=30), lease_renew=timedelta(seconds=10))
@@ -221,16 +223,53 @@ def test_a_scripted_sequence_is_measured_and_traced(
         assert not any(secret in record.getMessage() for secret in SECRETS), record.getMessage()
 
 
-def test_sqlalchemy_instrumentation_shows_a_commits_statements_as_child_spans(
+def test_sqlalchemy_instrumentation_leaves_the_store_on_its_fast_path(
     dialect: str,
     db_url: URL,
     otel: tuple[InMemoryMetricReader, InMemorySpanExporter],
     cleanup: list[Callable[[], None]],
 ) -> None:
+    """Instrumenting the store's engine does not slow its commits: they stay on the DB-API
+    cursor, PostgreSQL's inserts on COPY (seen at the driver), and so reach no span."""
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
     _, exporter = otel
     store = open_face("sync", db_url, CONFIG, cleanup)
+    sent: list[str] = []
+    after_statements(store.engine, lambda _cursor, sql: sent.append(sql.split()[0].upper()))
+    instrumentor = SQLAlchemyInstrumentor()
+    # Its declared range ends below SQLAlchemy 2.1, which it instruments all the same.
+    instrumentor.instrument(engine=store.engine, skip_dep_check=True)  # type: ignore[no-untyped-call]
+    try:
+        epoch = store.acquire_leadership(timeout=10)
+        with store.engine.connect() as conn:
+            assert not execution.observed(conn)
+        exporter.clear()
+        sent.clear()
+        batch = [Submitted(id=TaskId(i), seq=i, arrival=0, spec=spec(i)) for i in (1, 2, 3)]
+        store.commit(epoch, BASE, batch)
+    finally:
+        instrumentor.uninstrument()  # type: ignore[no-untyped-call]
+    assert ("COPY" if dialect == "postgresql" else "INSERT") in sent, sent
+    spans = exporter.get_finished_spans()
+    (commit,) = [s for s in spans if s.name == "cronoq.store.commit"]
+    statements = " ".join(str(s.attributes.get("db.statement", "")) for s in spans)
+    assert "cronoq_tasks" not in statements and "cronoq_leader" not in statements, statements
+    assert commit.attributes is not None and commit.attributes["cronoq.batch.size"] == 3
+
+
+def test_sqlalchemy_instrumentation_shows_a_commits_statements_as_child_spans_when_asked(
+    dialect: str,
+    db_url: URL,
+    otel: tuple[InMemoryMetricReader, InMemorySpanExporter],
+    cleanup: list[Callable[[], None]],
+) -> None:
+    """With `execution.OBSERVED` on the store's engine (docs/observability.md)."""
+    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+
+    _, exporter = otel
+    store = open_face("sync", db_url, CONFIG, cleanup)
+    store.engine.update_execution_options(**{execution.OBSERVED: True})
     instrumentor = SQLAlchemyInstrumentor()
     # Its declared range ends below SQLAlchemy 2.1, which it instruments all the same.
     instrumentor.instrument(engine=store.engine, skip_dep_check=True)  # type: ignore[no-untyped-call]

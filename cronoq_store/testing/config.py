@@ -65,9 +65,9 @@ class DriverConfig:
     hang_at: HangPoint | None = None
     """The fault that `arm_hang()` (SIGUSR2 for a process) arms when it names none."""
     watch_statements: bool = False
-    """Watch the engine's statements (an `after_cursor_execute` listener), as the STOP_IN_*
-    points need. Off (the default, as in production), commits run unobserved, on the store's
-    fast path (`execution.observed`)."""
+    """Watch the statements the engine's driver runs (`testing.statements`), as the STOP_IN_*
+    points need. The store's statements take the same path either way (the path production
+    runs); off (the default), no statement pays for the hook."""
     acquire_slice: float = 0.25
     """Seconds per `acquire_leadership` call, so a standby notices a stop request."""
     key_pool: int = 16

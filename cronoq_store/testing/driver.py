@@ -29,6 +29,7 @@ from ..store import SqlStore
 from .acklog import AckLog
 from .base import BASE, Emit, Event, Store, digest
 from .config import SQL_ONLY, STOPS, DriverConfig, HangPoint
+from .statements import after_statements
 from .workload import Workload, _Live, _Phase, _Planned
 
 T = TypeVar("T")
@@ -182,8 +183,9 @@ class WorkloadDriver:
 
         event.listen(store.engine, "commit", before_commit)
 
-        def after_execute(_conn: object, cursor: Any, statement: str, *_args: object) -> None:
-            """The STOP_IN_* points: right after an UPDATE of the leader row that matched."""
+        def after_execute(cursor: Any, statement: str) -> None:
+            """The STOP_IN_* points: right after an UPDATE of the leader row that matched, seen
+            at the driver (`testing.statements`), so on the path production runs."""
             if "cronoq_leader" not in statement or not statement.lstrip().startswith("UPDATE"):
                 return
             if getattr(cursor, "rowcount", 0) != 1:
@@ -198,7 +200,7 @@ class WorkloadDriver:
                 self._stop_here(HangPoint.STOP_IN_TAKE)
 
         if self.config.watches_statements:
-            event.listen(store.engine, "after_cursor_execute", after_execute)
+            after_statements(store.engine, after_execute)
 
     def request_pause(self) -> None:
         """Stop this process (SIGSTOP) at the next point where it holds no connection."""

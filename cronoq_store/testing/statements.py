@@ -1,0 +1,104 @@
+"""Statements seen at the DB-API driver: what the store sends, on the path production runs.
+
+A SQLAlchemy listener (`before_cursor_execute`) sees only what SQLAlchemy executes; the store
+runs most statements on the DB-API cursor (`execution.run`) and PostgreSQL's inserts as COPY.
+`after_statements` hooks the driver's own cursor class instead (sqlite3's connection
+factory, psycopg's `cursor_factory`, PyMySQL's `cursorclass`, each subclassed, set through
+SQLAlchemy's `do_connect` event), so the store's code runs unchanged and on its fast path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import Engine, event
+
+__all__ = ["StatementHook", "after_statements"]
+
+StatementHook = Callable[[Any, str], None]
+"""Called with the driver cursor and the SQL, after a statement ran (not when it raised)."""
+
+
+def after_statements(engine: Engine, hook: StatementHook) -> None:
+    """Call `hook` after every `execute`, `executemany` and COPY on `engine`'s driver
+    connections (each once: PyMySQL's executemany runs `execute` inside, which is not
+    reported again), from the next connection the pool opens. The pool's idle connections
+    are closed at once, so from now on every checkout gets a hooked one.
+
+    Args:
+        engine: A sync engine on sqlite3 (pysqlite), psycopg or PyMySQL.
+        hook: Called as `hook(cursor, statement)` in the thread that ran the statement.
+
+    Raises:
+        ValueError: For another driver.
+    """
+    driver = engine.dialect.driver
+    if driver == "pysqlite":
+        import sqlite3
+
+        def sqlite_factory(base: type[sqlite3.Connection]) -> type[sqlite3.Connection]:
+            cursor_class = _hooked(sqlite3.Cursor, hook)
+
+            class Hooked(base):  # type: ignore[valid-type,misc]
+                def cursor(self, factory: Any = None) -> Any:
+                    return super().cursor(factory or cursor_class)
+
+            return Hooked
+
+        _on_connect(engine, "factory", sqlite3.Connection, sqlite_factory)
+    elif driver == "psycopg":
+        import psycopg
+
+        _on_connect(engine, "cursor_factory", psycopg.Cursor, lambda c: _hooked(c, hook))
+    elif driver == "pymysql":
+        cursors: Any = importlib.import_module("pymysql.cursors")  # no type stubs
+        _on_connect(engine, "cursorclass", cursors.Cursor, lambda c: _hooked(c, hook))
+    else:
+        raise ValueError(f"no statement hook for the {driver} driver")
+    engine.dispose()
+
+
+def _on_connect(
+    engine: Engine, arg: str, default: type[Any], subclass: Callable[[type[Any]], type[Any]]
+) -> None:
+    """Connect with `arg` (a connect() keyword naming a class) set to `subclass` of the class
+    it names (or of `default`)."""
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams[arg] = subclass(cparams.get(arg, default))
+
+
+def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
+    """A subclass of the cursor class `base` that reports its statements to `hook`."""
+
+    class Hooked(base):  # type: ignore[misc]
+        _many = False
+
+        def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+            result = super().execute(statement, *args, **kwargs)
+            if not self._many:
+                hook(self, str(statement))
+            return result
+
+        def executemany(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+            self._many = True
+            try:
+                result = super().executemany(statement, *args, **kwargs)
+            finally:
+                self._many = False
+            hook(self, str(statement))
+            return result
+
+        if hasattr(base, "copy"):  # psycopg
+
+            @contextlib.contextmanager
+            def copy(self, statement: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+                with super().copy(statement, *args, **kwargs) as copy:
+                    yield copy
+                hook(self, str(statement))
+
+    return Hooked

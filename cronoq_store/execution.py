@@ -379,9 +379,10 @@ class Flight:
     """Statements of one transaction sent to the server together, answered in one round trip.
 
     On sync psycopg (`pipelines`) `add` queues a statement and `send` sends every queued one
-    in pipeline mode, then reads all the answers: a transaction's leading statements cost one
-    round trip instead of one each. Elsewhere `add` runs the statement at once (`run`) and
-    `send` only hands the results back, so the caller's code is the same on every dialect.
+    but the last in pipeline mode, then the last on its own: a transaction's leading
+    statements cost two round trips instead of one each. Elsewhere `add` runs the statement
+    at once (`run`) and `send` only hands the results back, so the caller's code is the same
+    on every dialect.
 
     On the server, an error aborts the statements after it (the transaction is failed):
     `send` raises it as `run` would, with `failed` set to the index of the statement that
@@ -431,27 +432,40 @@ class Flight:
         conn = self.conn
         dbapi_conn: Any = conn.connection.dbapi_connection
         queue, self._queue = self._queue, []
+        # The last statement goes on its own, once the others are answered: PostgreSQL arms
+        # its idle-in-transaction timer on an answer outside pipeline mode only, and a commit
+        # paused after its flight must still be cut off by that bound (the lease TTL's).
+        *head, last = queue
         cursors: list[Any] = []
+        alone = False
         try:
-            with dbapi_conn.pipeline():
-                for sql, params, many in queue:
-                    cursor = dbapi_conn.cursor()
-                    cursors.append(cursor)
-                    if many:
-                        cursor.executemany(sql, params)
-                    else:
-                        cursor.execute(sql, params)
+            if head:
+                with dbapi_conn.pipeline():
+                    for sql, params, many in head:
+                        cursors.append(_executed(dbapi_conn.cursor(), sql, params, many))
+            alone = True
+            cursors.append(_executed(dbapi_conn.cursor(), *last))
             for cursor in cursors:
                 rows = cursor.fetchall() if cursor.description is not None else []
                 self._ran.append(Ran(counted(cursor.rowcount), rows))
         except conn.dialect.loaded_dbapi.Error as exc:
-            # The answers before the error arrived; the failed statement has none.
-            answered = 0
-            while answered < len(cursors) and cursors[answered].pgresult is not None:
-                answered += 1
+            if alone:
+                answered = len(head)
+            else:  # the answers before the error arrived; the failed statement has none
+                answered = 0
+                while answered < len(cursors) and cursors[answered].pgresult is not None:
+                    answered += 1
             self.failed = len(self._ran) + answered
             sql, _, many = queue[min(answered, len(queue) - 1)]
             raise compat.driver_error(conn, exc, sql, many=many) from exc
         finally:
             for cursor in cursors:
                 cursor.close()
+
+
+def _executed(cursor: Any, sql: str, params: Any, many: bool) -> Any:
+    if many:
+        cursor.executemany(sql, params)
+    else:
+        cursor.execute(sql, params)
+    return cursor

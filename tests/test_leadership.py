@@ -514,6 +514,22 @@ def test_standby_clock_ahead_cannot_take_a_live_lease(
 # 4. A connection cut inside a commit.
 
 
+class AfterFence:
+    """True for the first statement a commit runs after its fence was answered: the fence
+    check (a plain UPDATE, or in a pipelined flight a statement around it) is sent with the
+    statements queued behind it, and a batch of two new tasks then looks their ids up on its
+    own, so that lookup comes after the fence holds the leader row locked."""
+
+    def __init__(self) -> None:
+        self.fenced = False
+
+    def __call__(self, statement: str) -> bool:
+        if "cronoq_leader" in statement and "next_id" in statement:
+            self.fenced = True
+            return False
+        return self.fenced and statement.lstrip().upper().startswith("SELECT")
+
+
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_connection_cut_inside_a_commit(
     open_store: Callable[[StoreConfig], Store], engine: Engine
@@ -523,10 +539,10 @@ def test_connection_cut_inside_a_commit(
     )
     epoch = store.acquire_leadership(timeout=WAIT)
     cut = threading.Event()
+    after_fence = AfterFence()
 
     def kill_after_fence(driver_connection: Any, statement: str) -> None:
-        fence = statement.startswith("UPDATE cronoq_leader") and "next_id" in statement
-        if fence and not cut.is_set():
+        if after_fence(statement) and not cut.is_set():
             cut.set()
             pid = driver_connection.info.backend_pid
             with engine.connect() as admin:
@@ -877,8 +893,10 @@ def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
     epoch = old.acquire_leadership(timeout=WAIT)
     paused, resume = threading.Event(), threading.Event()
 
+    after_fence = AfterFence()
+
     def pause_after_fence(_driver_connection: Any, statement: str) -> None:
-        if statement.startswith("UPDATE cronoq_leader") and not paused.is_set():
+        if after_fence(statement) and not paused.is_set():
             paused.set()
             resume.wait(WAIT)  # the leader row stays locked: a process stopped mid-commit
 
@@ -888,7 +906,7 @@ def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
 
     def commit() -> None:
         try:
-            old.commit(epoch, BASE, [submit(1)])
+            old.commit(epoch, BASE, [submit(1), submit(3)])
         except BaseException as exc:
             failure.append(exc)
 

@@ -184,9 +184,10 @@ class WorkloadDriver:
         event.listen(store.engine, "commit", before_commit)
 
         def after_execute(cursor: Any, statement: str) -> None:
-            """The STOP_IN_* points: right after an UPDATE of the leader row that matched, seen
-            at the driver (`testing.statements`), so on the path production runs."""
-            if "cronoq_leader" not in statement or not statement.lstrip().startswith("UPDATE"):
+            """The STOP_IN_* points: right after an UPDATE of the leader row that matched (a
+            commit's pipelined fence wraps it in a statement returning one row), seen at the
+            driver (`testing.statements`), so on the path production runs."""
+            if "cronoq_leader" not in statement or "UPDATE" not in statement:
                 return
             if getattr(cursor, "rowcount", 0) != 1:
                 return

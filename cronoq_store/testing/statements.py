@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Engine, event
 
@@ -25,8 +25,9 @@ StatementHook = Callable[[Any, str], None]
 def after_statements(engine: Engine, hook: StatementHook) -> None:
     """Call `hook` after every `execute`, `executemany` and COPY on `engine`'s driver
     connections (each once: PyMySQL's executemany runs `execute` inside, which is not
-    reported again), from the next connection the pool opens. The pool's idle connections
-    are closed at once, so from now on every checkout gets a hooked one.
+    reported again; in psycopg's pipeline mode once the statement's answer is in), from the
+    next connection the pool opens. The pool's idle connections are closed at once, so from
+    now on every checkout gets a hooked one.
 
     Args:
         engine: A sync engine on sqlite3 (pysqlite), psycopg or PyMySQL.
@@ -72,16 +73,38 @@ def _on_connect(
         cparams[arg] = subclass(cparams.get(arg, default))
 
 
+_FAILED: Final = (7, 11)
+"""libpq's PGRES_FATAL_ERROR and PGRES_PIPELINE_ABORTED (`psycopg.pq.ExecStatus`)."""
+
+
 def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
     """A subclass of the cursor class `base` that reports its statements to `hook`."""
 
     class Hooked(base):  # type: ignore[misc]
         _many = False
+        _pending: str | None = None
+
+        def _ran(self, statement: Any) -> None:
+            # In psycopg's pipeline mode `execute` only queues the statement: its answer (and
+            # the locks it takes) exist once its results are read, or the cursor is closed.
+            pgconn = getattr(getattr(self, "connection", None), "pgconn", None)
+            if pgconn is not None and pgconn.pipeline_status:
+                self._pending = str(statement)
+            else:
+                hook(self, str(statement))
+
+        def _answered(self) -> None:
+            if self._pending is None:
+                return
+            statement, self._pending = self._pending, None
+            result = getattr(self, "pgresult", None)
+            if result is not None and result.status not in _FAILED:
+                hook(self, statement)
 
         def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
             result = super().execute(statement, *args, **kwargs)
             if not self._many:
-                hook(self, str(statement))
+                self._ran(statement)
             return result
 
         def executemany(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,8 +113,19 @@ def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
                 result = super().executemany(statement, *args, **kwargs)
             finally:
                 self._many = False
-            hook(self, str(statement))
+            self._ran(statement)
             return result
+
+        def fetchall(self) -> Any:
+            rows = super().fetchall()
+            self._answered()
+            return rows
+
+        def close(self) -> None:
+            try:
+                self._answered()
+            finally:
+                super().close()
 
         if hasattr(base, "copy"):  # psycopg
 

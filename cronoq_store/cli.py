@@ -35,9 +35,11 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, inspect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool
 
-from . import codec, dialects, inbox, lease, migrate, repository
+from . import codec, dialects, inbox, lease, migrate
 from .errors import CorruptValue, InvalidValue, SchemaError, StoreError, StoreUnavailable
 from .model import INT64_MAX, INT64_MIN, LostCommits, TaskStatus, TimeBase
+from .repository import operators, recovery
+from .repository.prune import PRUNE_BATCH, prune_batch
 from .schema import check_schema_name
 from .store import SqlStore, StoreConfig, _engine_for
 
@@ -676,11 +678,11 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
         lease_view = _lease_view(lease.lease_view(conn))
         counts = [
             {"pool": r.pool, "status": r.status, "count": r.n}
-            for r in conn.execute(repository.task_counts_stmt())
+            for r in conn.execute(operators.task_counts_stmt())
         ]
         schedules = [
             _schedule(r.name, r.spec, r.template_payload, r.next_unix_ns, r.last_task_id)
-            for r in conn.execute(repository.recurring_stmt())
+            for r in conn.execute(recovery.recurring_stmt())
         ]
         try:
             size = conn.execute(dialects.database_size_stmt(conn.dialect, target.schema)).scalar()
@@ -691,10 +693,8 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
         dialect = dialects.name(conn.dialect)
         waiting = inbox.depth(conn)
         server = _server(conn)
-        lost = repository.lost_commits(conn)
-        backlog = int(
-            conn.execute(repository.prune_backlog_stmt(), {"cutoff": cutoff}).scalar_one()
-        )
+        lost = recovery.lost_commits(conn)
+        backlog = int(conn.execute(operators.prune_backlog_stmt(), {"cutoff": cutoff}).scalar_one())
     size_bytes = None if size is None else int(size)
     data: dict[str, Any] = {
         "database": url,
@@ -806,7 +806,7 @@ def tasks_cmd(
     """List tasks, live and finished, in id order (page on with --after)."""
     if after is not None and after < INT64_MIN:
         after = None  # every id is above it
-    stmt = repository.list_tasks_stmt(
+    stmt = operators.list_tasks_stmt(
         pools=pools,
         statuses=[s.lower() for s in statuses],
         key=key,
@@ -901,9 +901,9 @@ def show(target: Target, ref: str, by_key: bool, as_json: bool) -> None:
         if not INT64_MIN <= task_id <= INT64_MAX:  # no task can have it
             raise click.ClickException(f"no task with id {task_id} (ids are 64-bit)")
     stmt = (
-        repository.task_row_stmt(task_id=task_id)
+        operators.task_row_stmt(task_id=task_id)
         if task_id is not None
-        else repository.task_row_stmt(key=ref)
+        else operators.task_row_stmt(key=ref)
     )
     with _database(target) as store, store.engine.connect() as conn:
         row = conn.execute(stmt).first()
@@ -961,7 +961,7 @@ def show(target: Target, ref: str, by_key: bool, as_json: bool) -> None:
 @click.option(
     "--batch-size",
     type=click.IntRange(1, 100_000),
-    default=repository.PRUNE_BATCH,
+    default=PRUNE_BATCH,
     show_default=True,
     help="Rows deleted per transaction.",
 )
@@ -977,7 +977,7 @@ def prune(
         with store.engine.connect() as conn:
             total = int(
                 conn.execute(
-                    repository.prunable_count_stmt(), {"cutoff": cutoff, "limit": COUNT_ALL}
+                    operators.prunable_count_stmt(), {"cutoff": cutoff, "limit": COUNT_ALL}
                 ).scalar()
                 or 0
             )
@@ -994,7 +994,7 @@ def prune(
                 bar = progress.add_task("prune", total=total)
                 while True:
                     with store.engine.begin() as conn:
-                        n = repository.prune_batch(conn, cutoff, batch_size)
+                        n = prune_batch(conn, cutoff, batch_size)
                     deleted += n
                     progress.update(bar, advance=n, total=max(total, deleted))
                     if n < batch_size:

@@ -7,8 +7,8 @@ finished, most past the retention) through `SqlStore.commit`, then times, `--run
   figure the dashboard is built to (the overview under 100 ms at 1,000,000 tasks);
 - the same page fetched over HTTP from `cronoq-store web` on a loopback port (reads,
   templates and HTTP: what an operator waits for);
-- for comparison, the CLI's `status` count (`repository.task_counts_stmt`, every task grouped
-  by pool and status), which the overview does not run.
+- for comparison, the CLI's `status` count (`repository.operators.task_counts_stmt`, every
+  task grouped by pool and status), which the overview does not run.
 
 It prints the median and the spread (min-max) in milliseconds, and SQLite's plan of each of
 the overview's counts. Figures only: nothing here asserts a time.
@@ -44,8 +44,8 @@ from cronoq_store import (
     TaskStatus,
     TimeBase,
     cli,
-    repository,
 )
+from cronoq_store.repository import operators
 from cronoq_store.web import app as web_app
 from cronoq_store.web import views
 
@@ -98,9 +98,9 @@ def plans(conn: Connection) -> dict[str, list[str]]:
     """SQLite's plan of each of the overview's counts."""
     out = {}
     for name, stmt, params in (
-        ("live_counts", repository.live_counts_stmt(), {}),
-        ("finished_count", repository.finished_count_stmt(), {}),
-        ("finished_since_count", repository.finished_since_count_stmt(), {"cutoff": 0}),
+        ("live_counts", operators.live_counts_stmt(), {}),
+        ("finished_count", operators.finished_count_stmt(), {}),
+        ("finished_since_count", operators.finished_since_count_stmt(), {"cutoff": 0}),
     ):
         compiled = stmt.compile(conn, compile_kwargs={"render_postcompile": True})
         rows = conn.exec_driver_sql(
@@ -142,7 +142,7 @@ def main() -> int:
                 "schedules": views.schedules,
                 "inbox": views.inbox_page,
                 "cli status count (not on the dashboard)": lambda c: c.execute(
-                    repository.task_counts_stmt()
+                    operators.task_counts_stmt()
                 ).all(),
             }
             results["reads"] = {

@@ -36,7 +36,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, inbox, lease, migrate, repository, telemetry
+from . import dialects, inbox, lease, migrate, telemetry
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -47,6 +47,7 @@ from .errors import (
 )
 from .leadership import GiveUp, KeeperShell, Note, Retry, Wait
 from .model import ById, ByKey, InboxItem
+from .repository import prune, queries, recovery
 
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
@@ -586,7 +587,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         retention = self.config.retention
         with self._telemetry.recovering():
             result, quarantined = await self._run(
-                lambda c: repository.recover(c, base, now_unix_ns=now, retention=retention)
+                lambda c: recovery.recover(c, base, now_unix_ns=now, retention=retention)
             )
         self._recovered(result, quarantined)
         return result
@@ -608,9 +609,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         with self._telemetry.pruning():
             try:
                 while True:
-                    n = await self._run(lambda c: repository.prune_batch(c, cutoff))
+                    n = await self._run(lambda c: prune.prune_batch(c, cutoff))
                     total += n
-                    if n < repository.PRUNE_BATCH:
+                    if n < prune.PRUNE_BATCH:
                         return total
             finally:
                 self._telemetry.pruned(total)
@@ -632,10 +633,10 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """
         if isinstance(ref, ById):
             task_id = ref.id
-            return await self._run(lambda c: repository.get_task(c, task_id=task_id))
+            return await self._run(lambda c: queries.get_task(c, task_id=task_id))
         if isinstance(ref, ByKey):
             key = ref.key
-            return await self._run(lambda c: repository.get_task(c, key=key))
+            return await self._run(lambda c: queries.get_task(c, key=key))
         raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
 
     async def list_finished(
@@ -660,7 +661,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreUnavailable: The database cannot be reached.
         """
         return await self._run(
-            lambda c: repository.list_finished(
+            lambda c: queries.list_finished(
                 c, pools=pools, statuses=statuses, after=after, limit=limit
             )
         )
@@ -677,7 +678,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return await self._run(lambda c: repository.load_output(c, id))
+        return await self._run(lambda c: queries.load_output(c, id))
 
     # The inbox (see `SqlStore.read_inbox`).
 

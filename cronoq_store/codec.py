@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache, wraps
 from itertools import accumulate
 from typing import Any, Final, ParamSpec, TypeVar, get_args
@@ -35,6 +36,7 @@ from .model import (
     RecurringSpec,
     RetryPolicy,
     TaskId,
+    TaskRecord,
     TaskSpec,
     TaskStatus,
     Time,
@@ -114,10 +116,6 @@ def from_unix(base: TimeBase, unix_ns: int) -> Time:
     """
     t = unix_ns - base.unix_ns
     return t if INT64_MIN <= t <= INT64_MAX else saturate(t)
-
-
-def from_unix_opt(base: TimeBase, unix_ns: int | None) -> Time | None:
-    return None if unix_ns is None else from_unix(base, unix_ns)
 
 
 # JSON parts. Each encoder has a decoder that checks the shape strictly: a damaged value must
@@ -724,4 +722,27 @@ def recurring_from_row(base: TimeBase, row: Mapping[Any, Any]) -> RecoveredRecur
         spec=decode_recurring(base, name, row["spec"], None if payload is None else bytes(payload)),
         next=None if next_unix is None else from_unix(base, _int("next_unix_ns", next_unix)),
         last=None if last is None else TaskId(_int("last_task_id", last)),
+    )
+
+
+# A query's row as the record a caller gets (`repository.queries`).
+
+
+def record_from(row: Mapping[Any, Any]) -> TaskRecord:
+    """A query row as a `TaskRecord`."""
+    updated = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
+        microseconds=max(0, row["updated_unix_ns"]) // 1000
+    )
+    return TaskRecord(
+        id=TaskId(row["id"]),
+        key=row["key"],
+        pool=row["pool"],
+        kind=row["kind"],
+        priority=priority_from(row["priority"]),
+        tenant=row["tenant"],
+        status=TaskStatus.from_name(row["status"]),
+        attempt=row["attempt"],
+        message=row["message"],
+        output=None if row["output"] is None else stored_blob("output", row["output"]),
+        updated=updated,
     )

@@ -11,6 +11,9 @@ driver is async. So a `before_cursor_execute` listener (OpenTelemetry's SQLAlche
 instrumentation, a test's) costs the store nothing and sees only what SQLAlchemy executes;
 to see every statement, set the option (docs/observability.md). What SQLAlchemy's execution
 would add to a statement run on the cursor (its error wrapping) is `compat`'s.
+
+Every compile cache of the store lives here, and so does the bulk work: IN lists in chunks
+(`run_in`), inserts of many rows (`insert_many`: COPY on psycopg, executemany elsewhere).
 """
 
 from __future__ import annotations
@@ -36,22 +39,27 @@ from .errors import StoreError
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "IN_CHUNK",
     "OBSERVED",
     "PING_IDLE",
+    "SMALL_IN",
     "WATCHDOG",
     "Deadline",
     "Flight",
     "Ran",
     "Watchdog",
+    "chunks",
     "collection_paused",
     "compile_key",
     "counted",
     "driver_sql",
+    "insert_many",
     "observed",
     "ping_when_idle",
     "pipelines",
     "positional",
     "run",
+    "run_in",
     "run_many",
     "run_stmt",
 ]
@@ -469,3 +477,131 @@ def _executed(cursor: Any, sql: str, params: Any, many: bool) -> Any:
     else:
         cursor.execute(sql, params)
     return cursor
+
+
+# IN lists and bulk inserts: the store's two shapes of bulk work, each compiled once per
+# dialect, schema and size (or key set), and run as one statement per chunk.
+
+IN_CHUNK: Final = 1000
+"""Most values bound into one IN list."""
+
+
+def chunks(values: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[Any]]:
+    """`values` in slices of at most `size`, each small enough for one IN list."""
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+SMALL_IN: Final = 8
+"""IN lists up to this long are compiled once per length, as the full chunk is."""
+_FULL_IN: dict[tuple[Any, ...], tuple[str, tuple[str, ...] | None]] = {}
+"""IN statements of a full chunk or a short list: SQL, and parameter names unless positional."""
+
+
+def run_in(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]) -> Ran:
+    """Run `stmt` (its one expanding parameter "ids" bound to `ids`).
+
+    A full chunk (the usual case in large commits and in prune), and a short list (a small
+    commit's), run a form compiled once with that many plain placeholders, instead of
+    rendering the placeholders on every execution (a third of a batch-1 commit's statement
+    overhead).
+    """
+    count = len(ids)
+    if count != IN_CHUNK and not 0 < count <= SMALL_IN:
+        return _expanded(conn, stmt, ids)
+    translate = conn.get_execution_options().get("schema_translate_map")
+    key = compile_key(conn, stmt, count)
+    hit = _FULL_IN.get(key)
+    if hit is None:
+        compiled = stmt.compile(
+            dialect=conn.dialect,
+            schema_translate_map=translate,
+            render_schema_translate=translate is not None,
+        )
+        state = compiled.construct_expanded_state({"ids": list(range(count))})
+        names = tuple(state.positiontup or state.parameters)
+        if len(names) != count:  # not a statement of one IN list
+            return _expanded(conn, stmt, ids)
+        hit = _FULL_IN[key] = (state.statement, None if compiled.positional else names)
+    sql, names_or_none = hit
+    if names_or_none is None:
+        return run(conn, sql, tuple(ids))
+    return run(conn, sql, dict(zip(names_or_none, ids, strict=True)))
+
+
+def _expanded(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]) -> Ran:
+    """`stmt` with its IN list rendered for `ids` by SQLAlchemy (any length)."""
+    result = conn.execute(stmt, {"ids": list(ids)})
+    return Ran(counted(result.rowcount), result.all() if result.returns_rows else [])
+
+
+def _can_copy(conn: Connection) -> bool:
+    """Whether `conn` is sync psycopg, whose COPY FROM STDIN loads rows fastest."""
+    return (
+        conn.dialect.name == "postgresql"
+        and conn.dialect.driver == "psycopg"
+        and not conn.dialect.is_async
+    )
+
+
+def _copy_sql(conn: Connection, stmt: Insert, columns: Sequence[str]) -> str:
+    """`COPY table (columns) FROM STDIN` for `stmt`'s table on `conn`: in the schema the
+    connection translates to, every name quoted by the dialect's own identifier preparer.
+
+    The preparer escapes `%` as `%%` for a format paramstyle (psycopg's is pyformat), which the
+    driver undoes only in a statement run with parameters; COPY runs without any.
+    """
+    prep = conn.dialect.identifier_preparer
+    table = stmt.table
+    translate = conn.get_execution_options().get("schema_translate_map") or {}
+    schema = translate.get(table.schema, table.schema)
+    target = prep.quote(table.name)
+    if schema is not None:
+        target = f"{prep.quote_schema(schema)}.{target}"
+    names = ", ".join(prep.quote(c) for c in columns)
+    sql = f"COPY {target} ({names}) FROM STDIN"
+    if conn.dialect.paramstyle in ("format", "pyformat"):
+        sql = sql.replace("%%", "%")
+    return sql
+
+
+_COPY: dict[tuple[Any, ...], tuple[str, Callable[[Mapping[str, Any]], Any]]] = {}
+"""COPY statements of a bulk insert, and each one's row getter (`_copy_form`)."""
+
+
+def _copy_form(
+    conn: Connection, stmt: Insert, keys: tuple[str, ...]
+) -> tuple[str, Callable[[Mapping[str, Any]], Any]]:
+    """The COPY statement for rows with `keys`, and how to turn a row into its values in
+    column order: built once per statement, key set, dialect and schema."""
+    cache_key = compile_key(conn, stmt, keys)
+    hit = _COPY.get(cache_key)
+    if hit is None:
+        wanted = set(keys)
+        columns = [c.name for c in stmt.table.c if c.name in wanted]
+        hit = _COPY[cache_key] = (_copy_sql(conn, stmt, columns), positional(columns))
+    return hit
+
+
+def insert_many(conn: Connection, stmt: Insert, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert `rows`: COPY on psycopg, the driver's executemany elsewhere.
+
+    psycopg's executemany still sends one INSERT per row (pipelined); COPY streams them in one
+    statement: as cheap from two rows, two to three times faster for a batch of 1000. COPY
+    reaches no statement listener, so an observed connection (`observed`) inserts
+    with executemany, which they see.
+    """
+    if len(rows) < 2 or not _can_copy(conn) or observed(conn):
+        run_many(conn, stmt, rows)
+        return
+    copy_sql, getter = _copy_form(conn, stmt, tuple(rows[0]))
+    cursor: Any = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        with cursor.copy(copy_sql) as copy:
+            write = copy.write_row
+            for row in rows:
+                write(getter(row))
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise compat.driver_error(conn, exc, copy_sql, cursor=cursor) from exc
+    finally:
+        cursor.close()

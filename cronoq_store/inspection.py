@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, func, select
+from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
-from . import codec, dialects, inbox, lease, migrate, repository
+from . import codec, dialects, inbox, lease, migrate
 from .errors import CorruptValue
 from .model import INT64_MAX, INT64_MIN, TaskStatus, TimeBase
+from .repository import operators, recovery
 
 UNIX: Final = TimeBase(unix_ns=0)
 """Decodes stored times as Unix nanoseconds (an operator has no engine time base)."""
@@ -117,24 +118,18 @@ def task_counts(conn: Connection) -> list[dict[str, Any]]:
     """How many tasks each pool holds in each status, live and finished."""
     return [
         {"pool": r.pool, "status": r.status, "count": r.n}
-        for r in conn.execute(repository.task_counts_stmt())
+        for r in conn.execute(operators.task_counts_stmt())
     ]
 
 
 def prune_backlog(conn: Connection, before: int) -> int:
     """How many finished tasks were last updated before `before` (Unix ns)."""
-    return int(conn.execute(repository.prune_backlog_stmt(), {"cutoff": before}).scalar_one())
-
-
-def _prunable_count_stmt() -> Select[Any]:
-    """What `prune` would delete now, counted: its batch statement without order or LIMIT."""
-    victims = repository.prunable_stmt().order_by(None).limit(None)
-    return select(func.count()).select_from(victims.subquery())
+    return int(conn.execute(operators.prune_backlog_stmt(), {"cutoff": before}).scalar_one())
 
 
 def prunable_count(conn: Connection, before: int) -> int:
     """How many tasks `prune` would delete now, given its `before` (Unix ns)."""
-    return int(conn.execute(_prunable_count_stmt(), {"cutoff": before}).scalar() or 0)
+    return int(conn.execute(operators.prunable_count_stmt(), {"cutoff": before}).scalar() or 0)
 
 
 # Schedules.
@@ -160,7 +155,7 @@ def schedules(conn: Connection) -> list[dict[str, Any]]:
     """Every schedule (`schedule`), by name."""
     return [
         schedule(r.name, r.spec, r.template_payload, r.next_unix_ns, r.last_task_id)
-        for r in conn.execute(repository.recurring_stmt())
+        for r in conn.execute(recovery.recurring_stmt())
     ]
 
 
@@ -180,7 +175,7 @@ def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dic
     dialect = dialects.name(conn.dialect)
     waiting = inbox.depth(conn)
     role = server(conn)
-    lost = repository.lost_commits(conn)
+    lost = recovery.lost_commits(conn)
     backlog = prune_backlog(conn, cutoff(retention))
     data: dict[str, Any] = {
         "database": url,
@@ -205,7 +200,7 @@ def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dic
 
 
 def task_dict(row: Any) -> dict[str, Any]:
-    """A listed task row (`repository.list_tasks_stmt`, `task_row_stmt`) as a dict."""
+    """A listed task row (`repository.operators.list_tasks_stmt`, `task_row_stmt`) as a dict."""
     status = TaskStatus.from_name(row.status)
     return {
         "id": row.id,
@@ -272,7 +267,7 @@ def list_tasks(
     an `after` beyond the 64-bit range clamps."""
     if after is not None and after < INT64_MIN:
         after = None  # every id is above it
-    stmt = repository.list_tasks_stmt(
+    stmt = operators.list_tasks_stmt(
         pools=pools,
         statuses=[s.lower() for s in statuses],
         key=key,
@@ -290,8 +285,8 @@ def find_task(
     if task_id is not None:
         if not INT64_MIN <= task_id <= INT64_MAX:
             return None  # no task can have it
-        stmt = repository.task_row_stmt(task_id=task_id)
+        stmt = operators.task_row_stmt(task_id=task_id)
     else:
-        stmt = repository.task_row_stmt(key=key)
+        stmt = operators.task_row_stmt(key=key)
     row = conn.execute(stmt).first()
     return None if row is None else task_detail(row)

@@ -36,8 +36,9 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.schema import CreateSchema
 
-from . import dialects, galera, repository
+from . import dialects, galera
 from .errors import SchemaError, StoreError
+from .repository import recovery
 from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
@@ -224,10 +225,10 @@ def _log_migrated(
 
 
 def _restore_leader_row(conn: Connection, schema: str | None) -> int | None:
-    """Put back a lease row someone deleted (see `repository.restore_leader_row`)."""
+    """Put back a lease row someone deleted (see `repository.recovery.restore_leader_row`)."""
     if schema:
         conn = conn.execution_options(schema_translate_map={None: schema})
-    return repository.restore_leader_row(conn)
+    return recovery.restore_leader_row(conn)
 
 
 def upgrade(

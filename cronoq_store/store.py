@@ -30,7 +30,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
-from . import dialects, execution, inbox, leadership, lease, migrate, repository, telemetry
+from . import dialects, execution, inbox, leadership, lease, migrate, telemetry
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -52,6 +52,7 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
+from .repository import commit, folding, prune, queries, recovery
 from .schema import check_schema_name
 
 log = logging.getLogger(__name__)
@@ -408,8 +409,8 @@ def commit_work(
 
     It raises the lease row's commit sequence to `seq`, and fences off unless the row holds at
     least `acked` (`lease.fence`)."""
-    folded = repository.fold(base, now_unix_ns, batch)
-    outputs = repository.checked_outputs(outputs)
+    folded = folding.fold(base, now_unix_ns, batch)
+    outputs = folding.checked_outputs(outputs)
     # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
     # that as "no id left below 2**63").
     next_id = min(max(folded.inserts, default=-1) + 1, INT64_MAX)
@@ -425,7 +426,7 @@ def commit_work(
             conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq, acked=acked,
             first=first,
         ) as flight:  # fmt: skip
-            repository.write(conn, base, folded, outputs, flight)
+            commit.write(conn, base, folded, outputs, flight)
         if time.monotonic() > deadline:
             # Rolled back: a caller that gave up waiting must not find it committed later.
             raise StoreUnavailable(f"commit did not finish within {timeout}; rolled back")
@@ -990,7 +991,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         now = self._now()
 
         def scan(conn: Connection) -> tuple[Recovered, int]:
-            return repository.recover(conn, base, now_unix_ns=now, retention=self.config.retention)
+            return recovery.recover(conn, base, now_unix_ns=now, retention=self.config.retention)
 
         result: Recovered
         quarantined: int
@@ -1017,13 +1018,13 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
         """
         cutoff = self._now() - _ns(older_than)
-        limit = repository.PRUNE_BATCH
+        limit = prune.PRUNE_BATCH
         total = 0
         with self._telemetry.pruning():
             try:
                 while True:
                     # One transaction per batch: locks stay short while the leader commits.
-                    n: int = self._run(lambda c: repository.prune_batch(c, cutoff, limit))
+                    n: int = self._run(lambda c: prune.prune_batch(c, cutoff, limit))
                     total += n
                     if n < limit:
                         return total
@@ -1047,9 +1048,9 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             StoreUnavailable: The database cannot be reached.
         """
         if isinstance(ref, ById):
-            return self._read(lambda c: repository.get_task(c, task_id=ref.id))  # type: ignore[no-any-return]
+            return self._read(lambda c: queries.get_task(c, task_id=ref.id))  # type: ignore[no-any-return]
         if isinstance(ref, ByKey):
-            return self._read(lambda c: repository.get_task(c, key=ref.key))  # type: ignore[no-any-return]
+            return self._read(lambda c: queries.get_task(c, key=ref.key))  # type: ignore[no-any-return]
         raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
 
     def list_finished(
@@ -1074,7 +1075,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             StoreUnavailable: The database cannot be reached.
         """
         return self._read(  # type: ignore[no-any-return]
-            lambda c: repository.list_finished(
+            lambda c: queries.list_finished(
                 c, pools=pools, statuses=statuses, after=after, limit=limit
             )
         )
@@ -1091,7 +1092,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return self._read(lambda c: repository.load_output(c, id))  # type: ignore[no-any-return]
+        return self._read(lambda c: queries.load_output(c, id))  # type: ignore[no-any-return]
 
     # The inbox: what apps enqueue in their own transactions (`cronoq_store.enqueue`).
 

@@ -278,7 +278,7 @@ def test_a_status_before_its_submission_has_no_effect(
 ) -> None:
     epoch = lead(store)
     early, new = status(1, TaskStatus.RUNNING), submit(1)
-    with caplog.at_level(logging.WARNING, logger="cronoq_store.repository"):
+    with caplog.at_level(logging.WARNING, logger="cronoq_store.repository.commit"):
         for batch in [[early], [new]] if split else [[early, new]]:
             store.commit(epoch, BASE, batch)
     assert state(store, 1) is TaskStatus.QUEUED

@@ -275,7 +275,7 @@ def test_prune_goes_in_bounded_batches_and_keeps_dependencies(
 ) -> None:
     from sqlalchemy import event
 
-    from cronoq_store import repository
+    from cronoq_store.repository import prune
 
     epoch = store.acquire_leadership()
     n = 250
@@ -289,7 +289,7 @@ def test_prune_goes_in_bounded_batches_and_keeps_dependencies(
             submit(n + 2, deps=(Dep(target=ByKey(key="k9"), on="finish"),)),
         ],
     )
-    monkeypatch.setattr(repository, "PRUNE_BATCH", 100)
+    monkeypatch.setattr(prune, "PRUNE_BATCH", 100)
     deletes: list[int] = []
 
     def count(conn: object, cursor: object, statement: str, params: object, *a: object) -> None:

@@ -30,8 +30,9 @@ from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
-from .. import codec, dialects, repository
+from .. import codec, dialects, execution
 from ..model import ById, StatusChanged, Submitted, TaskStatus, TimeBase
+from ..repository import commit, prune, recovery
 from ..schema import task_deps, tasks
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
@@ -113,10 +114,10 @@ class RawDriver:
                 autocommit=False,
             )
         self.tasks, self.deps = tasks, task_deps
-        self.insert_tasks, columns = self.sql(repository.insert_tasks_stmt())
+        self.insert_tasks, columns = self.sql(commit.insert_tasks_stmt())
         if columns != tuple(c.name for c in tasks.columns):
             raise RuntimeError(f"unexpected insert column order {columns}")
-        self.insert_deps, columns = self.sql(repository.insert_deps_stmt())
+        self.insert_deps, columns = self.sql(commit.insert_deps_stmt())
         if columns != ("task_id", "ordinal", "target_id", "target_key"):
             raise RuntimeError(f"unexpected dependency column order {columns}")
         prep = dialect.identifier_preparer
@@ -124,16 +125,16 @@ class RawDriver:
         self.copy_tasks = f"COPY {prep.format_table(tasks)} ({names}) FROM STDIN"
         names = ", ".join(prep.quote(c.name) for c in task_deps.columns)
         self.copy_deps = f"COPY {prep.format_table(task_deps)} ({names}) FROM STDIN"
-        self.running, order = self.sql(repository.status_update_stmt())
+        self.running, order = self.sql(commit.status_update_stmt())
         if order != _UPDATE_ORDER:
             raise RuntimeError(f"unexpected update parameter order {order}")
-        self.finished, order = self.sql(repository.status_output_stmt())
+        self.finished, order = self.sql(commit.status_output_stmt())
         if order != _UPDATE_OUTPUT_ORDER:
             raise RuntimeError(f"unexpected update parameter order {order}")
-        self.live, _ = self.sql(repository.live_tasks_stmt())
+        self.live, _ = self.sql(recovery.live_tasks_stmt())
         # Where the spec's columns start in a live-task row (after id, seq, status and the rest).
-        self._spec_at = len(repository.live_tasks_stmt().selected_columns) - len(codec.SPEC_COLUMNS)
-        self._prune = repository.prune_stmt(join=dialects.delete_joins(dialect)).compile(
+        self._spec_at = len(recovery.live_tasks_stmt().selected_columns) - len(codec.SPEC_COLUMNS)
+        self._prune = prune.prune_stmt(join=dialects.delete_joins(dialect)).compile(
             dialect=self._compile_dialect
         )
         self.prune_sql = str(self._prune)
@@ -149,7 +150,7 @@ class RawDriver:
         """The store's dependency-row DELETE with `count` ids, compiled once per count."""
         sql = self._in_lists.get(count)
         if sql is None:
-            compiled = repository.delete_deps_stmt().compile(dialect=self._compile_dialect)
+            compiled = commit.delete_deps_stmt().compile(dialect=self._compile_dialect)
             state = compiled.construct_expanded_state({"ids": list(range(count))})
             sql = self._in_lists[count] = state.statement
         return sql
@@ -282,8 +283,8 @@ class RawDriver:
                     ],
                 )
                 ids = [m.id for m in batch]
-                for start in range(0, len(ids), repository.IN_CHUNK):
-                    chunk = ids[start : start + repository.IN_CHUNK]
+                for start in range(0, len(ids), execution.IN_CHUNK):
+                    chunk = ids[start : start + execution.IN_CHUNK]
                     cur.execute(self.delete_deps_in(len(chunk)), chunk)
             else:
                 cur.executemany(

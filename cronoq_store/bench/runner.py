@@ -23,7 +23,7 @@ from sqlalchemy import URL, Engine, create_engine, delete, select
 from sqlalchemy.engine.interfaces import Dialect
 
 from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskStatus, TimeBase
-from ..repository import PRUNE_BATCH
+from ..repository.prune import PRUNE_BATCH
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
 from .leader import leader_commit

@@ -8,7 +8,8 @@ from datetime import timedelta
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import inspection, lease, repository
+from .. import inspection, lease
+from ..repository.prune import PRUNE_BATCH, prune_batch
 from ..store import translated
 from .output import console, duration_option, echo_json
 from .status import lease_text
@@ -27,7 +28,7 @@ from .target import Target, open_database
 @click.option(
     "--batch-size",
     type=click.IntRange(1, 100_000),
-    default=repository.PRUNE_BATCH,
+    default=PRUNE_BATCH,
     show_default=True,
     help="Rows deleted per transaction.",
 )
@@ -55,7 +56,7 @@ def prune(
                 bar = progress.add_task("prune", total=total)
                 while True:
                     with store.engine.begin() as conn:
-                        n = repository.prune_batch(conn, cutoff, batch_size)
+                        n = prune_batch(conn, cutoff, batch_size)
                     deleted += n
                     progress.update(bar, advance=n, total=max(total, deleted))
                     if n < batch_size:

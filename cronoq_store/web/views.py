@@ -2,7 +2,7 @@
 
 No HTTP here: each function takes a `Connection` (in a read-only transaction the app opened)
 and returns plain data for a template. Every page is one or two indexed queries, so a large
-store stays fast; the overview's counts are the indexed ones in `repository`.
+store stays fast; the overview's counts are the indexed ones in `repository.operators`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from .. import codec, inbox, inspection, migrate, repository
+from .. import codec, inbox, inspection, migrate
 from ..errors import CorruptValue
 from ..model import TaskStatus
+from ..repository import operators, recovery
 from ..schema import inbox as inbox_table
 
 PAGE: Final = 50
@@ -43,14 +44,14 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
     cutoff = codec.saturate(time.time_ns() - (retention // timedelta(microseconds=1)) * 1000)
     live = [
         {"pool": r.pool, "status": r.status, "count": r.n}
-        for r in conn.execute(repository.live_counts_stmt())
+        for r in conn.execute(operators.live_counts_stmt())
     ]
     pools = sorted({c["pool"] for c in live})
     statuses = [s for s in STATUSES if any(c["status"] == s for c in live)]
     grid = {(c["pool"], c["status"]): c["count"] for c in live}
-    finished = int(conn.execute(repository.finished_count_stmt()).scalar_one())
+    finished = int(conn.execute(operators.finished_count_stmt()).scalar_one())
     recent = int(
-        conn.execute(repository.finished_since_count_stmt(), {"cutoff": cutoff}).scalar_one()
+        conn.execute(operators.finished_since_count_stmt(), {"cutoff": cutoff}).scalar_one()
     )
     return {
         "revision": migrate.current_revision(conn, schema=schema),
@@ -66,9 +67,9 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
         # make the backlog negative.
         "past_retention": max(0, finished - recent),
         "retention": inspection.seconds_text(retention // timedelta(microseconds=1) * 1000),
-        "schedules": int(conn.execute(repository.recurring_count_stmt()).scalar_one()),
+        "schedules": int(conn.execute(operators.recurring_count_stmt()).scalar_one()),
         "inbox": inbox.depth(conn),
-        "lost": repository.lost_commits(conn),
+        "lost": recovery.lost_commits(conn),
         # Last: on a server that refuses it, `inspection.server` rolls back (ending the read-only
         # transaction), and nothing may read after that.
         "server": inspection.server(conn),
@@ -107,7 +108,7 @@ class TaskFilter:
 
 def tasks_page(conn: Connection, flt: TaskFilter) -> dict[str, Any]:
     """One page of tasks, newest first, and where the next (older) page starts."""
-    stmt = repository.list_tasks_stmt(
+    stmt = operators.list_tasks_stmt(
         pools=[flt.pool] if flt.pool else [],
         statuses=[flt.status] if flt.status else [],
         key=flt.key,
@@ -126,7 +127,7 @@ def tasks_page(conn: Connection, flt: TaskFilter) -> dict[str, Any]:
 
 def task_page(conn: Connection, task_id: int) -> dict[str, Any] | None:
     """One task in full (as `cronoq-store show --json`), with hex previews; None if absent."""
-    row = conn.execute(repository.task_row_stmt(task_id=task_id)).first()
+    row = conn.execute(operators.task_row_stmt(task_id=task_id)).first()
     if row is None:
         return None
     detail = inspection.task_detail(row)
@@ -136,7 +137,7 @@ def task_page(conn: Connection, task_id: int) -> dict[str, Any] | None:
     head = None
     if row.output_size:
         head = conn.execute(
-            repository.output_head_stmt(), {"task_id": task_id, "n": PREVIEW_BYTES + 1}
+            operators.output_head_stmt(), {"task_id": task_id, "n": PREVIEW_BYTES + 1}
         ).scalar()
     detail["output_preview"] = hex_preview(head)
     return detail
@@ -145,7 +146,7 @@ def task_page(conn: Connection, task_id: int) -> dict[str, Any] | None:
 def schedules(conn: Connection) -> list[dict[str, Any]]:
     """Every schedule: name, cron or interval, time zone, next run, last task."""
     out = []
-    for r in conn.execute(repository.recurring_stmt()):
+    for r in conn.execute(recovery.recurring_stmt()):
         item: dict[str, Any] = {
             "name": r.name,
             "next": inspection.when(r.next_unix_ns),

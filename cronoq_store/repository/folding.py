@@ -1,0 +1,164 @@
+"""The batch fold: a batch of mutations becomes the rows a commit writes. No SQL here.
+
+Pure functions of their arguments (codec encodes each value), so a fold is tested without a
+database; `commit.write` writes what it returns. Everything that cannot be stored is refused
+here (`InvalidValue`), before any write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .. import codec
+from ..errors import InvalidValue
+from ..model import (
+    INT64_MAX,
+    INT64_MIN,
+    ById,
+    Dep,
+    InboxTaken,
+    Mutation,
+    RecurringNext,
+    RecurringRemove,
+    RecurringUpsert,
+    StatusChanged,
+    Submitted,
+    TaskId,
+    TaskStatus,
+    TimeBase,
+)
+
+# Folding: a batch becomes one insert per new task and one update per existing task.
+
+STATUS_NAME: Final = {s: s.value for s in TaskStatus}
+"""Stored name of each status (a dict lookup is cheaper than the enum's `value` per row)."""
+IS_TERMINAL: Final = {s: s.is_terminal for s in TaskStatus}
+
+
+@dataclass(slots=True)
+class FoldedStatus:
+    """The latest transition of a task within a batch."""
+
+    status: TaskStatus
+    attempt: int
+    at: int
+    message: str | None
+
+    def fold(self, later: FoldedStatus) -> None:
+        """Apply a later transition, keeping the message unless the later one has its own."""
+        self.status, self.attempt, self.at = later.status, later.attempt, later.at
+        if later.message is not None:
+            self.message = later.message
+
+
+@dataclass(slots=True)
+class Folded:
+    """A batch folded as the reference folds it, so that splitting a batch changes no row.
+
+    Mutations apply in batch order: a transition of a task submitted earlier in the batch is
+    folded into its insert; any other transition (the task's `Submitted` has not come yet) is an
+    update of the stored row, applied before the inserts, and changes nothing when the task is
+    not stored yet. An insert of a task already stored is ignored with everything folded into it
+    (a replayed batch changes nothing).
+    """
+
+    inserts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """New task rows by id, each with the status it reached within the batch."""
+    deps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Dependency rows of the new tasks."""
+    updates: dict[int, FoldedStatus] = field(default_factory=dict)
+    """The latest transition of each stored task (those not submitted earlier in the batch)."""
+    recurring: list[RecurringUpsert | RecurringRemove | RecurringNext] = field(default_factory=list)
+    inbox_taken: dict[int, None] = field(default_factory=dict)
+    """Inbox rows the batch removes (ordered, without repeats)."""
+
+
+def _status(base: TimeBase, m: StatusChanged) -> FoldedStatus:
+    return FoldedStatus(
+        status=m.status,
+        attempt=m.attempt,
+        at=codec.to_unix(base, m.at, "StatusChanged.at"),
+        message=codec.clean_opt(m.message),
+    )
+
+
+def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
+    """The `cronoq_task_deps` rows of a live task's dependencies."""
+    rows: list[dict[str, Any]] = []
+    for i, d in enumerate(deps):
+        target = d.target  # narrowed by type, not getattr with a default: no AttributeError
+        if isinstance(target, ById):
+            target_id, target_key = target.id, None
+        else:
+            target_id, target_key = None, codec.clean(target.key)
+        rows.append(
+            {"task_id": task_id, "ordinal": i, "target_id": target_id, "target_key": target_key}
+        )
+    return rows
+
+
+def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
+    """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write."""
+    out = Folded()
+    inserts, updates = out.inserts, out.updates
+    for m in batch:
+        if isinstance(m, Submitted):
+            if m.id in inserts:
+                continue
+            row = codec.spec_columns(base, m.spec)
+            row["id"] = m.id
+            row["seq"] = m.seq
+            row["arrival_unix_ns"] = codec.to_unix(base, m.arrival, "Submitted.arrival")
+            row["updated_unix_ns"] = now_unix_ns
+            row["finished_unix_ns"] = None
+            row["status"] = TaskStatus.QUEUED.value
+            row["terminal"] = False
+            row["attempt"] = 0
+            row["message"] = None
+            inserts[m.id] = row
+            if m.spec.deps:
+                out.deps[m.id] = dep_rows(m.id, m.spec.deps)
+        elif isinstance(m, StatusChanged):
+            st = _status(base, m)
+            if m.id in inserts:
+                _apply(inserts[m.id], st)
+            elif m.id in updates:
+                updates[m.id].fold(st)
+            else:
+                updates[m.id] = st
+        elif isinstance(m, InboxTaken):
+            out.inbox_taken[m.inbox_id] = None
+        else:
+            out.recurring.append(m)
+    for row in inserts.values():
+        row["live_key"] = None if row["terminal"] else row["key"]
+    return out
+
+
+def checked_outputs(outputs: Iterable[tuple[TaskId, bytes]]) -> list[tuple[TaskId, bytes]]:
+    """`outputs` as (id, bytes) pairs; refuses (`InvalidValue`) what no task could hold."""
+    checked: list[tuple[TaskId, bytes]] = []
+    for pair in outputs:
+        try:
+            task_id, output = pair
+        except (TypeError, ValueError) as exc:
+            raise InvalidValue("outputs must hold (task id, bytes) pairs") from exc
+        if not isinstance(task_id, int) or isinstance(task_id, bool):
+            raise InvalidValue(f"outputs: a task id must be an int, not {type(task_id).__name__}")
+        if not INT64_MIN <= task_id <= INT64_MAX:
+            raise InvalidValue(f"outputs: task id {task_id} is outside the 64-bit range")
+        if not isinstance(output, bytes | bytearray | memoryview):
+            raise InvalidValue(f"outputs: the output of task {task_id} must be bytes")
+        checked.append((task_id, bytes(output)))
+    return checked
+
+
+def _apply(row: dict[str, Any], st: FoldedStatus) -> None:
+    row["status"] = STATUS_NAME[st.status]
+    row["terminal"] = IS_TERMINAL[st.status]
+    row["attempt"] = st.attempt
+    row["updated_unix_ns"] = st.at
+    row["finished_unix_ns"] = st.at if row["terminal"] else None
+    row["message"] = st.message if st.message is not None else row.get("message")

@@ -1,0 +1,70 @@
+"""Prune: finished tasks past retention deleted in bounded batches, sparing every task a live
+task depends on. The caller commits each batch."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+from sqlalchemy import Connection, Delete, Select, bindparam, delete, select
+
+from .. import codec, dialects
+from ..schema import task_deps, tasks
+
+PRUNE_BATCH: Final = 1000
+"""Rows deleted per statement by `prune`."""
+
+
+def _prunable(*columns: Any) -> Select[Any]:
+    """Finished tasks updated before `cutoff` that no live task depends on (by id or key).
+
+    Anti-joins on the dependency indexes (a LEFT JOIN that finds no row), which MariaDB runs
+    as one probe per candidate ("Not exists"), where it runs NOT EXISTS as a dependent
+    subquery. A NULL key joins no row, so a keyless task needs no "key IS NULL OR".
+    """
+    by_id = task_deps.alias("by_id")
+    by_key = task_deps.alias("by_key")
+    joined = tasks.outerjoin(by_id, by_id.c.target_id == tasks.c.id).outerjoin(
+        by_key, by_key.c.target_key == tasks.c.key
+    )
+    return (
+        select(*columns)
+        .select_from(joined)
+        .where(
+            tasks.c.terminal == True,  # noqa: E712
+            tasks.c.finished_unix_ns < bindparam("cutoff"),
+            by_id.c.task_id.is_(None),
+            by_key.c.task_id.is_(None),
+        )
+    )
+
+
+@cache
+def prunable_stmt() -> Select[Any]:
+    """Up to `limit` prunable tasks, oldest first (what one `prune_stmt` deletes)."""
+    return _prunable(tasks.c.id).order_by(tasks.c.finished_unix_ns).limit(bindparam("limit"))
+
+
+@cache
+def prune_stmt(*, join: bool = False) -> Delete:
+    """Delete one batch of prunable tasks in one statement, as the reference does.
+
+    The dependency check is part of the DELETE itself, so a live task committed before the
+    statement starts always spares its targets; selecting victims first and deleting them by
+    id in a second statement would lose a dependency committed in between. The victims are a
+    derived table so MySQL accepts LIMIT and the target table in the subquery.
+    With `join` (where `dialects.delete_joins` says so) the victims are joined by primary key
+    instead of tested with IN.
+    """
+    victims = prunable_stmt().subquery("victims")
+    if join:
+        return delete(tasks).where(tasks.c.id == victims.c.id)
+    return delete(tasks).where(tasks.c.id.in_(select(victims.c.id)))
+
+
+def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
+    """Delete one batch of prunable tasks; returns how many were deleted."""
+    cutoff = codec.saturate(cutoff)
+    stmt = prune_stmt(join=dialects.delete_joins(conn.dialect))
+    deleted: int = conn.execute(stmt, {"cutoff": cutoff, "limit": limit}).rowcount
+    return deleted

@@ -1,0 +1,286 @@
+"""Property tests of the batch fold (`repository.folding`), without a database.
+
+The fold decides what a commit writes: which tasks are inserted (with the status they reached
+within the batch), which stored tasks are updated, and which dependency rows are written. Its
+promise is that splitting a batch changes no row. `write` below applies a `Folded` to plain
+dicts as SPEC.md says `commit.write` applies it to the tables (updates of stored tasks first,
+then the inserts of new ones, a replayed insert ignored), so that promise, and the rule that
+only live tasks hold dependency rows, are checked here on the fold alone;
+tests/test_store_properties.py checks them on every dialect, through the store.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cronoq_store import codec
+from cronoq_store.errors import InvalidValue
+from cronoq_store.model import (
+    INT64_MAX,
+    ById,
+    ByKey,
+    Dep,
+    Mutation,
+    StatusChanged,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+    TimeBase,
+)
+from cronoq_store.repository import folding
+
+BASE = TimeBase(unix_ns=1_700_000_000 * 10**9)
+NOW = BASE.unix_ns + 10**12
+"""The commit's wall clock (Unix ns): every fold of one test uses the same."""
+IDS = (1, 2, 3, 4)
+
+Tasks = dict[int, dict[str, Any]]
+DepRows = dict[int, list[dict[str, Any]]]
+
+
+def write(tasks: Tasks, deps: DepRows, folded: folding.Folded) -> None:
+    """Apply `folded` to `tasks` and `deps` (task rows and dependency rows by task id)."""
+    for task_id, change in folded.updates.items():
+        row = tasks.get(task_id)
+        if row is None:
+            continue  # not stored (yet): the transition changes nothing
+        terminal = change.status.is_terminal
+        if row["terminal"] and not terminal:  # revived: its dependency rows return
+            deps[task_id] = folding.dep_rows(task_id, codec.decode_deps(row["deps"]))
+        row.update(
+            status=change.status.value,
+            terminal=terminal,
+            attempt=change.attempt,
+            updated_unix_ns=change.at,
+            finished_unix_ns=change.at if terminal else None,
+            live_key=None if terminal else row["key"],
+        )
+        if change.message is not None:
+            row["message"] = change.message
+        if terminal:
+            deps.pop(task_id, None)
+    for task_id, new in folded.inserts.items():
+        if task_id in tasks:
+            continue  # stored already: a replay, ignored with what was folded into it
+        tasks[task_id] = dict(new)
+        if not new["terminal"] and task_id in folded.deps:
+            deps[task_id] = list(folded.deps[task_id])
+
+
+def committed(batches: Sequence[Sequence[Mutation]]) -> tuple[Tasks, DepRows]:
+    """The rows after committing `batches` in order, each folded on its own."""
+    tasks: Tasks = {}
+    deps: DepRows = {}
+    for batch in batches:
+        write(tasks, deps, folding.fold(BASE, NOW, batch))
+    return tasks, deps
+
+
+statuses = st.sampled_from(TaskStatus)
+messages = st.none() | st.sampled_from(["", "boom", "nul\x00byte", "ünï"])
+deps_of = st.lists(
+    st.builds(
+        Dep,
+        target=st.builds(ById, id=st.sampled_from(IDS).map(TaskId))
+        | st.builds(ByKey, key=st.sampled_from(["a", "b\x00"])),
+        on=st.sampled_from(["success", "finish"]),
+    ),
+    max_size=3,
+).map(tuple)
+
+
+def transitions(task_id: int) -> st.SearchStrategy[StatusChanged]:
+    return st.builds(
+        StatusChanged,
+        id=st.just(TaskId(task_id)),
+        status=statuses,
+        attempt=st.integers(0, 3),
+        at=st.integers(0, 10**6),
+        message=messages,
+    )
+
+
+@st.composite
+def streams(draw: st.DrawFn, *, early: bool = True) -> list[Mutation]:
+    """Mutations as an engine sends them: each task submitted once, and transitions of any
+    task in any order (after it finished, of a task never submitted, and unless not `early`,
+    before its submission)."""
+    submitted = draw(st.lists(st.sampled_from(IDS), unique=True))
+    out: list[Mutation] = [
+        Submitted(
+            id=TaskId(i),
+            seq=n,
+            arrival=draw(st.integers(0, 10**6)),
+            spec=TaskSpec(
+                payload=b"p",
+                key=draw(st.none() | st.sampled_from(["a", "b\x00"])),
+                deps=draw(deps_of),
+            ),
+        )
+        for n, i in enumerate(submitted)
+    ]
+    for change in draw(st.lists(st.sampled_from(IDS).flatmap(transitions), max_size=12)):
+        at = [n for n, m in enumerate(out) if isinstance(m, Submitted) and m.id == change.id]
+        lowest = 0 if early or not at else at[0] + 1
+        out.insert(draw(st.integers(lowest, len(out))), change)
+    return out
+
+
+@st.composite
+def cuts(draw: st.DrawFn, stream: list[Mutation]) -> list[list[Mutation]]:
+    """`stream` cut into consecutive batches (some may be empty)."""
+    points = sorted(draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    bounds = [0, *points, len(stream)]
+    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@given(st.data())
+def test_folding_a_batch_equals_folding_its_halves_in_order(data: st.DataObject) -> None:
+    stream = data.draw(streams(), label="stream")
+    cut = data.draw(st.integers(0, len(stream)), label="cut")
+    assert committed([stream[:cut], stream[cut:]]) == committed([stream])
+
+
+@given(st.data())
+def test_any_split_of_a_stream_leaves_the_same_rows(data: st.DataObject) -> None:
+    stream = data.draw(streams(), label="stream")
+    batches = data.draw(cuts(stream), label="batches")
+    assert committed(batches) == committed([stream])
+
+
+@given(st.data())
+def test_a_replayed_batch_changes_nothing(data: st.DataObject) -> None:
+    """Committed again right after itself (its commit's fate was unknown), a batch changes no
+    row. Not so for a batch that names a task before submitting it (`early`): replayed, that
+    transition finds the task stored, as any later batch would."""
+    stream = data.draw(streams(early=False), label="stream")
+    batches = data.draw(cuts(stream), label="batches")
+    replayed = data.draw(st.integers(0, len(batches) - 1), label="replayed")
+    again = [*batches[: replayed + 1], batches[replayed], *batches[replayed + 1 :]]
+    assert committed(again) == committed(batches)
+
+
+@given(streams())
+def test_only_live_tasks_hold_dependency_rows(stream: list[Mutation]) -> None:
+    """A task inserted and finished in one batch has none; a live one has its spec's, in order."""
+    tasks, deps = committed([stream])
+    for task_id, row in tasks.items():
+        spec_deps = codec.decode_deps(row["deps"])
+        if row["terminal"] or not spec_deps:
+            assert task_id not in deps
+        else:
+            assert deps[task_id] == folding.dep_rows(task_id, spec_deps)
+
+
+@given(streams())
+def test_a_transition_folds_into_the_insert_only_after_the_submission(
+    stream: list[Mutation],
+) -> None:
+    folded = folding.fold(BASE, NOW, stream)
+    first: dict[int, int] = {}
+    for n, m in enumerate(stream):
+        if isinstance(m, Submitted):
+            first.setdefault(m.id, n)
+    assert set(folded.inserts) == set(first)
+    early = {
+        m.id
+        for n, m in enumerate(stream)
+        if isinstance(m, StatusChanged) and n < first.get(m.id, len(stream))
+    }
+    assert set(folded.updates) == early
+    for task_id, row in folded.inserts.items():
+        after = [
+            m for m in stream[first[task_id] :] if isinstance(m, StatusChanged) and m.id == task_id
+        ]
+        status = after[-1].status if after else TaskStatus.QUEUED
+        assert row["status"] == status.value
+        assert row["terminal"] is status.is_terminal
+        assert row["live_key"] == (None if status.is_terminal else row["key"])
+        said = [m.message for m in after if m.message is not None]
+        assert row["message"] == (codec.clean(said[-1]) if said else None)
+
+
+def test_a_second_submission_of_a_task_in_one_batch_is_ignored() -> None:
+    spec = TaskSpec(payload=b"x")
+    folded = folding.fold(
+        BASE,
+        NOW,
+        [
+            Submitted(id=TaskId(1), seq=7, arrival=0, spec=spec),
+            Submitted(id=TaskId(1), seq=8, arrival=5, spec=TaskSpec(payload=b"y")),
+        ],
+    )
+    assert folded.inserts[1]["seq"] == 7
+    assert folded.inserts[1]["payload"] == b"x"
+
+
+def test_the_fold_refuses_a_time_it_cannot_store() -> None:
+    late = StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=INT64_MAX)
+    with pytest.raises(InvalidValue, match=r"StatusChanged\.at"):
+        folding.fold(BASE, NOW, [late])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-(2**63), 2**63 - 1).map(TaskId),
+            st.binary(max_size=4) | st.binary(max_size=4).map(bytearray),
+        )
+    )
+)
+def test_checked_outputs_keeps_every_valid_pair_as_bytes(pairs: list[tuple[TaskId, Any]]) -> None:
+    checked = folding.checked_outputs(pairs)
+    assert checked == [(i, bytes(o)) for i, o in pairs]
+    assert all(type(o) is bytes for _, o in checked)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [(True, b""), (2**63, b""), (1, "text"), (1,), "ab", 7],
+    ids=["bool id", "id out of range", "str output", "one value", "a str", "an int"],
+)
+def test_checked_outputs_refuses_what_no_task_could_hold(pair: Any) -> None:
+    with pytest.raises(InvalidValue, match="outputs"):
+        folding.checked_outputs([pair])
+
+
+def test_the_fold_imports_no_sqlalchemy() -> None:
+    """The fold, and every module of the package it imports (transitively), import no SQLAlchemy:
+    it stays a pure function of its arguments."""
+    package = Path(folding.__file__).resolve().parent.parent
+    seen: set[Path] = set()
+    todo = [Path(folding.__file__).resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.ImportFrom):
+                here = path.parent
+                for _ in range(node.level - 1):
+                    here = here.parent
+                targets = [node.module] if node.module else [a.name for a in node.names]
+                for target in targets:
+                    found = here.joinpath(*target.split("."))
+                    for candidate in (found.with_suffix(".py"), found / "__init__.py"):
+                        if candidate.is_file() and candidate != package / "__init__.py":
+                            todo.append(candidate)
+                continue
+            else:
+                continue
+            assert not [n for n in names if n.split(".")[0] == "sqlalchemy"], path
+    assert len(seen) > 1  # codec, model, errors were followed

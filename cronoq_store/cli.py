@@ -39,7 +39,7 @@ from . import codec, dialects, inbox, lease, migrate, repository
 from .errors import CorruptValue, InvalidValue, SchemaError, StoreError, StoreUnavailable
 from .model import INT64_MAX, INT64_MIN, LostCommits, TaskStatus, TimeBase
 from .schema import check_schema_name
-from .store import SqlStore, StoreConfig, _engine_for
+from .store import SqlStore, StoreConfig, engine_for
 
 DEFAULT_URL: Final = "cronoq.db"
 """Without --url or CRONOQ_DATABASE_URL: the embedded SQLite file in the current directory."""
@@ -158,7 +158,7 @@ def _database(
     with _errors(where):
         # The store's engine, without `SqlStore.open`'s checks: each command checks what it
         # needs itself (`current` must show a revision this build does not know).
-        engine = reader or _engine_for(url, config)
+        engine = reader or engine_for(url, config)
         try:
             store = SqlStore(engine, config)
             try:

@@ -50,6 +50,7 @@ from .face import (
     RELEASE_FAILED,
     Op,
     Outputs,
+    Steps,
     acquiring_for,
     keeper_timing,
     new_engine,
@@ -325,6 +326,21 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             async with self.engine.connect() as conn:
                 return await conn.run_sync(transaction, fn, tx)
 
+    async def _drive(self, steps: Steps[T]) -> T:
+        """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    result = await self._run(*step)
+                except BaseException as exc:  # to the operation's own with and finally
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
     # Leadership.
 
     async def leadership_lost(self) -> None:
@@ -513,19 +529,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        now = self._now()
-        scan = partial(
-            repository.recover, base=base, now_unix_ns=now, retention=self.config.retention
-        )
-        with self._telemetry.recovering():
-            try:
-                # As `SqlStore.recover`: without SQLite's write lock, and again with it where
-                # a quarantine could not upgrade the read.
-                result, quarantined = await self._run("recover", scan)
-            except StoreUnavailable:
-                result, quarantined = await self._run("recover_writing", scan)
-        self._recovered(result, quarantined)
-        return result
+        return await self._drive(self._recovering(base))
 
     async def prune(self, older_than: timedelta) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs.
@@ -539,20 +543,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         Raises:
             StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
         """
-        cutoff = self._now() - ns(older_than)
-        limit = repository.PRUNE_BATCH
-        total = 0
-        with self._telemetry.pruning():
-            try:
-                while True:
-                    n = await self._run(
-                        "prune", partial(repository.prune_batch, cutoff=cutoff, limit=limit)
-                    )
-                    total += n
-                    if n < limit:
-                        return total
-            finally:
-                self._telemetry.pruned(total)
+        return await self._drive(self._pruning(older_than))
 
     # Queries.
 
@@ -636,25 +627,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             InvalidValue: `limit` or `after` out of range.
             StoreUnavailable: The database cannot be reached.
         """
-        limit = inbox.check_limit(limit)
-        after = inbox.check_after(after)
-        items: list[InboxItem] = []
-        while True:
-            n = limit - len(items)
-            got = await self._run(
-                "read_inbox", partial(inbox.read, base=base, limit=n, after=after)
-            )
-            items += got.items
-            if not got.bad:
-                return items
-            now = self._now()
-            moved = await self._run(
-                "set_aside", partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)
-            )
-            self._set_aside(moved)
-            after = got.last_id
-            if len(items) >= limit:
-                return items
+        return await self._drive(self._reading_inbox(limit, after, base))
 
     async def wait_inbox(self, timeout: float) -> bool:
         """Wait until the inbox holds an item, or until `timeout` seconds passed.

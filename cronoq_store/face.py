@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -39,7 +39,7 @@ from sqlalchemy.engine import Dialect
 from . import dialects, execution, inbox, leadership, lease, repository, telemetry
 from .config import StoreConfig
 from .errors import DatabaseBehind, Fenced, InvalidValue, StoreError, StoreUnavailable
-from .model import INT64_MAX, Mutation, Recovered, TaskId, TimeBase
+from .model import INT64_MAX, InboxItem, Mutation, Recovered, TaskId, TimeBase
 
 log = logging.getLogger(__name__)
 
@@ -409,6 +409,14 @@ K = TypeVar("K", bound=_Keeper)
 C = TypeVar("C")
 
 
+Step = tuple[Op, Callable[[Connection], Any]]
+"""One transaction an operation asks its face to run: the operation and its body."""
+Steps = Generator[Step, Any, T]
+"""An operation of several transactions, written once for both faces: it yields each `Step`,
+is sent back its result (or thrown its error), and returns the operation's result. A face
+drives it (`_drive`), blocking or awaiting."""
+
+
 class Commit(NamedTuple):
     """A commit ready to run: its transaction, and what to do once it landed (its fence check
     extended the lease: a renewal)."""
@@ -576,6 +584,69 @@ class Face(Generic[E, K, C]):
 
         return Commit(work, partial(self._fence_renewed, epoch, time.monotonic(), seq))
 
+    def _recovering(self, base: TimeBase) -> Steps[Recovered]:
+        """`recover`: it streams without SQLite's write lock, so the keeper renews meanwhile;
+        only a quarantine writes, and where that cannot upgrade the read, it runs again in a
+        write transaction."""
+        scan = partial(
+            repository.recover, base=base, now_unix_ns=self._now(), retention=self.config.retention
+        )
+        with self._telemetry.recovering():
+            scanned: tuple[Recovered, int]
+            try:
+                scanned = yield "recover", scan
+            except StoreUnavailable:
+                scanned = yield "recover_writing", scan
+        result, quarantined = scanned
+        self._telemetry.recovered(
+            live=len(result.tasks),
+            finished=max(0, len(result.terminal) - quarantined),
+            quarantined=quarantined,
+        )
+        return result
+
+    def _pruning(self, older_than: timedelta) -> Steps[int]:
+        """`prune`: one transaction per batch, so locks stay short while the leader commits."""
+        cutoff = self._now() - ns(older_than)
+        limit = repository.PRUNE_BATCH
+        total = 0
+        with self._telemetry.pruning():
+            try:
+                while True:
+                    n: int = yield (
+                        "prune",
+                        partial(repository.prune_batch, cutoff=cutoff, limit=limit),
+                    )
+                    total += n
+                    if n < limit:
+                        return total
+            finally:
+                self._telemetry.pruned(total)
+
+    def _reading_inbox(
+        self, limit: int, after: int | None, base: TimeBase
+    ) -> Steps[list[InboxItem]]:
+        """`read_inbox`: reads, and sets aside the undecodable rows it met, until `limit`."""
+        limit = inbox.check_limit(limit)
+        after = inbox.check_after(after)
+        items: list[InboxItem] = []
+        while True:
+            n = limit - len(items)
+            got: inbox.Read = yield (
+                "read_inbox",
+                partial(inbox.read, base=base, limit=n, after=after),
+            )
+            items += got.items
+            if not got.bad:
+                return items
+            now = self._now()
+            self._set_aside(
+                (yield "set_aside", partial(inbox.set_aside, bad=got.bad, now_unix_ns=now))
+            )
+            after = got.last_id
+            if len(items) >= limit:
+                return items
+
     def _take_work(self, ttl_ns: int) -> Callable[[Connection], lease.Lease | None]:
         """A take of the lease, checking the row against the highest commit sequence number
         this instance saw land, and its epoch."""
@@ -597,13 +668,6 @@ class Face(Generic[E, K, C]):
     def _gap_recorded(self) -> None:
         with self._lock:
             self._leadership.gap_recorded()
-
-    def _recovered(self, result: Recovered, quarantined: int) -> None:
-        self._telemetry.recovered(
-            live=len(result.tasks),
-            finished=max(0, len(result.terminal) - quarantined),
-            quarantined=quarantined,
-        )
 
     def _set_aside(self, moved: int) -> None:
         """`moved` undecodable inbox rows were set aside by this instance."""

@@ -41,6 +41,7 @@ from .face import (
     RELEASE_FAILED,
     Op,
     Outputs,
+    Steps,
     acquiring_for,
     keeper_timing,
     new_engine,
@@ -183,6 +184,21 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         `deadline` bounds a lease transaction further."""
         with translated(), self.engine.connect() as conn:
             return transaction(conn, fn, plan(op, self.config, deadline))
+
+    def _drive(self, steps: Steps[T]) -> T:
+        """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    result = self._run(*step)
+                except BaseException as exc:  # to the operation's own with and finally
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
 
     # Leadership.
 
@@ -367,22 +383,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             StoreUnavailable: The database cannot be reached.
             StoreError: Anything else the database refused.
         """
-        now = self._now()
-
-        def scan(conn: Connection) -> tuple[Recovered, int]:
-            return repository.recover(conn, base, now_unix_ns=now, retention=self.config.retention)
-
-        result: Recovered
-        quarantined: int
-        with self._telemetry.recovering():
-            try:
-                # Streams without SQLite's write lock, so the keeper renews meanwhile; only a
-                # quarantine writes, and where that cannot upgrade the read, it runs again below.
-                result, quarantined = self._run("recover", scan)
-            except StoreUnavailable:
-                result, quarantined = self._run("recover_writing", scan)
-        self._recovered(result, quarantined)
-        return result
+        return self._drive(self._recovering(base))
 
     def prune(self, older_than: timedelta) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs.
@@ -396,21 +397,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         Raises:
             StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
         """
-        cutoff = self._now() - ns(older_than)
-        limit = repository.PRUNE_BATCH
-        total = 0
-        with self._telemetry.pruning():
-            try:
-                while True:
-                    # One transaction per batch: locks stay short while the leader commits.
-                    n = self._run(
-                        "prune", partial(repository.prune_batch, cutoff=cutoff, limit=limit)
-                    )
-                    total += n
-                    if n < limit:
-                        return total
-            finally:
-                self._telemetry.pruned(total)
+        return self._drive(self._pruning(older_than))
 
     # Queries.
 
@@ -498,21 +485,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             InvalidValue: `limit` or `after` out of range.
             StoreUnavailable: The database cannot be reached.
         """
-        limit = inbox.check_limit(limit)
-        after = inbox.check_after(after)
-        items: list[InboxItem] = []
-        while True:
-            n = limit - len(items)
-            got = self._run("read_inbox", partial(inbox.read, base=base, limit=n, after=after))
-            items += got.items
-            if not got.bad:
-                return items
-            now = self._now()
-            moved = self._run("set_aside", partial(inbox.set_aside, bad=got.bad, now_unix_ns=now))
-            self._set_aside(moved)
-            after = got.last_id
-            if len(items) >= limit:
-                return items
+        return self._drive(self._reading_inbox(limit, after, base))
 
     def wait_inbox(self, timeout: float) -> bool:
         """Block until the inbox holds an item, or until `timeout` seconds passed.

@@ -35,7 +35,7 @@ from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, inbox, lease, migrate, repository
+from . import dialects, face, inbox, lease, migrate, repository
 from .config import StoreConfig
 from .errors import (
     DatabaseBehind,
@@ -45,26 +45,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .face import (
-    LOST_UNRECORDED,
-    RELEASE_FAILED,
-    Op,
-    Outputs,
-    Steps,
-    acquiring_for,
-    keeper_timing,
-    new_engine,
-    note,
-    ns,
-    plan,
-    take_bound,
-    target_url,
-    transaction,
-    translated,
-)
-from .face import (
-    Face as _Face,
-)
+from .face import Face as _Face
+from .face import Op, Outputs, Steps
 from .leadership import GiveUp, KeeperShell, Retry, Wait
 from .model import ById, ByKey, InboxItem
 
@@ -107,7 +89,7 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
     Raises:
         InvalidValue: A URL the store cannot parse or use.
     """
-    url = target_url(target, ASYNC_DRIVERS["sqlite"])
+    url = face.target_url(target, ASYNC_DRIVERS["sqlite"])
     backend, _, driver = url.drivername.partition("+")
     if backend in ASYNC_DRIVERS and (not driver or driver in SYNC_DRIVERS[backend]):
         return url.set(drivername=f"{backend}+{ASYNC_DRIVERS[backend]}")
@@ -130,7 +112,7 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
     """
     # Named, not left to the dialect: SQLAlchemy before 2.0.38 gave aiosqlite files a NullPool,
     # which refuses pool_size (and would reconnect, pragmas and all, per use).
-    return new_engine(
+    return face.new_engine(
         async_url(target),
         config,
         create_async_engine,
@@ -280,7 +262,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreUnavailable: The database cannot be reached.
         """
         schema = self.config.schema
-        with translated():
+        with face.translated():
             async with self._raw_engine.connect() as conn:
                 await conn.run_sync(lambda c: migrate.upgrade(c, schema=schema))
 
@@ -292,7 +274,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreUnavailable: The database cannot be reached.
         """
         schema = self.config.schema
-        with translated():
+        with face.translated():
             async with self._raw_engine.connect() as conn:
                 await conn.execution_options(**{dialects.READ_ONLY: True})  # as SqlStore's
                 await conn.run_sync(lambda c: migrate.require_head(c, schema=schema))
@@ -321,10 +303,10 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     ) -> T:
         """As `SqlStore._run`: `fn` in one transaction of the kind `op` runs, on a sync-style
         connection (the same `face.transaction` runs inside `run_sync`)."""
-        tx = plan(op, self.config, deadline)
-        with translated():
+        tx = face.plan(op, self.config, deadline)
+        with face.translated():
             async with self.engine.connect() as conn:
-                return await conn.run_sync(transaction, fn, tx)
+                return await conn.run_sync(face.transaction, fn, tx)
 
     async def _drive(self, steps: Steps[T]) -> T:
         """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
@@ -332,7 +314,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             step = next(steps)
             while True:
                 try:
-                    result = await self._run(*step)
+                    result = await self._run(step.op, step.fn, deadline=step.deadline)
                 except BaseException as exc:  # to the operation's own with and finally
                     step = steps.throw(exc)
                 else:
@@ -384,17 +366,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         self, ttl_ns: int, bound: timedelta | None
     ) -> lease.Lease | StoreUnavailable | None:
         """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
-        try:
-            if not await self._run("peek", self._peek_work()):
-                return None
-            taken = await self._run("take", self._take_work(ttl_ns), deadline=bound)
-        except StoreUnavailable as exc:
-            return exc
-        except DatabaseBehind as exc:
-            await self._record_lost(exc)
-            self._gap_recorded()
-            return None  # tried again at the next poll, on the database's history
-        return taken
+        return await self._drive(self._taking(ttl_ns, bound))
 
     async def acquire_leadership(self, timeout: float | None = None) -> int:
         """Wait until this instance leads; returns the new fencing epoch.
@@ -416,14 +388,14 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         await self._lose("taking the lease anew", logging.INFO, released=True)
         await self._stop()
         began = time.monotonic()
-        acquiring = acquiring_for(self.config, timeout, began)
+        acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
-        ttl = ns(self.config.lease_ttl)
+        ttl = face.ns(self.config.lease_ttl)
         with self._telemetry.acquiring():
             while True:
-                taken = await self._try_take(ttl, take_bound(give_up_at, time.monotonic()))
+                taken = await self._try_take(ttl, face.take_bound(give_up_at, time.monotonic()))
                 step = acquiring.attempted(time.monotonic(), taken)
-                note(step.note)
+                face.note(step.note)
                 if isinstance(step, GiveUp):
                     raise step.error
                 if isinstance(taken, lease.Lease):
@@ -438,7 +410,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             keeper = AsyncKeeper(
                 renew=lambda: self._renew(epoch),
                 lost=lost,
-                **keeper_timing(self.config, epoch, started),
+                **face.keeper_timing(self.config, epoch, started),
             )
             return self._lead(epoch, keeper, commit_seq)
 
@@ -457,10 +429,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
 
     async def _record_lost(self, exc: DatabaseBehind) -> None:
         """Record what `exc` found missing for the next recovery; a failure only logs."""
-        try:
-            await self._run("record_lost", self._lost_commits(exc))
-        except StoreError as error:
-            log.warning(LOST_UNRECORDED, error)
+        await self._drive(self._recording_lost(exc))
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
@@ -475,12 +444,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """
         await self._lose("released", logging.INFO, released=True)
         await self._stop()
-        if self._leadership.epoch is not None:
-            try:
-                await self._run("release", partial(lease.release, holder=self.holder))
-            except StoreError as exc:
-                log.warning(RELEASE_FAILED, exc)
-        self._leadership.released()
+        await self._drive(self._releasing())
 
     # Commits and recovery.
 

@@ -409,8 +409,15 @@ K = TypeVar("K", bound=_Keeper)
 C = TypeVar("C")
 
 
-Step = tuple[Op, Callable[[Connection], Any]]
-"""One transaction an operation asks its face to run: the operation and its body."""
+class Step(NamedTuple):
+    """One transaction an operation asks its face to run (`plan`, `transaction`)."""
+
+    op: Op
+    fn: Callable[[Connection], Any]
+    deadline: timedelta | None = None
+    """A lease transaction's bound below `lease_bound` (what is left of an acquire's timeout)."""
+
+
 Steps = Generator[Step, Any, T]
 """An operation of several transactions, written once for both faces: it yields each `Step`,
 is sent back its result (or thrown its error), and returns the operation's result. A face
@@ -423,10 +430,6 @@ class Commit(NamedTuple):
 
     work: Callable[[Connection], None]
     landed: Callable[[], None]
-
-
-LOST_UNRECORDED: Final = "could not record the lost commits in the lease row: %s"
-RELEASE_FAILED: Final = "could not clear the lease; it will expire: %s"
 
 
 class Face(Generic[E, K, C]):
@@ -594,9 +597,9 @@ class Face(Generic[E, K, C]):
         with self._telemetry.recovering():
             scanned: tuple[Recovered, int]
             try:
-                scanned = yield "recover", scan
+                scanned = yield Step("recover", scan)
             except StoreUnavailable:
-                scanned = yield "recover_writing", scan
+                scanned = yield Step("recover_writing", scan)
         result, quarantined = scanned
         self._telemetry.recovered(
             live=len(result.tasks),
@@ -613,7 +616,7 @@ class Face(Generic[E, K, C]):
         with self._telemetry.pruning():
             try:
                 while True:
-                    n: int = yield (
+                    n: int = yield Step(
                         "prune",
                         partial(repository.prune_batch, cutoff=cutoff, limit=limit),
                     )
@@ -632,7 +635,7 @@ class Face(Generic[E, K, C]):
         items: list[InboxItem] = []
         while True:
             n = limit - len(items)
-            got: inbox.Read = yield (
+            got: inbox.Read = yield Step(
                 "read_inbox",
                 partial(inbox.read, base=base, limit=n, after=after),
             )
@@ -641,11 +644,51 @@ class Face(Generic[E, K, C]):
                 return items
             now = self._now()
             self._set_aside(
-                (yield "set_aside", partial(inbox.set_aside, bad=got.bad, now_unix_ns=now))
+                (yield Step("set_aside", partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)))
             )
             after = got.last_id
             if len(items) >= limit:
                 return items
+
+    def _taking(
+        self, ttl_ns: int, bound: timedelta | None
+    ) -> Steps[lease.Lease | StoreUnavailable | None]:
+        """One attempt at the lease, within `bound`: taken, held (None), or unreachable. It
+        looks first, without locking the row (SQLite: without the write lock a leader needs)."""
+        try:
+            if not (yield Step("peek", partial(lease.may_take, holder=self.holder))):
+                return None
+            taken: lease.Lease | None = yield Step("take", self._take_work(ttl_ns), bound)
+        except StoreUnavailable as exc:
+            return exc
+        except DatabaseBehind as exc:
+            yield from self._recording_lost(exc)
+            with self._lock:
+                self._leadership.gap_recorded()
+            return None  # tried again at the next poll, on the database's history
+        return taken
+
+    def _recording_lost(self, exc: DatabaseBehind) -> Steps[None]:
+        """Record what `exc` found missing (and free our lease) for the next recovery; a
+        failure only logs."""
+        self._log.error(
+            "cronoq leader found the database behind it: %s",
+            exc,
+            extra={"epoch": exc.lost.epoch, "lost_commits": exc.lost.commits},
+        )
+        try:
+            yield Step("record_lost", partial(lease.record_lost, holder=self.holder, lost=exc.lost))
+        except StoreError as error:
+            self._log.warning("could not record the lost commits in the lease row: %s", error)
+
+    def _releasing(self) -> Steps[None]:
+        """Clear the lease, if this instance held one; a failure only logs (it expires)."""
+        if self._leadership.epoch is not None:
+            try:
+                yield Step("release", partial(lease.release, holder=self.holder))
+            except StoreError as exc:
+                self._log.warning("could not clear the lease; it will expire: %s", exc)
+        self._leadership.released()
 
     def _take_work(self, ttl_ns: int) -> Callable[[Connection], lease.Lease | None]:
         """A take of the lease, checking the row against the highest commit sequence number
@@ -661,14 +704,6 @@ class Face(Generic[E, K, C]):
             lease.renew, epoch=epoch, holder=self.holder, ttl_ns=ttl, acked=self._acked()
         )
 
-    def _peek_work(self) -> Callable[[Connection], bool]:
-        """Whether the lease may be taken now, read without locking its row."""
-        return partial(lease.may_take, holder=self.holder)
-
-    def _gap_recorded(self) -> None:
-        with self._lock:
-            self._leadership.gap_recorded()
-
     def _set_aside(self, moved: int) -> None:
         """`moved` undecodable inbox rows were set aside by this instance."""
         self.inbox_rejected += moved
@@ -678,15 +713,6 @@ class Face(Generic[E, K, C]):
         """The highest commit sequence number known to have landed (renewals check it)."""
         with self._lock:
             return self._leadership.acked
-
-    def _lost_commits(self, exc: DatabaseBehind) -> Callable[[Connection], None]:
-        """The transaction that records what `exc` found missing (and frees our lease)."""
-        self._log.error(
-            "cronoq leader found the database behind it: %s",
-            exc,
-            extra={"epoch": exc.lost.epoch, "lost_commits": exc.lost.commits},
-        )
-        return partial(lease.record_lost, holder=self.holder, lost=exc.lost)
 
     def _fence_renewed(self, epoch: int, started: float, seq: int) -> None:
         """Commit `seq` under `epoch`, begun at monotonic time `started`, landed: its fence check

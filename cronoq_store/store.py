@@ -26,7 +26,7 @@ from typing import Self, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, create_engine
 
-from . import inbox, leadership, lease, migrate, repository
+from . import face, inbox, leadership, lease, migrate, repository
 from .config import MAX_WAIT, StoreConfig
 from .errors import (
     DatabaseBehind,
@@ -36,26 +36,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .face import (
-    LOST_UNRECORDED,
-    RELEASE_FAILED,
-    Op,
-    Outputs,
-    Steps,
-    acquiring_for,
-    keeper_timing,
-    new_engine,
-    note,
-    ns,
-    plan,
-    take_bound,
-    target_url,
-    transaction,
-    translated,
-)
-from .face import (
-    Face as _Face,
-)
+from .face import Face as _Face
+from .face import Op, Outputs, Steps
 from .model import (
     ById,
     ByKey,
@@ -76,7 +58,7 @@ T = TypeVar("T")
 
 def engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig) -> Engine:
     """The engine `SqlStore.open` owns (`face.new_engine`): a bare path means a SQLite file."""
-    return new_engine(target_url(target, "pysqlite"), config, create_engine, lambda e: e)
+    return face.new_engine(face.target_url(target, "pysqlite"), config, create_engine, lambda e: e)
 
 
 class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
@@ -149,7 +131,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             SchemaError: Not migrated, behind, or newer than this build.
             StoreUnavailable: The database cannot be reached.
         """
-        with translated():
+        with face.translated():
             migrate.require_head(self._raw_engine, schema=self.config.schema)
 
     def close(self) -> None:
@@ -182,8 +164,8 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     ) -> T:
         """Run `fn` in one transaction of the kind `op` runs (`face.plan`, `face.transaction`);
         `deadline` bounds a lease transaction further."""
-        with translated(), self.engine.connect() as conn:
-            return transaction(conn, fn, plan(op, self.config, deadline))
+        with face.translated(), self.engine.connect() as conn:
+            return face.transaction(conn, fn, face.plan(op, self.config, deadline))
 
     def _drive(self, steps: Steps[T]) -> T:
         """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
@@ -191,7 +173,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             step = next(steps)
             while True:
                 try:
-                    result = self._run(*step)
+                    result = self._run(step.op, step.fn, deadline=step.deadline)
                 except BaseException as exc:  # to the operation's own with and finally
                     step = steps.throw(exc)
                 else:
@@ -235,17 +217,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         self, ttl_ns: int, bound: timedelta | None
     ) -> lease.Lease | StoreUnavailable | None:
         """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
-        try:
-            if not self._run("peek", self._peek_work()):
-                return None
-            taken = self._run("take", self._take_work(ttl_ns), deadline=bound)
-        except StoreUnavailable as exc:
-            return exc
-        except DatabaseBehind as exc:
-            self._record_lost(exc)
-            self._gap_recorded()
-            return None  # tried again at the next poll, on the database's history
-        return taken
+        return self._drive(self._taking(ttl_ns, bound))
 
     def acquire_leadership(self, timeout: float | None = None) -> int:
         """Block until this instance leads; returns the new fencing epoch.
@@ -268,14 +240,14 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         self._lose("taking the lease anew", logging.INFO, released=True)
         self._stop()
         began = time.monotonic()
-        acquiring = acquiring_for(self.config, timeout, began)
+        acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
-        ttl = ns(self.config.lease_ttl)
+        ttl = face.ns(self.config.lease_ttl)
         with self._telemetry.acquiring():
             while True:
-                taken = self._try_take(ttl, take_bound(give_up_at, time.monotonic()))
+                taken = self._try_take(ttl, face.take_bound(give_up_at, time.monotonic()))
                 step = acquiring.attempted(time.monotonic(), taken)
-                note(step.note)
+                face.note(step.note)
                 if isinstance(step, leadership.GiveUp):
                     raise step.error
                 if isinstance(taken, lease.Lease):
@@ -286,7 +258,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
             keeper = lease.Keeper(
                 renew=lambda: self._renew(epoch),
                 lost=lambda why: self._lose(why, about=keeper),
-                **keeper_timing(self.config, epoch, started),
+                **face.keeper_timing(self.config, epoch, started),
             )
             return self._lead(epoch, keeper, commit_seq)
 
@@ -305,10 +277,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
 
     def _record_lost(self, exc: DatabaseBehind) -> None:
         """Record what `exc` found missing for the next recovery; a failure only logs."""
-        try:
-            self._run("record_lost", self._lost_commits(exc))
-        except StoreError as error:
-            log.warning(LOST_UNRECORDED, error)
+        self._drive(self._recording_lost(exc))
 
     def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
@@ -323,12 +292,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """
         self._lose("released", logging.INFO, released=True)
         self._stop()
-        if self._leadership.epoch is not None:
-            try:
-                self._run("release", partial(lease.release, holder=self.holder))
-            except StoreError as exc:
-                log.warning(RELEASE_FAILED, exc)
-        self._leadership.released()
+        self._drive(self._releasing())
 
     # Commits and recovery.
 

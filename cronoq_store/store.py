@@ -36,7 +36,7 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .face import Face as _Face
+from .face import Face as _Face  # private here: the reference shows no internal base
 from .face import Op, Outputs, Steps
 from .model import (
     ById,

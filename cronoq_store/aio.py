@@ -31,12 +31,12 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
-from sqlalchemy import URL, Connection, make_url
-from sqlalchemy import exc as sa_exc
+from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, inbox, lease, migrate, telemetry
+from . import dialects, face, inbox, lease, migrate
+from .config import StoreConfig
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -45,30 +45,14 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .leadership import GiveUp, KeeperShell, Note, Retry, Wait
+from .face import Face as _Face  # private here: the reference shows no internal base
+from .face import Op, Outputs, Steps
+from .leadership import GiveUp, KeeperShell, Retry, Wait
 from .model import ById, ByKey, InboxItem
-from .repository import prune, queries, recovery
+from .repository import queries
 
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
-from .store import (
-    RETRIED,
-    RETRY_COMMIT,
-    Outputs,
-    StoreConfig,
-    _create_private,
-    _Face,
-    _ns,
-    _sqlite_path,
-    acquiring_for,
-    driver_options,
-    keeper_timing,
-    lease_bound,
-    sqlite_file,
-    take_bound,
-    transaction,
-    translated,
-)
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +90,7 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
     Raises:
         InvalidValue: A URL the store cannot parse or use.
     """
-    if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
-        return make_url("sqlite+aiosqlite://").set(database=str(_sqlite_path(os.fspath(target))))
-    url = target if isinstance(target, URL) else dialects.parse_url(target)
+    url = face.target_url(target, ASYNC_DRIVERS["sqlite"])
     backend, _, driver = url.drivername.partition("+")
     if backend in ASYNC_DRIVERS and (not driver or driver in SYNC_DRIVERS[backend]):
         return url.set(drivername=f"{backend}+{ASYNC_DRIVERS[backend]}")
@@ -129,44 +111,15 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
         InvalidValue: A URL the store cannot use.
         StoreError: Its async driver is not installed (the message says what to install).
     """
-    url = dialects.check_url(async_url(target))
-    try:
-        if url.get_backend_name() == "sqlite":
-            path = sqlite_file(url)
-            _create_private(path)
-            # Named, not left to the dialect: SQLAlchemy before 2.0.38 gave aiosqlite files a
-            # NullPool, which refuses pool_size (and would reconnect, pragmas and all, per use).
-            engine = create_async_engine(
-                url,
-                poolclass=AsyncAdaptedQueuePool,
-                pool_size=config.pool_size,
-                max_overflow=0,
-                hide_parameters=True,
-            )
-            # Pool and transaction events live on the sync engine the async one proxies.
-            dialects.configure_sqlite(
-                engine.sync_engine, full_sync=config.full_sync, busy_timeout=config.busy_timeout
-            )
-            return engine
-        url, connect_args = driver_options(url, config)
-        return create_async_engine(
-            url,
-            pool_size=config.pool_size,
-            pool_pre_ping=True,
-            hide_parameters=True,
-            connect_args=connect_args,
-        )
-    except sa_exc.InvalidRequestError as exc:  # a sync driver asyncio cannot drive
-        raise StoreError(
-            dialects.redact(f"{url.drivername!r} is not an async driver: {exc}")
-        ) from exc
-    except (sa_exc.ArgumentError, ImportError) as exc:
-        raise StoreError(dialects.redact(f"bad database URL: {exc}")) from exc
-
-
-def _note(note: Note | None) -> None:
-    if note is not None:
-        log.log(*note)
+    # Named, not left to the dialect: SQLAlchemy before 2.0.38 gave aiosqlite files a NullPool,
+    # which refuses pool_size (and would reconnect, pragmas and all, per use).
+    return face.new_engine(
+        async_url(target),
+        config,
+        create_async_engine,
+        lambda e: e.sync_engine,  # pool and transaction events live on the sync engine
+        poolclass=AsyncAdaptedQueuePool,
+    )
 
 
 async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
@@ -264,15 +217,22 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
 
     @classmethod
     async def open(
-        cls, url_or_path: str | os.PathLike[str] | URL, config: StoreConfig | None = None
+        cls,
+        url_or_path: str | os.PathLike[str] | URL,
+        config: StoreConfig | None = None,
+        *,
+        check_schema: bool = True,
     ) -> AsyncSqlStore:
         """Open a database (a bare path means a SQLite file), migrating it unless told not to.
 
-        Sync URLs are accepted and mapped to their async drivers (see `async_url`).
+        Sync URLs are accepted and mapped to their async drivers (see `async_url`). As
+        `SqlStore.open`: with `StoreConfig.migrate` off, the schema must already stand at head,
+        unless `check_schema=False` (tools that inspect or migrate a database at any revision).
 
         Args:
             url_or_path: A SQLAlchemy URL or a SQLite file path.
             config: How the store behaves; `StoreConfig()` when None.
+            check_schema: With migration off, refuse a database not at head.
 
         Returns:
             A store that owns its engine (`close` disposes of it); it does not lead yet.
@@ -288,7 +248,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         try:
             if config.migrate:
                 await store.migrate()
-            else:
+            elif check_schema:
                 await store.check_schema()
         except BaseException:
             await store._raw_engine.dispose()
@@ -303,7 +263,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreUnavailable: The database cannot be reached.
         """
         schema = self.config.schema
-        with translated():
+        with face.translated():
             async with self._raw_engine.connect() as conn:
                 await conn.run_sync(lambda c: migrate.upgrade(c, schema=schema))
 
@@ -315,8 +275,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreUnavailable: The database cannot be reached.
         """
         schema = self.config.schema
-        with translated():
+        with face.translated():
             async with self._raw_engine.connect() as conn:
+                await conn.execution_options(**{dialects.READ_ONLY: True})  # as SqlStore's
                 await conn.run_sync(lambda c: migrate.require_head(c, schema=schema))
 
     async def close(self) -> None:
@@ -339,50 +300,29 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         await self.close()
 
     async def _run(
-        self,
-        fn: Callable[[Connection], T],
-        *,
-        idle: timedelta | None = None,
-        timeout: timedelta | None = None,
-        deadline: timedelta | None = None,
-        unknown: str = RETRIED,
-        bounds: bool = True,
+        self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
     ) -> T:
-        """Run `fn` in one transaction on a sync-style connection; errors leave translated.
-
-        `idle`, `timeout`, `deadline`, `unknown`, `bounds`: as `SqlStore._run` (the same
-        `transaction` runs inside `run_sync`).
-        """
-        with translated():
+        """As `SqlStore._run`: `fn` in one transaction of the kind `op` runs, on a sync-style
+        connection (the same `face.transaction` runs inside `run_sync`)."""
+        tx = face.plan(op, self.config, deadline)
+        with face.translated():
             async with self.engine.connect() as conn:
-                return await conn.run_sync(
-                    lambda c: transaction(
-                        c,
-                        fn,
-                        idle=idle,
-                        timeout=timeout,
-                        deadline=deadline,
-                        unknown=unknown,
-                        bounds=bounds,
-                    )
-                )
+                return await conn.run_sync(face.transaction, fn, tx)
 
-    async def _lease_run(
-        self,
-        fn: Callable[[Connection], T],
-        *,
-        timeout: timedelta | None = None,
-        deadline: timedelta | None = None,
-    ) -> T:
-        """As `SqlStore._lease_run`: a commit ends within its `timeout`, the other lease
-        transactions within `lease_bound`."""
-        if timeout is not None:
-            return await self._run(
-                fn, idle=self.config.lease_ttl, timeout=timeout, deadline=timeout,
-                unknown=RETRY_COMMIT, bounds=False,  # a commit's are in its flight
-            )  # fmt: skip
-        bound = lease_bound(self.config, deadline)
-        return await self._run(fn, idle=self.config.lease_ttl, deadline=bound)
+    async def _drive(self, steps: Steps[T]) -> T:
+        """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    result = await self._run(step.op, step.fn, deadline=step.deadline)
+                except BaseException as exc:  # to the operation's own with and finally
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
 
     # Leadership.
 
@@ -416,8 +356,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     ) -> None:
         """Step down (once), then await the callbacks (`_step_down` decides, with no await);
         `released` when by choice, else lost for `why`."""
-        reason = None if released else telemetry.lost_reason(why)
-        for callback in self._step_down(str(why), level, about, reason):
+        for callback in self._step_down(why, level, about, released):
             try:
                 if inspect.isawaitable(result := callback()):
                     await result
@@ -428,20 +367,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         self, ttl_ns: int, bound: timedelta | None
     ) -> lease.Lease | StoreUnavailable | None:
         """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
-        holder = self.holder
-        acked, last = self._take_floor()
-        try:
-            taken: lease.Lease | None = await self._lease_run(
-                lambda c: lease.take(c, holder=holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last),
-                deadline=bound,
-            )
-        except StoreUnavailable as exc:
-            return exc
-        except DatabaseBehind as exc:
-            await self._record_lost(exc)
-            self._gap_recorded()
-            return None  # tried again at the next poll, on the database's history
-        return taken
+        return await self._drive(self._taking(ttl_ns, bound))
 
     async def acquire_leadership(self, timeout: float | None = None) -> int:
         """Wait until this instance leads; returns the new fencing epoch.
@@ -463,14 +389,14 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         await self._lose("taking the lease anew", logging.INFO, released=True)
         await self._stop()
         began = time.monotonic()
-        acquiring = acquiring_for(self.config, timeout, began)
+        acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
-        ttl = _ns(self.config.lease_ttl)
+        ttl = face.ns(self.config.lease_ttl)
         with self._telemetry.acquiring():
             while True:
-                taken = await self._try_take(ttl, take_bound(give_up_at, time.monotonic()))
+                taken = await self._try_take(ttl, face.take_bound(give_up_at, time.monotonic()))
                 step = acquiring.attempted(time.monotonic(), taken)
-                _note(step.note)
+                face.note(step.note)
                 if isinstance(step, GiveUp):
                     raise step.error
                 if isinstance(taken, lease.Lease):
@@ -485,19 +411,14 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             keeper = AsyncKeeper(
                 renew=lambda: self._renew(epoch),
                 lost=lost,
-                **keeper_timing(self.config, epoch, started),
+                **face.keeper_timing(self.config, epoch, started),
             )
             return self._lead(epoch, keeper, commit_seq)
 
     async def _renew(self, epoch: int) -> bool:
         """One renewal of our lease (the keeper's); False once another instance took it."""
-        ttl = _ns(self.config.lease_ttl)
-        holder = self.holder
-        acked = self._acked()
         try:
-            renewed: bool = await self._lease_run(
-                lambda c: lease.renew(c, epoch=epoch, holder=holder, ttl_ns=ttl, acked=acked)
-            )
+            renewed = await self._run("renew", self._renew_work(epoch))
         except DatabaseBehind as exc:
             await self._record_lost(exc)
             await self._lose(exc, about=epoch)
@@ -509,10 +430,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
 
     async def _record_lost(self, exc: DatabaseBehind) -> None:
         """Record what `exc` found missing for the next recovery; a failure only logs."""
-        try:
-            await self._lease_run(self._lost_commits(exc))
-        except StoreError as error:
-            log.warning("could not record the lost commits in the lease row: %s", error)
+        await self._drive(self._recording_lost(exc))
 
     async def _stop(self) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
@@ -527,13 +445,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         """
         await self._lose("released", logging.INFO, released=True)
         await self._stop()
-        if self._leadership.epoch is not None:
-            holder = self.holder
-            try:
-                await self._lease_run(lambda c: lease.release(c, holder=holder))
-            except StoreError as exc:
-                log.warning("could not clear the lease; it will expire: %s", exc)
-        self._leadership.released()
+        await self._drive(self._releasing())
 
     # Commits and recovery.
 
@@ -558,10 +470,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreError: Anything else the database refused; nothing was written.
         """
         with self._telemetry.commit(epoch, batch):
-            work, seq = self._commit_work(epoch, base, batch, outputs)
-            started = time.monotonic()
+            commit = self._commit_work(epoch, base, batch, outputs)
             try:
-                await self._lease_run(work, timeout=self.config.commit_timeout)
+                await self._run("commit", commit.work)
             except DatabaseBehind as exc:
                 await self._record_lost(exc)
                 await self._lose(exc, about=epoch)
@@ -569,7 +480,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             except Fenced as exc:
                 await self._lose(exc, about=epoch)
                 raise
-            self._fence_renewed(epoch, started, seq)
+            commit.landed()
 
     async def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows).
@@ -583,14 +494,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        now = self._now()
-        retention = self.config.retention
-        with self._telemetry.recovering():
-            result, quarantined = await self._run(
-                lambda c: recovery.recover(c, base, now_unix_ns=now, retention=retention)
-            )
-        self._recovered(result, quarantined)
-        return result
+        return await self._drive(self._recovering(base))
 
     async def prune(self, older_than: timedelta) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs.
@@ -604,17 +508,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         Raises:
             StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
         """
-        cutoff = self._now() - _ns(older_than)
-        total = 0
-        with self._telemetry.pruning():
-            try:
-                while True:
-                    n = await self._run(lambda c: prune.prune_batch(c, cutoff))
-                    total += n
-                    if n < prune.PRUNE_BATCH:
-                        return total
-            finally:
-                self._telemetry.pruned(total)
+        return await self._drive(self._pruning(older_than))
 
     # Queries.
 
@@ -632,11 +526,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreUnavailable: The database cannot be reached.
         """
         if isinstance(ref, ById):
-            task_id = ref.id
-            return await self._run(lambda c: queries.get_task(c, task_id=task_id))
+            return await self._run("get_task", partial(queries.get_task, task_id=ref.id))
         if isinstance(ref, ByKey):
-            key = ref.key
-            return await self._run(lambda c: queries.get_task(c, key=key))
+            return await self._run("get_task", partial(queries.get_task, key=ref.key))
         raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
 
     async def list_finished(
@@ -661,9 +553,10 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             StoreUnavailable: The database cannot be reached.
         """
         return await self._run(
+            "list_finished",
             lambda c: queries.list_finished(
                 c, pools=pools, statuses=statuses, after=after, limit=limit
-            )
+            ),
         )
 
     async def load_output(self, id: TaskId) -> bytes | None:
@@ -678,7 +571,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return await self._run(lambda c: queries.load_output(c, id))
+        return await self._run("load_output", partial(queries.load_output, task_id=id))
 
     # The inbox (see `SqlStore.read_inbox`).
 
@@ -699,20 +592,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             InvalidValue: `limit` or `after` out of range.
             StoreUnavailable: The database cannot be reached.
         """
-        limit = inbox.check_limit(limit)
-        after = inbox.check_after(after)
-        items: list[InboxItem] = []
-        while True:
-            n = limit - len(items)
-            got = await self._run(partial(inbox.read, base=base, limit=n, after=after))
-            items += got.items
-            if not got.bad:
-                return items
-            now = self._now()
-            self._set_aside(await self._run(partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)))
-            after = got.last_id
-            if len(items) >= limit:
-                return items
+        return await self._drive(self._reading_inbox(limit, after, base))
 
     async def wait_inbox(self, timeout: float) -> bool:
         """Wait until the inbox holds an item, or until `timeout` seconds passed.
@@ -737,7 +617,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
             while True:
                 # Listening (anew, if its connection was lost) before each check.
                 listening = listener is not None and await listener.listening()
-                if await self._run(inbox.has_items):
+                if await self._run("has_items", inbox.has_items):
                     if listening and not heard and listener is not None:
                         await listener.unheard()
                     return True

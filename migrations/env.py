@@ -19,9 +19,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from cronoq_store import dialects
 from cronoq_store.errors import SchemaError, StoreError
+from cronoq_store.face import create_private, sqlite_file
 from cronoq_store.migrate import VERSION_TABLE, cronoq_tables_only
 from cronoq_store.schema import metadata
-from cronoq_store.store import _create_private, sqlite_file
 
 config = context.config
 
@@ -93,7 +93,7 @@ def run_migrations_online() -> None:
         parsed = dialects.parse_url(url) if "://" in url else make_url(f"sqlite:///{url}")
         where = dialects.safe_url(parsed)
         if parsed.get_backend_name() == "sqlite":
-            _create_private(sqlite_file(parsed))  # 0600, as `cronoq-store upgrade` makes it
+            create_private(sqlite_file(parsed))  # 0600, as `cronoq-store upgrade` makes it
         engine = create_engine(parsed, poolclass=pool.NullPool, hide_parameters=True)  # task data
         try:
             schema = config.attributes.get("schema") or _option("schema", "CRONOQ_SCHEMA")

@@ -38,6 +38,8 @@ PUBLIC = (
 # The store's inside, and the commands whose interface is the CLI (docs/cli.md).
 INTERNAL = (
     "codec",
+    "config",  # `StoreConfig`, re-exported and documented by `store`
+    "face",  # what `store` and `aio` share
     "repository",
     "lease",
     "leadership",

@@ -19,7 +19,7 @@ from sqlalchemy import exc as sa_exc
 
 from .. import dialects, migrate
 from ..errors import InvalidValue, SchemaError, StoreError, StoreUnavailable
-from ..store import SqlStore, StoreConfig, _engine_for
+from ..store import SqlStore, StoreConfig, engine_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +115,7 @@ def open_database(
     with errors(where):
         # The store's engine, without `SqlStore.open`'s checks: each command checks what it
         # needs itself (`current` must show a revision this build does not know).
-        engine = _engine_for(url, config, read_only=not write)
+        engine = engine_for(url, config, read_only=not write)
         try:
             store = SqlStore(engine, config)
             try:

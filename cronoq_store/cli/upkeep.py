@@ -9,8 +9,8 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import inspection, lease
+from ..face import translated
 from ..repository.prune import PRUNE_BATCH, prune_batch
-from ..store import translated
 from .output import console, duration_option, echo_json
 from .status import lease_text
 from .target import Target, open_database
@@ -100,8 +100,9 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
         if not yes:
             click.confirm("Release it? Only do this if that process is dead", abort=True)
         # The store's transaction for the leader row: bounded idle (`dialects.bound_idle`).
-        released = store._lease_run(
-            lambda c: c.execute(lease.release_stmt(), {"b_holder": view["holder"]}).rowcount
+        released = store._run(
+            "release",
+            lambda c: c.execute(lease.release_stmt(), {"b_holder": view["holder"]}).rowcount,
         )
     if released != 1:
         raise click.ClickException("the lease changed hands meanwhile: nothing released")

@@ -55,7 +55,7 @@ def read_only(exc: BaseException) -> bool:
     demoted: SQLSTATE 25006), a MariaDB/MySQL server in read-only mode (errors 1290, 1836).
 
     That server is not the primary (now): the error is `StoreUnavailable`, and the connection
-    that met it must be dropped, not pooled (`store.transaction` does), so that the next one
+    that met it must be dropped, not pooled (`face.transaction` does), so that the next one
     asks the URL anew: a multi-host URL with target_session_attrs=read-write, or a DNS name
     that moved, reaches the new primary.
     """

@@ -1,0 +1,101 @@
+"""`StoreConfig`: how a store behaves, checked when made; what both faces are configured by.
+
+Re-exported by `cronoq_store.store`, where the reference documents it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Final
+
+from .errors import InvalidValue
+from .schema import check_schema_name
+
+MAX_WAIT: Final = timedelta(milliseconds=2**31 - 1)
+"""Longest lease, poll or timeout: what every dialect enforces (PostgreSQL's statement_timeout
+and SQLite's busy_timeout are 32-bit milliseconds), about 24.8 days."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """How a store behaves; durations are `timedelta`."""
+
+    retention: timedelta = timedelta(hours=1)
+    """How long finished tasks are returned by recovery (key deduplication)."""
+    lease_ttl: timedelta = timedelta(seconds=10)
+    """How long a lease lasts unrenewed; a standby takes over once it runs out."""
+    lease_renew: timedelta = timedelta(seconds=2)
+    """How often the leader renews its lease; well below `lease_ttl`."""
+    lock_poll: timedelta = timedelta(milliseconds=500)
+    """How often a standby checks whether the lease has run out."""
+    busy_timeout: timedelta = timedelta(seconds=5)
+    """How long a SQLite statement waits for another process's write."""
+    commit_timeout: timedelta = timedelta(seconds=30)
+    """Longest a commit may take; past it the commit rolls back with `StoreUnavailable`."""
+    full_sync: bool = True
+    """SQLite: fsync every commit (synchronous=FULL); off, a power loss may drop the last ones."""
+    pool_size: int = 4
+    """Pool size of an engine the store creates (`open`); an engine handed in keeps its own."""
+    schema: str | None = None
+    """PostgreSQL schema (or MySQL database) holding the tables; None for the default. Any name
+    up to 63 bytes without '.', '[', ']', control characters or outer whitespace."""
+    migrate: bool = True
+    """Whether `SqlStore.open` migrates the database to this build's schema."""
+    inbox_poll: timedelta = timedelta(milliseconds=100)
+    """How often `wait_inbox` checks the inbox on SQLite and MariaDB/MySQL, and on PostgreSQL
+    with `transaction_pooler` or without `inbox_listen` (otherwise PostgreSQL's LISTEN/NOTIFY
+    wakes it at once)."""
+    inbox_listen: bool = True
+    """PostgreSQL: `wait_inbox` listens for enqueues' notifications (waking within
+    milliseconds); off, it polls every `inbox_poll`, for apps that enqueue with
+    `notify=False` (whose commits then skip the lock a notifying commit holds through its WAL
+    flush: docs/tuning.md, "Waking the leader")."""
+    transaction_pooler: bool = False
+    """PostgreSQL: the store reaches the server through a pooler in transaction mode
+    (pgbouncer's `pool_mode = transaction`), where consecutive transactions run on different
+    server connections. The engine `open` creates then makes no server-side prepared
+    statements (psycopg's `prepare_threshold=None`), and `wait_inbox` polls every
+    `inbox_poll` instead of LISTEN, which such a pooler cannot deliver. An engine handed in
+    must be made so by its owner (docs/deploying.md, "Poolers")."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "retention",
+            "lease_ttl",
+            "lease_renew",
+            "lock_poll",
+            "busy_timeout",
+            "commit_timeout",
+            "inbox_poll",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta):
+                raise InvalidValue(f"StoreConfig.{name} must be a timedelta")
+            if name == "retention":
+                continue  # any length: recovery's cutoff saturates
+            if value <= timedelta(0):
+                raise InvalidValue(f"StoreConfig.{name} must be positive")
+            if value > MAX_WAIT:
+                raise InvalidValue(f"StoreConfig.{name} must be at most {MAX_WAIT}")
+        if self.retention < timedelta(0):
+            raise InvalidValue("StoreConfig.retention must not be negative")
+        if self.lease_renew * 2 > self.lease_ttl:
+            raise InvalidValue(
+                "StoreConfig.lease_renew must be at most half of lease_ttl, so that one failed "
+                "renewal does not lose the lease"
+            )
+        if self.lock_poll >= self.lease_ttl:
+            raise InvalidValue(
+                "StoreConfig.lock_poll must be below lease_ttl: a standby that checks less often "
+                "than a lease lasts leaves the scheduler leaderless for longer than the TTL"
+            )
+        if not isinstance(self.pool_size, int) or isinstance(self.pool_size, bool):
+            raise InvalidValue("StoreConfig.pool_size must be an int")
+        if self.pool_size < 1:
+            raise InvalidValue("StoreConfig.pool_size must be at least 1")
+        for flag in ("inbox_listen", "transaction_pooler"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidValue(f"StoreConfig.{flag} must be a bool")
+        if self.schema is not None:
+            check_schema_name(self.schema, "StoreConfig.schema")

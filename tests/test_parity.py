@@ -87,7 +87,11 @@ class Recorder:
                 text = re.sub(r"%\(\w+\)s", "%s", " ".join(statement.split()))
                 self.seen.append(text.replace(database, "<db>") if database else text)
 
-        event.listen(store_engine(store), "before_cursor_execute", record)
+        engine = store_engine(store)
+        # Statements on SQLAlchemy's execution on both faces (the async face always is), so
+        # that the listener sees every one (`execution.OBSERVED`).
+        engine.update_execution_options(**{execution.OBSERVED: True})
+        event.listen(engine, "before_cursor_execute", record)
 
     def take(self) -> list[str]:
         seen, self.seen = self.seen, []

@@ -140,8 +140,9 @@ def new_engine(
     dialects.check_url(url)
     try:
         if url.get_backend_name() == "sqlite":
+            path = sqlite_file(url)  # refuses a path SQLite would not lock, before anything
             if not read_only:
-                create_private(sqlite_file(url))
+                create_private(path)
             engine = create(
                 url,
                 pool_size=config.pool_size,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import figures
 from sqlalchemy import URL, select
 
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId
@@ -48,7 +49,7 @@ Event = dict[str, Any]
 
 # Per-dialect figures, printed at the end of the session.
 
-_FIGURES: dict[str, dict[str, Any]] = {}
+_FIGURES: dict[str, dict[str, Any]] = figures("cronoq failover figures", SUMMARY_PATH)
 
 
 def _figures(dialect: str) -> dict[str, Any]:
@@ -94,26 +95,6 @@ def _checked(dialect: str, report: CheckReport) -> None:
     fig["acked_mutations_checked"] += report.acked_mutations
     fig["acked_mutations_lost"] += len(report.lost)
     fig["partial_batches"] += len(report.partial)
-
-
-class _SummaryPlugin:
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not _FIGURES:
-            return
-        terminalreporter.section("cronoq failover figures")
-        for dialect, fig in sorted(_FIGURES.items()):
-            terminalreporter.write_line(f"{dialect}: {json.dumps(fig, sort_keys=True)}")
-        terminalreporter.write_line(f"(written to {SUMMARY_PATH})")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("cronoq-failover-summary"):
-        manager.register(_SummaryPlugin(), "cronoq-failover-summary")
-    yield
-    if _FIGURES:
-        SUMMARY_PATH.write_text(json.dumps(_FIGURES, indent=2, sort_keys=True) + "\n")
 
 
 # Driver processes.

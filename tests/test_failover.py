@@ -30,7 +30,7 @@ from cronoq_store import ById, SqlStore, StoreConfig, TaskId
 from cronoq_store.demo import format_report
 from cronoq_store.demo import run as run_demo
 from cronoq_store.schema import leader as leader_table
-from cronoq_store.testing import CheckReport, DriverProcess, HangPoint, check
+from cronoq_store.testing import CheckReport, DriverProcess, HangPoint, check, enqueuer_argv
 
 TTL = float(os.environ.get("CRONOQ_FAILOVER_TTL", "1.0"))
 """Lease TTL of the drivers, seconds: short, so that rounds are cheap."""
@@ -181,6 +181,18 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
     yield start
     for driver in started:
         driver.close()
+
+
+def enqueuer(url: str, log: Path, stderr_path: Path, *, name: str, seed: int) -> Driver:
+    """An app process that enqueues (and rolls a quarter of its transactions back) beside the
+    drivers, logging what it committed to `log` for `check`."""
+    return DriverProcess(
+        url,
+        log,
+        name=name,
+        argv=enqueuer_argv(url, log, rollback=0.25, seed=seed),
+        stderr_path=stderr_path,
+    )
 
 
 @pytest.fixture

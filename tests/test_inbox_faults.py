@@ -23,9 +23,9 @@ import pytest
 from builders import wait_until
 from conftest import figures
 from sqlalchemy import URL
-from test_failover import TAKEOVER_BOUND, Spawn, _roles, reader, spawn
+from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, reader, spawn
 
-from cronoq_store.testing import DriverProcess, check, enqueuer_argv
+from cronoq_store.testing import check
 
 __all__ = ["reader", "spawn"]  # fixtures, shared with test_failover
 
@@ -47,14 +47,7 @@ def _rounds(
     everyone = list(procs)
     _roles(procs)  # migrated, one leads: the apps may start
     apps = [
-        DriverProcess(
-            url,
-            log,
-            name=f"app{i}",
-            argv=enqueuer_argv(url, log, rollback=0.25, seed=i),
-            stderr_path=tmp_path / f"app{i}.stderr",
-        )
-        for i in range(APPS)
+        enqueuer(url, log, tmp_path / f"app{i}.stderr", name=f"app{i}", seed=i) for i in range(APPS)
     ]
     faults = {"sigkill": 0, "sigstop": 0}
     try:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from conftest import figures
 from pgpair import PgPair
+from test_replica_failover import pair_leader
 
 from cronoq_store import SqlStore, StoreConfig
 from cronoq_store.testing import DriverProcess, check
@@ -62,18 +63,7 @@ def lossy_round(pg_pair: PgPair, tmp_path: Path, leader_process: list[DriverProc
     pair = pg_pair.fresh(sync=False)
     db = pair.create_database(f"cronoq_lossy_{uuid.uuid4().hex[:10]}")
     log = tmp_path / "acks.jsonl"
-    leader = DriverProcess(
-        pair.multi_url(db),
-        log,
-        name="leader",
-        ttl=TTL,
-        renew=TTL / 4,
-        poll=0.05,
-        batch=16,
-        gap=0.01,
-        duration=600,
-        stderr_path=tmp_path / "leader.stderr",
-    )
+    leader = pair_leader(pair.multi_url(db), log, tmp_path, ttl=TTL)
     leader_process.append(leader)
     _, lead = leader.wait("leading", timeout=WAIT)
     first_epoch = lead["epoch"]

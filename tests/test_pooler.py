@@ -33,7 +33,7 @@ from builders import BASE, status, submit, wait_until
 from conftest import SERVER_URLS, _required, new_database
 from faces import FACES, open_face
 from sqlalchemy import URL, Engine, create_engine, make_url
-from test_failover import TAKEOVER_BOUND, Spawn, _roles, spawn
+from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, spawn
 
 from cronoq_store import (
     ById,
@@ -47,7 +47,7 @@ from cronoq_store import (
     TaskStatus,
     enqueue,
 )
-from cronoq_store.testing import DriverProcess, HangPoint, check, enqueuer_argv
+from cronoq_store.testing import HangPoint, check
 
 __all__ = ["spawn"]  # a fixture, shared with test_failover
 
@@ -404,13 +404,7 @@ def test_killed_leader_through_the_pooler(pooled_url: URL, tmp_path: Path, spawn
     everyone = list(procs)
     _roles(procs)  # migrated, one leads
     app_url = f"{url}?prepare_threshold="  # the enqueuer's app_engine: the URL form
-    app = DriverProcess(
-        app_url,
-        log,
-        name="app",
-        argv=enqueuer_argv(app_url, log, rollback=0.25, seed=21),
-        stderr_path=tmp_path / "app.stderr",
-    )
+    app = enqueuer(app_url, log, tmp_path / "app.stderr", name="app", seed=21)
     takeovers: list[float] = []
     try:
         app.wait("started")

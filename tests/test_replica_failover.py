@@ -24,9 +24,10 @@ import pytest
 from builders import wait_until
 from conftest import figures
 from pgpair import PgPair
+from test_failover import enqueuer
 
 from cronoq_store import SqlStore, StoreConfig
-from cronoq_store.testing import DriverProcess, check, enqueuer_argv
+from cronoq_store.testing import DriverProcess, check
 
 pytestmark = pytest.mark.postgresql
 
@@ -44,13 +45,14 @@ def _acked(p: DriverProcess, start: int = 0) -> int:
     return sum(int(e.get("n", 0)) for e in p.since(start, "ack"))
 
 
-def _leader(url: str, log: Path, tmp: Path) -> DriverProcess:
+def pair_leader(url: str, log: Path, tmp: Path, ttl: float = TTL) -> DriverProcess:
+    """The leader process on a pair: a driver whose lease lasts `ttl` s, renewed four times."""
     return DriverProcess(
         url,
         log,
         name="leader",
-        ttl=TTL,
-        renew=TTL / 4,
+        ttl=ttl,
+        renew=ttl / 4,
         poll=0.05,
         batch=16,
         gap=0.01,
@@ -66,16 +68,9 @@ def _round(pair: PgPair, tmp: Path, kill: bool) -> dict[str, Any]:
     SqlStore.open(pair.primary_url(db)).close()  # migrated before anyone starts
     url = pair.multi_url(db)
     log = tmp / f"acks-{db}.jsonl"
-    leader = _leader(url, log, tmp)
+    leader = pair_leader(url, log, tmp)
     apps = [
-        DriverProcess(
-            url,
-            log,
-            name=f"app{i}",
-            argv=enqueuer_argv(url, log, rollback=0.25, seed=i),
-            stderr_path=tmp / f"app{i}-{db}.stderr",
-        )
-        for i in range(APPS)
+        enqueuer(url, log, tmp / f"app{i}-{db}.stderr", name=f"app{i}", seed=i) for i in range(APPS)
     ]
     try:
         _, lead = leader.wait("leading", timeout=30)

@@ -42,9 +42,8 @@ from cronoq_store import (
     TaskStatus,
     TimeBase,
 )
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-SECOND = 1_000_000_000
+from cronoq_store.model import INT64_MAX, INT64_MIN
+from cronoq_store.model import SECOND_NS as SECOND
 
 
 @pytest.fixture

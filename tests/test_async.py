@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import test_store as sync_checks
 from builders import BASE, status, submit
+from conftest import no_connection_left
 from faces import Blocking, open_face
 from sqlalchemy import URL, create_engine, update
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -49,7 +50,7 @@ def blocking(
     """The async store, opened as `store` is, behind SqlStore's blocking interface."""
     store: Blocking = open_face("async", db_url, store_config, cleanup)
     yield store
-    assert store.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    no_connection_left(store.sync_engine)
 
 
 SHARED_CHECKS = [

@@ -11,16 +11,21 @@ primary and streaming replica of their own beside it (`pg_pair`, tests/pgpair.py
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import wait_until
 from pgpair import PgPair, PgPairError
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
+
+from cronoq_store import SqlStore, StoreConfig
 
 SERVER_URLS = {
     "postgresql": os.environ.get(
@@ -70,7 +75,27 @@ def raise_mysql_packet(conn: Connection, want: int) -> str | None:
     return f"SET GLOBAL max_allowed_packet {have} -> {want} (until the server restarts)"
 
 
+FIGURES: dict[str, tuple[dict[str, Any], Path | None]] = {}
+"""Figures the fault tests gather, by section title: shown at the end of the run, and written
+as JSON to the path beside them (when there is one)."""
+
+
+def figures(title: str, path: Path | None = None) -> dict[str, Any]:
+    """The figures of section `title`, one line a key in the run's summary; a test module adds
+    to them as it goes, and they are written to `path` (as JSON) at the end of the run."""
+    return FIGURES.setdefault(title, ({}, path))[0]
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for title, (figs, path) in FIGURES.items():
+        if not figs:
+            continue
+        terminalreporter.section(title)
+        for key, fig in sorted(figs.items()):
+            terminalreporter.write_line(f"{key}: {json.dumps(fig, sort_keys=True)}")
+        if path is not None:
+            path.write_text(json.dumps(figs, indent=2, sort_keys=True) + "\n")
+            terminalreporter.write_line(f"(written to {path})")
     for change in SERVER_CHANGES:
         terminalreporter.write_line(f"cronoq tests changed a server they did not start: {change}")
     if _unreachable and not _required():
@@ -157,6 +182,37 @@ def engine(db_url: URL) -> Iterator[Engine]:
         assert eng.pool.checkedout() == 0, "a test left a connection checked out"
     finally:
         eng.dispose()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[Callable[[], None]]]:
+    """What closes the stores a test opened, run last-opened first."""
+    done: list[Callable[[], None]] = []
+    yield done
+    for close in reversed(done):
+        close()
+
+
+@pytest.fixture
+def store_config() -> StoreConfig:
+    """The config `store` opens with; a module overrides this fixture to open with another."""
+    return StoreConfig(lease_ttl=timedelta(seconds=5))
+
+
+@pytest.fixture
+def store(db_url: URL, store_config: StoreConfig) -> Iterator[SqlStore]:
+    """A migrated store on the new database (not leading); no connection may be left checked
+    out. A module that needs it to hold something overrides this fixture, taking it."""
+    with SqlStore.open(db_url, store_config) as s:
+        yield s
+        no_connection_left(s.engine)
+
+
+def no_connection_left(engine: Engine) -> None:
+    """Fail when a connection stays checked out of the store's pool: one its keeper holds for
+    a renewal is back within moments; one a test or the store leaked never is."""
+    pool: Any = engine.pool
+    wait_until(lambda: pool.checkedout() == 0, "every connection back in the pool", 10)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import test_store as sync_checks
-from faces import Blocking, LoopThread
+from builders import BASE, status, submit
+from conftest import no_connection_left
+from faces import Blocking, open_face
 from sqlalchemy import URL, create_engine, update
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool, Pool
@@ -34,32 +36,21 @@ from cronoq_store import (
     StoreConfig,
     StoreError,
     StoreUnavailable,
-    Submitted,
     TaskId,
-    TaskSpec,
     TaskStatus,
-    TimeBase,
 )
 from cronoq_store.aio import AsyncKeeper, AsyncSqlStore, async_url
 from cronoq_store.schema import leader
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
-
 
 @pytest.fixture
-def blocking(db_url: URL) -> Iterator[Blocking]:
-    loop = LoopThread()
-    sync_engine = create_engine(db_url)
-    try:
-        store = loop.run(AsyncSqlStore.open(db_url, StoreConfig(lease_ttl=timedelta(seconds=5))))
-        try:
-            yield Blocking(store, loop, sync_engine)
-            assert store.engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-        finally:
-            loop.run(store.close())
-    finally:
-        sync_engine.dispose()
-        loop.close()
+def blocking(
+    db_url: URL, store_config: StoreConfig, cleanup: list[Callable[[], None]]
+) -> Iterator[Blocking]:
+    """The async store, opened as `store` is, behind SqlStore's blocking interface."""
+    store: Blocking = open_face("async", db_url, store_config, cleanup)
+    yield store
+    no_connection_left(store.sync_engine)
 
 
 SHARED_CHECKS = [
@@ -88,12 +79,8 @@ def test_sync_store_checks(check: Callable[..., None], blocking: Blocking, db_ur
 # What only the async face has, or what it must do with the sync store beside it.
 
 
-def submit(i: int, key: str | None = None) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i, key=key))
-
-
 def done(i: int, st: TaskStatus = TaskStatus.SUCCEEDED) -> StatusChanged:
-    return StatusChanged(id=TaskId(i), status=st, attempt=1, at=100 + i, message=f"m{i}")
+    return status(i, st, f"m{i}")
 
 
 def fast_lease(renew: float = 0.2, ttl: float = 1.0) -> StoreConfig:

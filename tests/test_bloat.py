@@ -4,14 +4,12 @@ updates its row in place (HOT) and leaves no dead index entries behind (revision
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from builders import BASE, wait_until
 from sqlalchemy import URL, Engine, text
 
-from cronoq_store import SqlStore, StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus, TimeBase
+from cronoq_store import SqlStore, StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 TASKS = 300
 LIVE = (TaskStatus.RUNNING, TaskStatus.RETRYING, TaskStatus.RUNNING, TaskStatus.WAITING)
 
@@ -49,9 +47,7 @@ def test_live_transitions_are_heap_only_updates(db_url: URL, engine: Engine) -> 
                 at += 1
     # The store's backends report their counts as they end (closed above); bounded wait.
     want = TASKS * len(LIVE)
-    deadline = time.monotonic() + 30
-    while (counts := _updates(engine))[0] < want and time.monotonic() < deadline:
-        time.sleep(0.1)
-    updated, hot = counts
-    assert updated >= want, counts
+    wait_until(lambda: _updates(engine)[0] >= want, f"{want} updates counted", 30, 0.1)
+    updated, hot = _updates(engine)
+    assert updated >= want, (updated, hot)
     assert hot / updated >= 0.9, f"{hot} of {updated} live transitions were HOT"

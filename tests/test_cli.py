@@ -14,12 +14,14 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from inspect import signature
 from pathlib import Path
 
+import builders
 import pytest
+from builders import BASE
 from click.testing import CliRunner, Result
 from sqlalchemy import URL, create_engine, inspect, text
 
@@ -45,7 +47,7 @@ from cronoq_store.cli import main, parse_duration
 from cronoq_store.errors import CorruptValue
 
 PASSWORD = "s3cr3t-pw"
-OLD = TimeBase(unix_ns=1_700_000_000_000_000_000)  # November 2023: old enough to prune
+OLD = BASE  # November 2023: old enough to prune
 TTL = timedelta(seconds=30)
 
 
@@ -81,49 +83,52 @@ def one_error(result: Result) -> str:
 
 
 def submit(i: int, pool: str = "a", key: str | None = None, **kw: object) -> Submitted:
-    spec = TaskSpec(payload=b"p" * i, pool=pool, key=key, **kw)  # type: ignore[arg-type]
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)
+    return builders.submit(i, b"p" * i, pool=pool, key=key, **kw)
 
 
 def done(i: int, st: TaskStatus, message: str | None = None, at: int = 100) -> StatusChanged:
-    return StatusChanged(id=TaskId(i), status=st, attempt=2, at=at, message=message)
+    return builders.status(i, st, message, attempt=2, at=at)
 
 
 @pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
+def store_config() -> StoreConfig:
+    return StoreConfig(lease_ttl=TTL)
+
+
+@pytest.fixture
+def store(store: SqlStore, dialect: str) -> SqlStore:
     """A migrated store that leads, holding: pool a: 1 succeeded (output), 2 failed (old, key
     "k2", a live task depends on it), 3 queued (key "k3"); pool b: 4 and 5 cancelled (old),
     6 succeeded just now (tenant "[t1]", which is not rich markup); and a recurring schedule."""
-    with SqlStore.open(db_url, StoreConfig(lease_ttl=TTL)) as s:
-        epoch = s.acquire_leadership()
-        sched = RecurringSpec(
-            name="nightly", template=TaskSpec(payload=b"t", pool="b"), cron="0 3 * * *"
-        )
-        s.commit(
-            epoch,
-            OLD,
-            [
-                submit(1, kind="email", labels={"team": "x"}, tags=frozenset({"urgent"})),
-                submit(2, key="k2"),
-                submit(4, pool="b"),
-                submit(5, pool="b"),
-                done(1, TaskStatus.RUNNING, "started"),
-                done(1, TaskStatus.SUCCEEDED),
-                done(2, TaskStatus.FAILED, "boom"),
-                done(4, TaskStatus.CANCELLED),
-                done(5, TaskStatus.CANCELLED),
-                submit(3, key="k3", deps=(Dep(target=ByKey(key="k2"), on="finish"),)),
-                RecurringUpsert(spec=sched),
-                RecurringNext(name="nightly", next=10**9, last=TaskId(1)),
-            ],
-            outputs=[(TaskId(1), b"0123456789")],
-        )
-        s.commit(
-            epoch,
-            TimeBase(unix_ns=time.time_ns()),
-            [submit(6, pool="b", tenant="[t1]"), done(6, TaskStatus.SUCCEEDED, at=0)],
-        )
-        yield s
+    epoch = store.acquire_leadership()
+    sched = RecurringSpec(
+        name="nightly", template=TaskSpec(payload=b"t", pool="b"), cron="0 3 * * *"
+    )
+    store.commit(
+        epoch,
+        OLD,
+        [
+            submit(1, kind="email", labels={"team": "x"}, tags=frozenset({"urgent"})),
+            submit(2, key="k2"),
+            submit(4, pool="b"),
+            submit(5, pool="b"),
+            done(1, TaskStatus.RUNNING, "started"),
+            done(1, TaskStatus.SUCCEEDED),
+            done(2, TaskStatus.FAILED, "boom"),
+            done(4, TaskStatus.CANCELLED),
+            done(5, TaskStatus.CANCELLED),
+            submit(3, key="k3", deps=(Dep(target=ByKey(key="k2"), on="finish"),)),
+            RecurringUpsert(spec=sched),
+            RecurringNext(name="nightly", next=10**9, last=TaskId(1)),
+        ],
+        outputs=[(TaskId(1), b"0123456789")],
+    )
+    store.commit(
+        epoch,
+        TimeBase(unix_ns=time.time_ns()),
+        [submit(6, pool="b", tenant="[t1]"), done(6, TaskStatus.SUCCEEDED, at=0)],
+    )
+    return store
 
 
 def test_upgrade_current_downgrade(db_url: URL) -> None:

@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from builders import BASE
 from sqlalchemy import URL, create_engine, select
 
 from cronoq_store import (
@@ -18,11 +19,9 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
 )
 from cronoq_store.schema import tasks
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 TIMEOUT = timedelta(seconds=1)
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from builders import BASE, keyed
 from sqlalchemy import URL, Engine, create_engine, event, select, text
 from sqlalchemy import exc as sa_exc
 
@@ -28,24 +29,18 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
     execution,
 )
 from cronoq_store.schema import tasks
 from cronoq_store.store import StoreConfig
 from cronoq_store.testing.statements import after_statements
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 SERVERS = [
     pytest.param("postgresql", marks=pytest.mark.postgresql),
     pytest.param("mysql", marks=pytest.mark.mysql),
 ]
 # No renewal during a test: every connection the test kills is one a commit would use.
 QUIET = StoreConfig(lease_ttl=timedelta(seconds=120), lease_renew=timedelta(seconds=60))
-
-
-def submit(i: int) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=f"k{i}"))
 
 
 def stored(engine: Engine) -> set[int]:
@@ -92,9 +87,9 @@ def test_a_connection_lost_while_idle_is_replaced_unseen(
     monkeypatch.setattr(execution, "PING_IDLE", 0.0)  # every checkout is past the idle bound
     with SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
-        store.commit(epoch, BASE, [submit(1)])
+        store.commit(epoch, BASE, [keyed(1)])
         assert kill_other_sessions(admin, dialect) >= 1
-        store.commit(epoch, BASE, [submit(2)])  # the ping finds it dead; the pool reconnects
+        store.commit(epoch, BASE, [keyed(2)])  # the ping finds it dead; the pool reconnects
         assert stored(admin) == {1, 2}
         assert store.is_leader
 
@@ -106,12 +101,12 @@ def test_a_connection_lost_within_the_idle_bound_fails_one_commit(
     monkeypatch.setattr(execution, "PING_IDLE", 3600.0)  # no checkout here is pinged
     with SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
-        store.commit(epoch, BASE, [submit(1)])
+        store.commit(epoch, BASE, [keyed(1)])
         assert kill_other_sessions(admin, dialect) >= 1
         failed = 0
         for _ in range(store.config.pool_size + 1):  # each dead pooled connection fails once
             try:
-                store.commit(epoch, BASE, [submit(2), submit(3)])
+                store.commit(epoch, BASE, [keyed(2), keyed(3)])
                 break
             except StoreUnavailable:
                 failed += 1

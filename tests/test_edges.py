@@ -13,13 +13,14 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from importlib.metadata import requires
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
+from builders import BASE
 from sqlalchemy import URL, event, make_url
 
 from cronoq_store import (
@@ -41,18 +42,16 @@ from cronoq_store import (
     TaskStatus,
     TimeBase,
 )
-
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-SECOND = 1_000_000_000
+from cronoq_store.model import INT64_MAX, INT64_MIN
+from cronoq_store.model import SECOND_NS as SECOND
 
 
 @pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
-    with SqlStore.open(db_url, StoreConfig(lease_ttl=timedelta(seconds=5))) as s:
-        s.acquire_leadership()
-        yield s
-        assert s.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+def store(store: SqlStore, dialect: str) -> SqlStore:
+    """conftest's store, leading. (`dialect` named again: pytest does not parametrize a test
+    by what only the fixture this one overrides takes.)"""
+    store.acquire_leadership()
+    return store
 
 
 def lead(store: SqlStore) -> int:
@@ -61,14 +60,13 @@ def lead(store: SqlStore) -> int:
     return epoch
 
 
-def submit(i: int, key: str | None = None, deps: tuple[Dep, ...] = (), **spec: Any) -> Submitted:
-    return Submitted(
-        id=TaskId(i), seq=0, arrival=0, spec=TaskSpec(payload=b"p", key=key, deps=deps, **spec)
-    )
+def submit(i: int, key: str | None = None, **spec: Any) -> Submitted:
+    """At seq and arrival 0: a task at an end of the id range is not at an end of time."""
+    return builders.submit(i, b"p", seq=0, arrival=0, key=key, **spec)
 
 
 def status(i: int, st: TaskStatus, at: int = 100) -> StatusChanged:
-    return StatusChanged(id=TaskId(i), status=st, attempt=1, at=at)
+    return builders.status(i, st, at=at)
 
 
 def state(store: SqlStore, i: int) -> TaskStatus | None:

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import figures
 from sqlalchemy import URL, select
 
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId
 from cronoq_store.demo import format_report
 from cronoq_store.demo import run as run_demo
 from cronoq_store.schema import leader as leader_table
-from cronoq_store.testing import CheckReport, DriverProcess, HangPoint, check
+from cronoq_store.testing import CheckReport, DriverProcess, HangPoint, check, enqueuer_argv
 
 TTL = float(os.environ.get("CRONOQ_FAILOVER_TTL", "1.0"))
 """Lease TTL of the drivers, seconds: short, so that rounds are cheap."""
@@ -48,7 +49,7 @@ Event = dict[str, Any]
 
 # Per-dialect figures, printed at the end of the session.
 
-_FIGURES: dict[str, dict[str, Any]] = {}
+_FIGURES: dict[str, dict[str, Any]] = figures("cronoq failover figures", SUMMARY_PATH)
 
 
 def _figures(dialect: str) -> dict[str, Any]:
@@ -94,26 +95,6 @@ def _checked(dialect: str, report: CheckReport) -> None:
     fig["acked_mutations_checked"] += report.acked_mutations
     fig["acked_mutations_lost"] += len(report.lost)
     fig["partial_batches"] += len(report.partial)
-
-
-class _SummaryPlugin:
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not _FIGURES:
-            return
-        terminalreporter.section("cronoq failover figures")
-        for dialect, fig in sorted(_FIGURES.items()):
-            terminalreporter.write_line(f"{dialect}: {json.dumps(fig, sort_keys=True)}")
-        terminalreporter.write_line(f"(written to {SUMMARY_PATH})")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("cronoq-failover-summary"):
-        manager.register(_SummaryPlugin(), "cronoq-failover-summary")
-    yield
-    if _FIGURES:
-        SUMMARY_PATH.write_text(json.dumps(_FIGURES, indent=2, sort_keys=True) + "\n")
 
 
 # Driver processes.
@@ -200,6 +181,18 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
     yield start
     for driver in started:
         driver.close()
+
+
+def enqueuer(url: str, log: Path, stderr_path: Path, *, name: str, seed: int) -> Driver:
+    """An app process that enqueues (and rolls a quarter of its transactions back) beside the
+    drivers, logging what it committed to `log` for `check`."""
+    return DriverProcess(
+        url,
+        log,
+        name=name,
+        argv=enqueuer_argv(url, log, rollback=0.25, seed=seed),
+        stderr_path=stderr_path,
+    )
 
 
 @pytest.fixture

@@ -42,12 +42,8 @@ import pytest
 from conftest import _required
 from sqlalchemy import URL, NullPool, create_engine, make_url, text
 from sqlalchemy import exc as sa_exc
-from test_failover import (  # the figures and their terminal summary are shared
-    _figures,
-    _seconds,
-    _summary,  # noqa: F401  (autouse: registers the summary plugin for this module too)
-)
-from test_migration_crash import assert_schema_complete
+from test_failover import _figures, _seconds  # the figures and their summary are shared
+from test_migration_crash import KILL_SCRIPT, assert_schema_complete
 
 from cronoq_store import (
     ById,
@@ -232,27 +228,11 @@ def _schema_at_head(urls: list[URL]) -> None:
             engine.dispose()
 
 
-_KILLED_MIGRATOR = """
-import os, signal, sys
-from sqlalchemy import create_engine, event
-from cronoq_store import migrate
-
-engine = create_engine(sys.argv[1])
-
-@event.listens_for(engine, "after_cursor_execute")
-def _die(conn, cursor, statement, *args):
-    if statement.lstrip().upper().startswith("CREATE TABLE CRONOQ_TASKS"):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-migrate.upgrade(engine)
-"""
-
-
 def _killed_migrator_then_opens(database: list[URL], *, wait_for_expiry: bool) -> float:
     """A first migration SIGKILLed on node 1 while it holds the lock, half its tables made;
     then opens on nodes 2 and 3 at once. Returns how long those opens took."""
     killed = subprocess.run(
-        [sys.executable, "-c", _KILLED_MIGRATOR, database[0].render_as_string(hide_password=False)],
+        [sys.executable, "-c", KILL_SCRIPT, database[0].render_as_string(hide_password=False)],
         capture_output=True,
         timeout=120,
     )

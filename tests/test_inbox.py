@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
+from builders import BASE
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import (
@@ -57,14 +57,12 @@ from cronoq_store.aio import AsyncSqlStore, async_url
 from cronoq_store.schema import inbox, inbox_rejects, leader, tasks
 from cronoq_store.testing import AckLog, check, digest
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 CONFIG = StoreConfig(lease_ttl=timedelta(seconds=5), inbox_poll=timedelta(milliseconds=20))
 
 
 @pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
-    with SqlStore.open(db_url, CONFIG) as s:
-        yield s
+def store_config() -> StoreConfig:
+    return CONFIG
 
 
 def rich_spec(i: int) -> TaskSpec:

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
-import pytest
 from sqlalchemy import URL, Engine, update
 from test_cli import cli_url, one_error, run
 
-from cronoq_store import Priority, SqlStore, StoreConfig
+from cronoq_store import Priority, SqlStore
 from cronoq_store.schema import inbox
-
-
-@pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
-    with SqlStore.open(db_url, StoreConfig()) as s:
-        yield s
 
 
 def test_enqueue_inbox_and_status(db_url: URL, store: SqlStore, engine: Engine) -> None:

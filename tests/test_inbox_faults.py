@@ -16,15 +16,16 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import wait_until
+from conftest import figures
 from sqlalchemy import URL
-from test_failover import TAKEOVER_BOUND, Spawn, _roles, reader, spawn
+from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, reader, spawn
 
-from cronoq_store.testing import DriverProcess, check, enqueuer_argv
+from cronoq_store.testing import check
 
 __all__ = ["reader", "spawn"]  # fixtures, shared with test_failover
 
@@ -33,33 +34,7 @@ SUMMARY_PATH = Path(
 )
 APPS = 3
 DRAIN_TIMEOUT = 60.0
-_FIGURES: dict[str, dict[str, Any]] = {}
-
-
-class _SummaryPlugin:
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not _FIGURES:
-            return
-        terminalreporter.section("cronoq inbox fault figures")
-        for dialect, fig in sorted(_FIGURES.items()):
-            terminalreporter.write_line(f"{dialect}: {json.dumps(fig, sort_keys=True)}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("cronoq-inbox-summary"):
-        manager.register(_SummaryPlugin(), "cronoq-inbox-summary")
-    yield
-    if _FIGURES:
-        SUMMARY_PATH.write_text(json.dumps(_FIGURES, indent=2, sort_keys=True) + "\n")
-
-
-def _wait_until(what: str, predicate: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} within {timeout} s"
-        time.sleep(0.05)
+_FIGURES: dict[str, dict[str, Any]] = figures("cronoq inbox fault figures", SUMMARY_PATH)
 
 
 def _rounds(
@@ -72,14 +47,7 @@ def _rounds(
     everyone = list(procs)
     _roles(procs)  # migrated, one leads: the apps may start
     apps = [
-        DriverProcess(
-            url,
-            log,
-            name=f"app{i}",
-            argv=enqueuer_argv(url, log, rollback=0.25, seed=i),
-            stderr_path=tmp_path / f"app{i}.stderr",
-        )
-        for i in range(APPS)
+        enqueuer(url, log, tmp_path / f"app{i}.stderr", name=f"app{i}", seed=i) for i in range(APPS)
     ]
     faults = {"sigkill": 0, "sigstop": 0}
     try:
@@ -116,7 +84,7 @@ def _rounds(
         summaries = [app.stop() for app in apps]
         assert all(s["errors"] == [] for s in summaries)
         # The leader drains what the apps left.
-        _wait_until("inbox drained", lambda: reader.read_inbox(limit=1) == [], DRAIN_TIMEOUT)
+        wait_until(lambda: reader.read_inbox(limit=1) == [], "inbox drained", DRAIN_TIMEOUT, 0.05)
         leader, _ = _roles(procs)
         leader.wait("ack", start=leader.mark())
         for d in procs:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from inspect import signature
 
 import pytest
+from builders import BASE, submit
 from click.testing import CliRunner, Result
 from sqlalchemy import URL, Engine, delete, select
 
@@ -30,29 +30,20 @@ from cronoq_store import (
     SqlStore,
     StatusChanged,
     StoreConfig,
-    Submitted,
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
 )
 from cronoq_store.cli import main
 from cronoq_store.schema import leader
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 REPAIR = "cronoq-store upgrade"
 SEPARATE_STDERR = {"mix_stderr": False} if "mix_stderr" in signature(CliRunner).parameters else {}
 
 
 @pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
-    config = StoreConfig(lease_ttl=timedelta(seconds=10), lease_renew=timedelta(seconds=5))
-    with SqlStore.open(db_url, config) as s:
-        yield s
-
-
-def submit(i: int, deps: tuple[Dep, ...] = ()) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", deps=deps))
+def store_config() -> StoreConfig:
+    return StoreConfig(lease_ttl=timedelta(seconds=10), lease_renew=timedelta(seconds=5))
 
 
 def delete_leader_row(engine: Engine) -> None:

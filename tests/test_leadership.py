@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from builders import BASE, submit, wait_until
 from faces import (
     FACES,
     Store,
@@ -42,10 +43,6 @@ from cronoq_store import (
     SqlStore,
     StoreConfig,
     StoreUnavailable,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TimeBase,
     execution,
     lease,
     migrate,
@@ -59,7 +56,6 @@ WAIT = 10.0
 """Upper bound, in seconds, on waiting for something that must happen (a loaded CI machine)."""
 SLACK = 1.5
 """What a deadline may be overshot by on a loaded machine (thread wake-up, a slow round trip)."""
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 SERVERS = [
     pytest.param("postgresql", marks=pytest.mark.postgresql),
     pytest.param("mysql", marks=pytest.mark.mysql),
@@ -72,10 +68,6 @@ SHORT = StoreConfig(
     lock_poll=timedelta(milliseconds=50),
 )
 """A lease that runs out within a second, renewed five times per TTL."""
-
-
-def submit(i: int) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i))
 
 
 def lease_row(engine: Engine) -> Any:
@@ -93,14 +85,6 @@ def stored_ids(engine: Engine) -> set[int]:
         return set(conn.execute(select(tasks.c.id)).scalars())
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def migrated(engine: Engine) -> Engine:
     migrate.upgrade(engine)
@@ -111,15 +95,6 @@ def migrated(engine: Engine) -> Engine:
 def face(request: pytest.FixtureRequest) -> str:
     """The store's face under test: "sync" (`SqlStore`) or "async" (`AsyncSqlStore`)."""
     return str(request.param)
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[Callable[[], None]]]:
-    """What closes the stores a test opened, run last-opened first."""
-    done: list[Callable[[], None]] = []
-    yield done
-    for close in reversed(done):
-        close()
 
 
 @pytest.fixture
@@ -391,9 +366,10 @@ def race_commit_paused(
         commit.start()
         assert pause.reached.wait(WAIT), "the commit never reached its fence check"
         taker.start()
-        wait_for(
+        wait_until(
             lambda: taker.done.is_set() or lock_waiters(admin, dialect) > 0,
             "the takeover to finish or to wait for the commit's row lock",
+            WAIT,
         )
         pause.go.set()
         commit.outcome()
@@ -420,9 +396,10 @@ def race_takeover_paused(
         taker.start()
         assert pause.reached.wait(WAIT), "the takeover never wrote the lease"
         commit.start()
-        wait_for(
+        wait_until(
             lambda: commit.done.is_set() or lock_waiters(admin, dialect) > 0,
             "the commit to finish or to wait for the takeover's row lock",
+            WAIT,
         )
         pause.go.set()
         taker.outcome()
@@ -687,9 +664,9 @@ def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
     epoch = store.acquire_leadership(timeout=WAIT)
     # Healthy, it renews: the lease's expiry moves on twice, and it still leads.
     taken = lease_row(engine).expires_unix_ns
-    wait_for(lambda: lease_row(engine).expires_unix_ns > taken, "a first renewal")
+    wait_until(lambda: lease_row(engine).expires_unix_ns > taken, "a first renewal", WAIT)
     first = lease_row(engine).expires_unix_ns
-    wait_for(lambda: lease_row(engine).expires_unix_ns > first, "a second renewal")
+    wait_until(lambda: lease_row(engine).expires_unix_ns > first, "a second renewal", WAIT)
     assert store.epoch == epoch
 
     row_lock.lock()

@@ -10,7 +10,6 @@ Figures are printed in the terminal summary (`cronoq lossy failover`).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import figures
 from pgpair import PgPair
+from test_replica_failover import pair_leader
 
 from cronoq_store import SqlStore, StoreConfig
 from cronoq_store.testing import DriverProcess, check
@@ -31,22 +32,7 @@ WAIT = 30.0
 LAG_ACKS = 20
 """Batches the leader acknowledges while the replica is stopped: all of them are lost."""
 
-_FIGURES: list[dict[str, Any]] = []
-
-
-class _Summary:
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if _FIGURES:
-            terminalreporter.section("cronoq lossy failover")
-            for fig in _FIGURES:
-                terminalreporter.write_line(json.dumps(fig, sort_keys=True))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _summary(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("cronoq-lossy-summary"):
-        manager.register(_Summary(), "cronoq-lossy-summary")
+_FIGURES: dict[str, dict[str, Any]] = figures("cronoq lossy failover")
 
 
 @pytest.fixture
@@ -77,18 +63,7 @@ def lossy_round(pg_pair: PgPair, tmp_path: Path, leader_process: list[DriverProc
     pair = pg_pair.fresh(sync=False)
     db = pair.create_database(f"cronoq_lossy_{uuid.uuid4().hex[:10]}")
     log = tmp_path / "acks.jsonl"
-    leader = DriverProcess(
-        pair.multi_url(db),
-        log,
-        name="leader",
-        ttl=TTL,
-        renew=TTL / 4,
-        poll=0.05,
-        batch=16,
-        gap=0.01,
-        duration=600,
-        stderr_path=tmp_path / "leader.stderr",
-    )
+    leader = pair_leader(pair.multi_url(db), log, tmp_path, ttl=TTL)
     leader_process.append(leader)
     _, lead = leader.wait("leading", timeout=WAIT)
     first_epoch = lead["epoch"]
@@ -141,15 +116,13 @@ def lossy_round(pg_pair: PgPair, tmp_path: Path, leader_process: list[DriverProc
     assert report.lost_submissions >= sum(len(e["ids"]) for e in lost_acks)
     assert report.partial == [] and report.fenced_visible == [] and report.unexplained == []
     assert report.inbox_duplicates == []
-    _FIGURES.append(
-        {
-            "acked_batches": summary["acked_batches"],
-            "acked_mutations_checked": report.acked_mutations,
-            "lag_window_acked_batches": len(lost_acks),
-            "lost_acked_submissions": report.lost_submissions,
-            "lost_commits_reported": reported["commits"],
-            "promotion_s": round(promoted_after, 3),
-            "first_commit_after_promotion_s": round(resumed["t"] - promoted, 3),
-            "stepped_down_by": "fence" if fenced else "renewal or take",
-        }
-    )
+    _FIGURES[f"round {len(_FIGURES) + 1}"] = {
+        "acked_batches": summary["acked_batches"],
+        "acked_mutations_checked": report.acked_mutations,
+        "lag_window_acked_batches": len(lost_acks),
+        "lost_acked_submissions": report.lost_submissions,
+        "lost_commits_reported": reported["commits"],
+        "promotion_s": round(promoted_after, 3),
+        "first_commit_after_promotion_s": round(resumed["t"] - promoted, 3),
+        "stepped_down_by": "fence" if fenced else "renewal or take",
+    }

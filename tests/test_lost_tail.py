@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from builders import BASE, submit
 from click.testing import CliRunner
 from faces import FACES, open_face
 from sqlalchemy import URL, Engine, delete, select, update
@@ -27,22 +28,14 @@ from cronoq_store import (
     SqlStore,
     StatusChanged,
     StoreConfig,
-    Submitted,
     TaskId,
-    TaskSpec,
     TaskStatus,
-    TimeBase,
 )
 from cronoq_store.cli import main
 from cronoq_store.schema import leader, tasks
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 QUIET = StoreConfig(lease_ttl=timedelta(seconds=30), lease_renew=timedelta(seconds=10))
 LEASE_COLUMNS = ("epoch", "holder", "expires_unix_ns", "next_id", "commit_seq")
-
-
-def submit(i: int) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i))
 
 
 def snapshot(engine: Engine) -> dict[str, Any]:
@@ -58,14 +51,6 @@ def roll_back_to(engine: Engine, lease_row: dict[str, Any], keep_below: int) -> 
     with engine.begin() as conn:
         conn.execute(delete(tasks).where(tasks.c.id >= keep_below))
         conn.execute(update(leader).where(leader.c.id == 1).values(**lease_row))
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[Callable[[], None]]]:
-    done: list[Callable[[], None]] = []
-    yield done
-    for close in reversed(done):
-        close()
 
 
 @pytest.mark.parametrize("face", FACES)

@@ -65,10 +65,10 @@ from cronoq_store import (
     TaskStatus,
     TimeBase,
 )
+from cronoq_store.model import INT64_MAX, INT64_MIN
+from cronoq_store.model import SECOND_NS as SECOND
 from cronoq_store.schema import leader, recurring, task_deps, tasks
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-SECOND = 1_000_000_000
 HOUR = 3600 * SECOND
 START_UNIX = 1_700_000_000 * SECOND
 RETENTION = timedelta(hours=1)

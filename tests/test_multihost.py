@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from builders import BASE
 from sqlalchemy import URL
 
-from cronoq_store import InvalidValue, SqlStore, Submitted, TaskId, TaskSpec, TimeBase
+from cronoq_store import InvalidValue, SqlStore, Submitted, TaskId, TaskSpec
 from cronoq_store.aio import AsyncSqlStore
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 FORMS = "one host= per server with its port"
 
 

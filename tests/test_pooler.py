@@ -29,10 +29,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from builders import BASE, status, submit, wait_until
 from conftest import SERVER_URLS, _required, new_database
 from faces import FACES, open_face
 from sqlalchemy import URL, Engine, create_engine, make_url
-from test_failover import TAKEOVER_BOUND, Spawn, _roles, spawn
+from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, spawn
 
 from cronoq_store import (
     ById,
@@ -40,16 +41,13 @@ from cronoq_store import (
     InboxTaken,
     InvalidValue,
     SqlStore,
-    StatusChanged,
     StoreConfig,
-    Submitted,
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
     enqueue,
 )
-from cronoq_store.testing import DriverProcess, HangPoint, check, enqueuer_argv
+from cronoq_store.testing import HangPoint, check
 
 __all__ = ["spawn"]  # a fixture, shared with test_failover
 
@@ -57,7 +55,6 @@ pytestmark = [pytest.mark.postgresql, pytest.mark.pooler]
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "pg-pooler"
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 POOLED = StoreConfig(lease_ttl=timedelta(seconds=5), transaction_pooler=True)
 APP_ARGS: dict[str, Any] = {"prepare_threshold": None}
 """What an app's engine needs behind a transaction pooler (docs/deploying.md, "Poolers")."""
@@ -119,14 +116,6 @@ def app_engine(pooled_url: URL) -> Iterator[Engine]:
 
 def _conninfo(url: URL) -> str:
     return f"host={url.host} port={url.port} dbname={url.database} user={url.username}"
-
-
-def _submit(i: int, key: str | None = None) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i, key=key))
-
-
-def _done(i: int) -> StatusChanged:
-    return StatusChanged(id=TaskId(i), status=TaskStatus.SUCCEEDED, attempt=1, at=100 + i)
 
 
 class _Background:
@@ -204,10 +193,10 @@ def test_every_operation_through_the_pooler(face: str, pooled_url: URL, app_engi
         try:
             n = 60
             for i in range(1, n + 1):
-                batch: list[Any] = [_submit(i, key=f"k{i}")]
+                batch: list[Any] = [submit(i, key=f"k{i}")]
                 outputs: list[tuple[TaskId, bytes]] = []
                 if i % 2 == 0:
-                    batch.append(_done(i - 1))
+                    batch.append(status(i - 1))
                     outputs.append((TaskId(i - 1), b"out%d" % (i - 1)))
                 store.commit(epoch, BASE, batch, outputs)
         finally:
@@ -252,7 +241,7 @@ def test_every_operation_through_the_pooler(face: str, pooled_url: URL, app_engi
         [item] = store.read_inbox()
         assert item.spec.payload == b"wake"
 
-        store.commit(epoch, BASE, [_submit(n + 1), _done(n + 1)])
+        store.commit(epoch, BASE, [submit(n + 1), status(n + 1)])
         time.sleep(0.01)
         assert store.prune(timedelta(0)) == n // 2 + 1
         assert store.get_task(ById(id=TaskId(1))) is None
@@ -301,7 +290,7 @@ def test_prepare_threshold_in_the_url(direct_url: URL, pooled_url: URL) -> None:
         background = _Background(lambda: store.get_task(ById(id=TaskId(1))))
         try:
             for i in range(1, 31):
-                store.commit(epoch, BASE, [_submit(i)])
+                store.commit(epoch, BASE, [submit(i)])
         finally:
             background.stop()
         with store.engine.connect() as conn:
@@ -415,13 +404,7 @@ def test_killed_leader_through_the_pooler(pooled_url: URL, tmp_path: Path, spawn
     everyone = list(procs)
     _roles(procs)  # migrated, one leads
     app_url = f"{url}?prepare_threshold="  # the enqueuer's app_engine: the URL form
-    app = DriverProcess(
-        app_url,
-        log,
-        name="app",
-        argv=enqueuer_argv(app_url, log, rollback=0.25, seed=21),
-        stderr_path=tmp_path / "app.stderr",
-    )
+    app = enqueuer(app_url, log, tmp_path / "app.stderr", name="app", seed=21)
     takeovers: list[float] = []
     try:
         app.wait("started")
@@ -449,10 +432,7 @@ def test_killed_leader_through_the_pooler(pooled_url: URL, tmp_path: Path, spawn
         summary = app.stop()
         assert summary["errors"] == []
         with SqlStore.open(pooled_url, StoreConfig(migrate=False, transaction_pooler=True)) as r:
-            deadline = time.monotonic() + 60
-            while r.read_inbox(limit=1):
-                assert time.monotonic() < deadline, "the inbox was not drained"
-                time.sleep(0.05)
+            wait_until(lambda: not r.read_inbox(limit=1), "the inbox drained", 60, 0.05)
             leader, _ = _roles(procs)
             leader.wait("ack", start=leader.mark())
             for d in procs:

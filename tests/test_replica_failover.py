@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import wait_until
+from conftest import figures
 from pgpair import PgPair
+from test_failover import enqueuer
 
 from cronoq_store import SqlStore, StoreConfig
-from cronoq_store.testing import DriverProcess, check, enqueuer_argv
+from cronoq_store.testing import DriverProcess, check
 
 pytestmark = pytest.mark.postgresql
 
@@ -35,41 +38,21 @@ ACKED_BEFORE = 300
 ACKED_AFTER = 64
 """Acknowledged mutations after the promotion, before the round ends."""
 APPS = 2
-_FIGURES: dict[str, Any] = {}
-
-
-class _SummaryPlugin:
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if _FIGURES:
-            terminalreporter.section("cronoq replica failover figures")
-            terminalreporter.write_line(f"postgresql pair: {json.dumps(_FIGURES, sort_keys=True)}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _summary(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("cronoq-replica-failover-summary"):
-        manager.register(_SummaryPlugin(), "cronoq-replica-failover-summary")
+_FIGURES: dict[str, Any] = figures("cronoq replica failover figures")
 
 
 def _acked(p: DriverProcess, start: int = 0) -> int:
     return sum(int(e.get("n", 0)) for e in p.since(start, "ack"))
 
 
-def _until(what: str, ready: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.02)
-
-
-def _leader(url: str, log: Path, tmp: Path) -> DriverProcess:
+def pair_leader(url: str, log: Path, tmp: Path, ttl: float = TTL) -> DriverProcess:
+    """The leader process on a pair: a driver whose lease lasts `ttl` s, renewed four times."""
     return DriverProcess(
         url,
         log,
         name="leader",
-        ttl=TTL,
-        renew=TTL / 4,
+        ttl=ttl,
+        renew=ttl / 4,
         poll=0.05,
         batch=16,
         gap=0.01,
@@ -85,22 +68,15 @@ def _round(pair: PgPair, tmp: Path, kill: bool) -> dict[str, Any]:
     SqlStore.open(pair.primary_url(db)).close()  # migrated before anyone starts
     url = pair.multi_url(db)
     log = tmp / f"acks-{db}.jsonl"
-    leader = _leader(url, log, tmp)
+    leader = pair_leader(url, log, tmp)
     apps = [
-        DriverProcess(
-            url,
-            log,
-            name=f"app{i}",
-            argv=enqueuer_argv(url, log, rollback=0.25, seed=i),
-            stderr_path=tmp / f"app{i}-{db}.stderr",
-        )
-        for i in range(APPS)
+        enqueuer(url, log, tmp / f"app{i}-{db}.stderr", name=f"app{i}", seed=i) for i in range(APPS)
     ]
     try:
         _, lead = leader.wait("leading", timeout=30)
         for app in apps:
             app.wait("started")
-        _until("acked before the crash", lambda: _acked(leader) >= ACKED_BEFORE, 60)
+        wait_until(lambda: _acked(leader) >= ACKED_BEFORE, "acked before the crash", 60, 0.02)
         mark = leader.mark()
         crashed = time.time()
         pair.crash_primary(kill=kill)
@@ -111,11 +87,11 @@ def _round(pair: PgPair, tmp: Path, kill: bool) -> dict[str, Any]:
         # (An ack after `mark` but before the promotion is a commit that landed on the old
         # primary as it went down.)
         _, first = leader.wait("ack", start=mark, timeout=60, where=lambda e: e["t"] >= promoted)
-        _until("acknowledged after", lambda: _acked(leader, mark) >= ACKED_AFTER, 60)
+        wait_until(lambda: _acked(leader, mark) >= ACKED_AFTER, "acknowledged after", 60, 0.02)
         app_summaries = [app.stop() for app in apps]
         # The same leader drains what the apps committed, on the new primary.
         with SqlStore.open(url, StoreConfig(migrate=False)) as reader:
-            _until("inbox drained", lambda: reader.read_inbox(limit=1) == [], 60)
+            wait_until(lambda: reader.read_inbox(limit=1) == [], "inbox drained", 60, 0.02)
             leader.wait("ack", start=leader.mark())
         leader_summary = leader.stop()
         assert leader_summary["errors"] == [], leader_summary["errors"]
@@ -147,19 +123,17 @@ def _round(pair: PgPair, tmp: Path, kill: bool) -> dict[str, Any]:
 def _rounds(pg_pair: PgPair, tmp: Path, rounds: int) -> None:
     began = time.monotonic()
     results = [_round(pg_pair, tmp, kill=r % 2 == 1) for r in range(rounds)]
-    _FIGURES.update(
-        {
-            "rounds": rounds,
-            "acked_mutations": sum(r["acked_mutations"] for r in results),
-            "acked_mutations_lost": sum(r["acked_mutations_lost"] for r in results),
-            "enqueues_committed": sum(r["enqueues_committed"] for r in results),
-            "enqueues_lost": sum(r["enqueues_lost"] for r in results),
-            "promoted_to_first_commit_ms": [r["promoted_to_first_commit_ms"] for r in results],
-            "crash_to_promoted_s": [r["crash_to_promoted_s"] for r in results],
-            "same_epoch": [r["same_epoch"] for r in results],
-            "seconds": round(time.monotonic() - began, 1),
-        }
-    )
+    _FIGURES["postgresql pair"] = {
+        "rounds": rounds,
+        "acked_mutations": sum(r["acked_mutations"] for r in results),
+        "acked_mutations_lost": sum(r["acked_mutations_lost"] for r in results),
+        "enqueues_committed": sum(r["enqueues_committed"] for r in results),
+        "enqueues_lost": sum(r["enqueues_lost"] for r in results),
+        "promoted_to_first_commit_ms": [r["promoted_to_first_commit_ms"] for r in results],
+        "crash_to_promoted_s": [r["crash_to_promoted_s"] for r in results],
+        "same_epoch": [r["same_epoch"] for r in results],
+        "seconds": round(time.monotonic() - began, 1),
+    }
     for r in results:
         print(json.dumps(r, sort_keys=True))
 

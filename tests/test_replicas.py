@@ -27,6 +27,7 @@ from typing import Any
 
 import pymysql
 import pytest
+from builders import BASE, keyed
 from pgpair import PgPair
 from sqlalchemy import Engine, create_engine, event, select, text
 
@@ -36,23 +37,15 @@ from cronoq_store import (
     SqlStore,
     StoreConfig,
     StoreUnavailable,
-    Submitted,
     TaskId,
-    TaskSpec,
-    TimeBase,
     execution,
 )
 from cronoq_store.schema import tasks
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 SLACK = 2.0
 """What a bounded wait may take past its bound here (a loaded 2-core machine)."""
 # No renewal during a test unless it asks for one: every connection is one the test sees.
 QUIET = StoreConfig(lease_ttl=timedelta(seconds=60), lease_renew=timedelta(seconds=20))
-
-
-def submit(i: int) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=f"k{i}"))
 
 
 def _db() -> str:
@@ -151,12 +144,12 @@ def test_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
     config = replace(QUIET, migrate=False, commit_timeout=COMMIT_TIMEOUT)
     with SqlStore.open(pair.primary_url(migrated), config) as store:
         epoch = store.acquire_leadership(timeout=10)
-        store.commit(epoch, BASE, [submit(1)])
+        store.commit(epoch, BASE, [keyed(1)])
         pair.stop_replica()
         try:
             limit = COMMIT_TIMEOUT.total_seconds() + SLACK
             took, error = bounded(
-                lambda: store.commit(epoch, BASE, [submit(2)]), limit + 5, pair.start_replica
+                lambda: store.commit(epoch, BASE, [keyed(2)]), limit + 5, pair.start_replica
             )
             print(f"commit with the sync standby lost: {took:.2f} s, {error}")
             assert took < limit, took
@@ -168,7 +161,7 @@ def test_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
             pair.start_replica()
         pair.wait_replayed()
         # The batch is idempotent: committing it again lands, once the standby is back.
-        store.commit(epoch, BASE, [submit(2)])
+        store.commit(epoch, BASE, [keyed(2)])
         assert store.get_task(ById(id=TaskId(2))) is not None
 
 
@@ -183,11 +176,11 @@ def test_async_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
     async def scenario() -> None:
         async with await AsyncSqlStore.open(pair.primary_url(migrated), config) as store:
             epoch = await store.acquire_leadership(timeout=10)
-            await store.commit(epoch, BASE, [submit(1)])
+            await store.commit(epoch, BASE, [keyed(1)])
             pair.stop_replica()
             started = time.monotonic()
             try:
-                await store.commit(epoch, BASE, [submit(2)])
+                await store.commit(epoch, BASE, [keyed(2)])
             finally:
                 timing.append(time.monotonic() - started)
                 pair.start_replica()
@@ -213,7 +206,7 @@ def test_acquire_beside_a_leader_stuck_on_a_lost_standby_keeps_its_timeout(
         SqlStore.open(pair.primary_url(migrated), ttl) as standby,
     ):
         epoch = leader.acquire_leadership(timeout=10)
-        leader.commit(epoch, BASE, [submit(1)])
+        leader.commit(epoch, BASE, [keyed(1)])
         pair.stop_replica()
         try:
             took, error = bounded(
@@ -265,7 +258,7 @@ def test_commit_on_a_demoted_primary_is_unavailable_then_reaches_the_new_one(
         if observed:
             observe(store.engine)
         epoch = store.acquire_leadership(timeout=10)
-        store.commit(epoch, BASE, [submit(1)])
+        store.commit(epoch, BASE, [keyed(1)])
         assert server_port(store) == pair.primary_port
         pair.wait_replayed()
         # The primary turns read-only under the store's pooled connections (as one being
@@ -274,14 +267,14 @@ def test_commit_on_a_demoted_primary_is_unavailable_then_reaches_the_new_one(
         pair.promote()
         opened = connects(store.engine)
         with pytest.raises(StoreUnavailable, match="read-only transaction"):
-            store.commit(epoch, BASE, [submit(2)])
+            store.commit(epoch, BASE, [keyed(2)])
         # The connection that met the read-only server was dropped: the retry opens a new
         # one, which the multi-host URL's target_session_attrs=read-write takes to the new
         # primary (a pooled connection to the old one may fail the same way first).
         errors: list[str] = []
         for _attempt in range(QUIET.pool_size):
             try:
-                store.commit(epoch, BASE, [submit(2)])
+                store.commit(epoch, BASE, [keyed(2)])
                 break
             except StoreUnavailable as exc:
                 errors.append(str(exc))
@@ -399,7 +392,7 @@ def test_mariadb_read_only_server_is_unavailable(read_only_maria: ReadOnlyMaria)
     server = read_only_maria
     with SqlStore.open(server.url, QUIET) as store:
         epoch = store.acquire_leadership(timeout=10)
-        store.commit(epoch, BASE, [submit(1)])
+        store.commit(epoch, BASE, [keyed(1)])
         server.read_only(True)
         try:
             opened = connects(store.engine)
@@ -408,7 +401,7 @@ def test_mariadb_read_only_server_is_unavailable(read_only_maria: ReadOnlyMaria)
             # gone, the next commit opens a new one (the pool reconnects a dropped one).
             for _attempt in range(pooled + 1):
                 with pytest.raises(StoreUnavailable, match="--read-only"):  # error 1290
-                    store.commit(epoch, BASE, [submit(2)])
+                    store.commit(epoch, BASE, [keyed(2)])
             assert len(opened) == 1, "a connection that met the read-only server was kept"
             server.read_only(False)
             store.release_leadership()

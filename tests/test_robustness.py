@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
+from builders import BASE, submit
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import URL, text, update
+from sqlalchemy import text, update
 
 from cronoq_store import (
     ById,
@@ -24,32 +23,18 @@ from cronoq_store import (
     RecurringUpsert,
     SqlStore,
     StatusChanged,
-    StoreConfig,
     Submitted,
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
     codec,
 )
 from cronoq_store.errors import CorruptValue
 from cronoq_store.schema import recurring, tasks
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 DEEP_OPEN = "[" * 2000  # 2 KB of '[': what the fault campaign stored
 DEEP_VALID = "[" * 1000 + "]" * 1000  # valid JSON, 1,000 levels deep
 JSON_COLUMNS = ("retry", "deps", "resources", "tags", "labels")
-
-
-@pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
-    with SqlStore.open(db_url, StoreConfig(lease_ttl=timedelta(seconds=5))) as s:
-        yield s
-        assert s.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-
-
-def submit(i: int, key: str | None = None) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i, key=key))
 
 
 def damage(store: SqlStore, task_id: int, **values: Any) -> None:

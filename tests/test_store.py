@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from builders import BASE, status, submit
 from sqlalchemy import URL, Engine, create_engine, inspect
 from sqlalchemy.schema import CreateSchema, DropSchema
 
@@ -21,35 +21,14 @@ from cronoq_store import (
     RecurringSpec,
     RecurringUpsert,
     SqlStore,
-    StatusChanged,
     StoreConfig,
     StoreError,
     Submitted,
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
     migrate,
 )
-
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
-
-
-@pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
-    with SqlStore.open(db_url, StoreConfig(lease_ttl=timedelta(seconds=5))) as s:
-        yield s
-        assert s.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-
-
-def submit(i: int, key: str | None = None, deps: tuple[Dep, ...] = ()) -> Submitted:
-    return Submitted(
-        id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p%d" % i, key=key, deps=deps)
-    )
-
-
-def status(i: int, st: TaskStatus, message: str | None = None) -> StatusChanged:
-    return StatusChanged(id=TaskId(i), status=st, attempt=1, at=100 + i, message=message)
 
 
 def test_commit_recover_query(store: SqlStore) -> None:

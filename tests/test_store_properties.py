@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from builders import BASE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import URL, Connection, Table, delete, select, update
@@ -43,11 +44,9 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
 )
 from cronoq_store.schema import TABLES, leader, recurring, task_deps, tasks
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 QUARTER = 15 * 60 * 1_000_000_000
 """Times lie on a grid of quarter hours (plus or minus 1 ns) so retention boundaries are hit."""
 RETENTION = timedelta(hours=1)

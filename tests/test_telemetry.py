@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from builders import BASE
 from faces import FACES, open_face
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import (
@@ -38,14 +39,12 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
     enqueue_many,
     execution,
 )
 from cronoq_store.schema import inbox, leader, tasks
 from cronoq_store.testing.statements import after_statements
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 CONFIG = StoreConfig(lease_ttl=timedelta(seconds=30), lease_renew=timedelta(seconds=10))
 SECRETS = ("sekret-payload", "sekret-key", "sekret-message", "sekret-label")
 """Task data the sequence writes: none of it may reach telemetry or a log line."""
@@ -67,14 +66,6 @@ def otel() -> tuple[InMemoryMetricReader, InMemorySpanExporter]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(tracer_provider)
     return reader, exporter
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[Callable[[], None]]]:
-    done: list[Callable[[], None]] = []
-    yield done
-    for close in reversed(done):
-        close()
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], Any, str]]]:

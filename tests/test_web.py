@@ -21,8 +21,10 @@ from datetime import timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 
+import builders
 import httpx
 import pytest
+from builders import BASE
 from sqlalchemy import URL, create_engine, insert, select
 from webserver import serve
 
@@ -39,7 +41,6 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
     enqueue,
     migrate,
 )
@@ -49,7 +50,7 @@ from cronoq_store.web import app as web_app
 
 PASSWORD = "s3cr3t-pw"
 EVIL = "<img src=x onerror=alert(1)>"
-OLD = TimeBase(unix_ns=1_700_000_000_000_000_000)  # November 2023: past any retention
+OLD = BASE  # November 2023: past any retention
 TTL = timedelta(seconds=30)
 CSP_SCRIPT = "script-src 'self'"
 
@@ -61,59 +62,62 @@ def url_with_password(db_url: URL) -> str:
 
 
 def submit(i: int, pool: str = "a", **kw: object) -> Submitted:
-    spec = TaskSpec(payload=bytes(range(i % 256)) * 2, pool=pool, **kw)  # type: ignore[arg-type]
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)
+    return builders.submit(i, bytes(range(i % 256)) * 2, pool=pool, **kw)
 
 
 def moved(i: int, st: TaskStatus, message: str | None = None) -> StatusChanged:
-    return StatusChanged(id=TaskId(i), status=st, attempt=2, at=100, message=message)
+    return builders.status(i, st, message, attempt=2, at=100)
 
 
 @pytest.fixture
-def store(db_url: URL) -> Iterator[SqlStore]:
+def store_config() -> StoreConfig:
+    return StoreConfig(lease_ttl=TTL)
+
+
+@pytest.fixture
+def store(store: SqlStore, dialect: str) -> SqlStore:
     """A store that leads, holding: pool a: 1 succeeded (output "0123456789", kind "email",
     label, tag), 2 failed (key "k2", message EVIL), 3 queued (key "k3", depends on key "k2");
     pool b: 4 cancelled, 5 running (kind EVIL, key EVIL, tag and label EVIL); a schedule
     "nightly" whose last task is 1; one inbox item and one row set aside."""
-    with SqlStore.open(db_url, StoreConfig(lease_ttl=TTL)) as s:
-        epoch = s.acquire_leadership()
-        sched = RecurringSpec(
-            name="nightly",
-            template=TaskSpec(payload=b"t", pool="b"),
-            cron="0 3 * * *",
-            timezone="Europe/Paris",
-        )
-        s.commit(
-            epoch,
-            OLD,
-            [
-                submit(1, kind="email", labels={"team": "x"}, tags=frozenset({"urgent"})),
-                submit(2, key="k2"),
-                submit(4, pool="b"),
-                moved(1, TaskStatus.SUCCEEDED),
-                moved(2, TaskStatus.FAILED, EVIL),
-                moved(4, TaskStatus.CANCELLED),
-                submit(3, key="k3", deps=(Dep(target=ByKey(key="k2"), on="finish"),)),
-                submit(5, pool="b", kind=EVIL, key=EVIL, labels={EVIL: EVIL}, tags={EVIL}),
-                moved(5, TaskStatus.RUNNING, EVIL),
-                RecurringUpsert(spec=sched),
-                RecurringNext(name="nightly", next=10**9, last=TaskId(1)),
-            ],
-            outputs=[(TaskId(1), b"0123456789")],
-        )
-        with s.engine.begin() as conn:
-            enqueue(conn, TaskSpec(payload=b"x", pool="c", kind="mail", key="in-1"))
-            conn.execute(
-                insert(inbox_rejects).values(
-                    inbox_id=99,
-                    enqueued_unix_ns=time.time_ns(),
-                    rejected_unix_ns=time.time_ns(),
-                    reason=f"bad spec {EVIL}",
-                    payload=b"\x00",
-                    fields="{}",
-                )
+    epoch = store.acquire_leadership()
+    sched = RecurringSpec(
+        name="nightly",
+        template=TaskSpec(payload=b"t", pool="b"),
+        cron="0 3 * * *",
+        timezone="Europe/Paris",
+    )
+    store.commit(
+        epoch,
+        OLD,
+        [
+            submit(1, kind="email", labels={"team": "x"}, tags=frozenset({"urgent"})),
+            submit(2, key="k2"),
+            submit(4, pool="b"),
+            moved(1, TaskStatus.SUCCEEDED),
+            moved(2, TaskStatus.FAILED, EVIL),
+            moved(4, TaskStatus.CANCELLED),
+            submit(3, key="k3", deps=(Dep(target=ByKey(key="k2"), on="finish"),)),
+            submit(5, pool="b", kind=EVIL, key=EVIL, labels={EVIL: EVIL}, tags={EVIL}),
+            moved(5, TaskStatus.RUNNING, EVIL),
+            RecurringUpsert(spec=sched),
+            RecurringNext(name="nightly", next=10**9, last=TaskId(1)),
+        ],
+        outputs=[(TaskId(1), b"0123456789")],
+    )
+    with store.engine.begin() as conn:
+        enqueue(conn, TaskSpec(payload=b"x", pool="c", kind="mail", key="in-1"))
+        conn.execute(
+            insert(inbox_rejects).values(
+                inbox_id=99,
+                enqueued_unix_ns=time.time_ns(),
+                rejected_unix_ns=time.time_ns(),
+                reason=f"bad spec {EVIL}",
+                payload=b"\x00",
+                fields="{}",
             )
-        yield s
+        )
+    return store
 
 
 def make_client(db_url: URL, **options: object) -> Iterator[httpx.Client]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import BASE
 from sqlalchemy import URL
 from webserver import serve
 
@@ -32,7 +33,6 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TaskStatus,
-    TimeBase,
     lease,
 )
 from cronoq_store import cli as cli_module
@@ -54,7 +54,6 @@ FLAGS = [
 ]
 """The machine's launch flags for Chromium (with a new, empty user-data-dir each run)."""
 EVIL = "<img src=x onerror=alert(1)>"
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
 TTL = timedelta(seconds=4)
 
 

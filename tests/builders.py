@@ -1,0 +1,69 @@
+"""What the tests build batches from, and how they wait: one of each, so that no file carries
+its own near-copy with other defaults.
+
+`BASE` is the test kit's time base (November 2023, so that anything committed under it is old
+enough to prune); a test that is about time bases makes its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cronoq_store import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
+from cronoq_store.testing import BASE
+
+__all__ = ["BASE", "keyed", "status", "submit", "wait_until"]
+
+
+def submit(
+    i: int,
+    payload: bytes | None = None,
+    *,
+    seq: int | None = None,
+    arrival: int | None = None,
+    **spec: Any,
+) -> Submitted:
+    """Task `i` submitted with payload `b"p<i>"`, seq and arrival `i`, unless given; `spec`
+    holds any further `TaskSpec` field (key, deps, pool, ...)."""
+    return Submitted(
+        id=TaskId(i),
+        seq=i if seq is None else seq,
+        arrival=i if arrival is None else arrival,
+        spec=TaskSpec(payload=b"p%d" % i if payload is None else payload, **spec),
+    )
+
+
+def keyed(i: int, **spec: Any) -> Submitted:
+    """Task `i` submitted with key `k<i>`: every commit of it also claims a live key."""
+    return submit(i, key=f"k{i}", **spec)
+
+
+def status(
+    i: int,
+    st: TaskStatus = TaskStatus.SUCCEEDED,
+    message: str | None = None,
+    *,
+    attempt: int = 1,
+    at: int | None = None,
+) -> StatusChanged:
+    """Task `i` moved to `st` at engine time `at` (100 + i unless given)."""
+    return StatusChanged(
+        id=TaskId(i), status=st, attempt=attempt, at=100 + i if at is None else at, message=message
+    )
+
+
+def wait_until(
+    condition: Callable[[], object], what: str, timeout: float, pause: float = 0.01
+) -> None:
+    """Return once `condition()` is true; fail naming `what` when it is not within `timeout` s.
+
+    A bound, not a tuned sleep: a test waits for what it needs, and a wait that never ends is a
+    failure that says what never happened.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(pause)

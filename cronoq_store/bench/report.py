@@ -29,6 +29,8 @@ METRIC_NAMES: Final = {
     "recover": "recover time",
     "recover_memory": "recover peak mem",
     "prune": "prune",
+    "enqueue": "inbox enqueue",
+    "drain": "inbox drain",
 }
 
 
@@ -122,6 +124,9 @@ _MARKDOWN_ROWS: Final = (
     ("recover", None, "recovery of the live tasks"),
     ("recover_memory", None, "recovery peak memory / result"),
     ("prune", None, "prune, batch 1000"),
+    ("enqueue", 1, "inbox: enqueue 1 in the app's transaction"),
+    ("enqueue", 100, "inbox: enqueue_many 100 in the app's transaction"),
+    ("drain", None, "inbox: drain (read_inbox + commit) of 1000"),
 )
 
 

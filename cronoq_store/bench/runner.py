@@ -26,6 +26,7 @@ from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskS
 from ..repository import PRUNE_BATCH
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
+from .inbox import inbox_figures
 from .raw import Baseline, RawDriver, baselines
 from .results import BenchResult, DatabaseResult, Figure, Metric, Target, _goal
 from .targets import raw_database
@@ -378,6 +379,7 @@ def bench_database(
             b.throughput()
             b.recovery()
             b.prune()
+            inbox_figures(b)
         finally:
             b.close()
     return DatabaseResult(

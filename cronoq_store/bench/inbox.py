@@ -213,8 +213,22 @@ class InboxBench:
                 for r in got:
                     # id, enqueued, pool, kind, priority, key, payload, ... tenant
                     rows.append(
-                        (next_id, next_id, arrival, *r[2:6], r[5], bytes(r[6]), *r[7:])
-                        + (queued, False, 0, now, None, None, None)
+                        (
+                            next_id,
+                            next_id,
+                            arrival,
+                            *r[2:6],
+                            r[5],
+                            bytes(r[6]),
+                            *r[7:],
+                            queued,
+                            False,
+                            0,
+                            now,
+                            None,
+                            None,
+                            None,
+                        )
                     )
                     next_id += 1
                 if self.postgresql:

@@ -152,6 +152,12 @@ def insert_notify_stmt() -> Insert:
 
 
 @cache
+def last_rowid_stmt() -> Select[Any]:
+    """SQLite: the rowid its connection inserted last."""
+    return select(func.last_insert_rowid())
+
+
+@cache
 def oldest_stmt(*, after: bool) -> Select[Any]:
     """The oldest inbox rows (above `after`), in id order."""
     stmt = select(inbox)
@@ -244,6 +250,13 @@ def _write(
                 insert_many_stmt(notify=notify), arrays, execution_options=options
             )
         ids = sorted(result.scalars())  # numbered in row order (`insert_many_stmt`)
+    elif len(rows) > 1 and dialects.name(dialect) == "sqlite" and _one_transaction(conn):
+        # One executemany, no RETURNING (which SQLAlchemy runs a row at a time here to keep
+        # the order): this transaction holds SQLite's write lock from its first INSERT on, so
+        # AUTOINCREMENT numbers the rows one after another, the last one `last_insert_rowid`.
+        conn.execute(stmt, rows, execution_options=options)
+        last = int(conn.execute(last_rowid_stmt()).scalar_one())
+        ids = list(range(last - len(rows) + 1, last + 1))
     elif postgresql and notify:
         [row] = rows
         ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
@@ -261,6 +274,16 @@ def _write(
             key: Any = conn.execute(stmt, row, execution_options=options).inserted_primary_key
             ids.append(int(key[0]))
     return ids
+
+
+def _one_transaction(conn: Connection) -> bool:
+    """SQLite: whether an executemany now runs in one transaction (one begun, or one the
+    driver begins before a write), not a transaction per row (the driver's autocommit)."""
+    driver: Any = conn.connection.driver_connection
+    if driver.in_transaction:
+        return True
+    legacy = getattr(driver, "autocommit", -1) == -1  # sqlite3.LEGACY_TRANSACTION_CONTROL
+    return legacy and driver.isolation_level is not None
 
 
 def _write_or_explain(

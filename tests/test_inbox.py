@@ -550,3 +550,14 @@ def test_postgresql_core_statement_for_other_drivers(
             assert len(sorted(ids)) == 3
         stored = conn.execute(select(inbox).order_by(inbox.c.id)).mappings().all()
     assert [codec.spec_from_columns(inbox_module.UNIX, r) for r in stored] == specs * 2
+
+
+def test_enqueue_many_on_an_autocommit_connection(store: SqlStore, engine: Engine) -> None:
+    """A connection in autocommit commits each row by itself (SQLite: another writer may come
+    between two): the ids still name the rows, in order."""
+    specs = [TaskSpec(payload=b"%d" % i) for i in range(5)]
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        ids = enqueue_many(conn, specs)
+    items = store.read_inbox()
+    assert [i.inbox_id for i in items] == ids
+    assert [i.spec for i in items] == specs

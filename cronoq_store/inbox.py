@@ -509,7 +509,12 @@ def read(conn: Connection, *, base: TimeBase, limit: int, after: int | None) -> 
     params: dict[str, Any] = {"limit": limit}
     if after is not None:
         params["after"] = after
-    for row in conn.execute(oldest_stmt(after=after is not None), params).mappings():
+    result = conn.execute(oldest_stmt(after=after is not None), params)
+    keys = tuple(result.keys())
+    # One fetch of plain tuples (psycopg's fetchone per row and RowMapping's lookups cost as
+    # much as decoding the spec), each made a dict once.
+    for values in result.all():
+        row = dict(zip(keys, values, strict=True))
         last = row["id"]
         try:
             spec = codec.spec_from_columns(base, row)

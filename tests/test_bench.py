@@ -46,7 +46,10 @@ def _expected(dialect: str) -> set[tuple[str, int | None, str]]:
     figures |= {
         (m, 1, names[0]) for m in ("leader_commit", "leader_cpu", "leader_p50", "leader_p99")
     }
-    return figures | {("recover", None, ""), ("recover_memory", None, ""), ("prune", 1000, "")}
+    figures |= {("recover", None, ""), ("recover_memory", None, ""), ("prune", 1000, "")}
+    # The inbox's (bench.inbox): enqueue 1 / 100 in the app's transaction, the drain of 1000.
+    bulk = "copy" if dialect == "postgresql" else "executemany"
+    return figures | {("enqueue", 1, "insert"), ("enqueue", 100, bulk), ("drain", 1000, bulk)}
 
 
 def test_raw_baselines_per_dialect() -> None:
@@ -87,6 +90,8 @@ def test_bench_reports_every_figure(db_url: URL, dialect: str, tmp_path: Path) -
     assert markdown.splitlines()[0] == f"| figure | {db.label} |"
     assert "submissions, batch 1 |" in markdown
     assert "CPU per submit commit" in markdown
+    assert "inbox: enqueue 1 in the app's transaction |" in markdown
+    assert "inbox: drain (read_inbox + commit) of 1000 |" in markdown
 
     png = tmp_path / "bench.png"
     plot(result, png)

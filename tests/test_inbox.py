@@ -48,11 +48,13 @@ from cronoq_store import (
     TaskSpec,
     TaskStatus,
     TimeBase,
+    codec,
     enqueue,
     enqueue_async,
     enqueue_many,
     enqueue_many_async,
 )
+from cronoq_store import inbox as inbox_module
 from cronoq_store.aio import AsyncSqlStore, async_url
 from cronoq_store.schema import inbox, inbox_rejects, leader, tasks
 from cronoq_store.testing import AckLog, check, digest
@@ -416,8 +418,9 @@ def test_postgresql_listener_is_made_anew_when_its_connection_dies(
 def test_enqueue_notifies_in_its_own_round_trip_unless_told_not_to(
     dialect: str, store: SqlStore, engine: Engine
 ) -> None:
-    """PostgreSQL: an enqueue's notification rides on its INSERT (one statement for one item,
-    two for several), and `notify=False` leaves it out; elsewhere `notify` changes nothing."""
+    """PostgreSQL: an enqueue's notification rides on its INSERT (one statement for one item
+    or for several), a transaction's listeners hear it once however many enqueues it made, and
+    `notify=False` leaves it out; elsewhere `notify` changes nothing."""
     specs = [TaskSpec(payload=b"%d" % i) for i in range(3)]
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
@@ -439,16 +442,21 @@ def test_enqueue_notifies_in_its_own_round_trip_unless_told_not_to(
         statements.clear()
         with engine.begin() as conn:
             enqueue_many(conn, specs)
-        assert len(statements) == 2, statements  # the ids (which notify), then the INSERT
+        assert len(statements) == 1, statements  # the INSERT, which notifies once
+        with engine.begin() as conn:  # several enqueues: one notification on commit
+            enqueue(conn, specs[0])
+            enqueue_many(conn, specs)
+            enqueue_many(conn, specs[1:])
+            enqueue(conn, specs[2])
         with engine.begin() as conn:
             enqueue(conn, specs[0], notify=False)
             enqueue_many(conn, specs[1:], notify=False)
         with engine.begin() as conn:  # a marker, delivered after whatever those sent
             conn.execute(text("SELECT pg_notify('cronoq_inbox', 'marker')"))
-        payloads = [n.payload for n in listener.notifies(timeout=30, stop_after=3)]
+        payloads = [n.payload for n in listener.notifies(timeout=30, stop_after=4)]
     # One per notifying transaction (a multi-row one too), none without notify.
-    assert payloads == ["", "", "marker"]
-    assert len(store.read_inbox()) == 7
+    assert payloads == ["", "", "", "marker"]
+    assert len(store.read_inbox()) == 14
 
 
 def test_a_store_that_does_not_listen_polls(db_url: URL, engine: Engine) -> None:
@@ -497,3 +505,57 @@ def test_checker_flags_lost_and_rolled_back_items(
     assert len(report.inbox_lost) == 1 and digest(specs[1]) in report.inbox_lost[0]
     assert len(report.inbox_from_rolled_back) == 1
     assert digest(specs[2]) in report.inbox_from_rolled_back[0]
+
+
+def test_enqueue_many_numbers_items_in_order_in_one_statement(
+    dialect: str, store: SqlStore, engine: Engine
+) -> None:
+    """An empty list writes nothing; a large one (rich and plain specs mixed, Nones in every
+    optional column) gets ascending ids in its order, and drains as given. PostgreSQL does it
+    in one statement, its columns bound as arrays."""
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with engine.begin() as conn:
+        assert enqueue_many(conn, []) == []
+    assert statements == [] and count(engine, inbox) == 0
+    statements.clear()
+    specs = [rich_spec(i) if i % 3 else TaskSpec(payload=b"%d" % i) for i in range(2500)]
+    with engine.begin() as conn:
+        ids = enqueue_many(conn, specs)
+    if dialect == "postgresql":
+        assert len(statements) == 1, statements
+    assert ids == sorted(set(ids)) and len(ids) == len(specs)
+    got = [
+        i for n in range(3) for i in store.read_inbox(1000, after=ids[n * 1000 - 1] if n else None)
+    ]
+    assert [i.inbox_id for i in got] == ids
+    assert [i.spec for i in got] == specs
+
+
+def test_postgresql_core_statement_for_other_drivers(
+    dialect: str, store: SqlStore, engine: Engine
+) -> None:
+    """The multi-row statement as Core runs it (text arrays, for drivers other than psycopg):
+    the same rows, ids in order, whether or not it notifies."""
+    if dialect != "postgresql":
+        pytest.skip("PostgreSQL's statement")
+    specs = [rich_spec(1), TaskSpec(payload=b"plain"), rich_spec(2)]
+    rows = [codec.spec_columns(inbox_module.UNIX, s) for s in specs]
+    arrays = {f"a_{c}": [r[c] for r in rows] for c in codec.SPEC_COLUMNS}
+    with engine.begin() as conn:
+        for notify in (True, False):
+            ids = conn.execute(inbox_module.insert_many_stmt(notify=notify), arrays).scalars()
+            assert len(sorted(ids)) == 3
+        stored = conn.execute(select(inbox).order_by(inbox.c.id)).mappings().all()
+    assert [codec.spec_from_columns(inbox_module.UNIX, r) for r in stored] == specs * 2
+
+
+def test_enqueue_many_on_an_autocommit_connection(store: SqlStore, engine: Engine) -> None:
+    """A connection in autocommit commits each row by itself (SQLite: another writer may come
+    between two): the ids still name the rows, in order."""
+    specs = [TaskSpec(payload=b"%d" % i) for i in range(5)]
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        ids = enqueue_many(conn, specs)
+    items = store.read_inbox()
+    assert [i.inbox_id for i in items] == ids
+    assert [i.spec for i in items] == specs

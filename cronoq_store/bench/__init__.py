@@ -10,6 +10,7 @@ The package, one room per role:
 - `workload`: the realistic specs both sides are handed, and the run's sizes;
 - `raw`: the raw-driver baselines (tables, compiled statements, what each figure runs);
 - `runner`: both sides measured in turns, the ratios, every database in turn;
+- `inbox`: the inbox rows (the app's enqueue, the leader's drain) beside the raw driver;
 - `targets`: which databases to run on (SQLite temp files, scratch server databases, URLs);
 - `results`: the figures, their JSON form and the issue's goals;
 - `report`: the terminal table and the plot;

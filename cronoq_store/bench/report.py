@@ -33,6 +33,8 @@ METRIC_NAMES: Final = {
     "leader_cpu": "leader CPU/commit",
     "leader_p50": "leader latency p50",
     "leader_p99": "leader latency p99",
+    "enqueue": "inbox enqueue",
+    "drain": "inbox drain",
 }
 
 
@@ -130,6 +132,9 @@ _MARKDOWN_ROWS: Final = (
     ("leader_cpu", 1, "batch 1, CPU per leader commit"),
     ("leader_p50", 1, "batch 1, leader commit latency p50"),
     ("leader_p99", 1, "batch 1, leader commit latency p99"),
+    ("enqueue", 1, "inbox: enqueue 1 in the app's transaction"),
+    ("enqueue", 100, "inbox: enqueue_many 100 in the app's transaction"),
+    ("drain", None, "inbox: drain (read_inbox + commit) of 1000"),
 )
 
 

@@ -26,6 +26,7 @@ from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskS
 from ..repository.prune import PRUNE_BATCH
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
+from .inbox import inbox_figures
 from .leader import leader_commit
 from .raw import Baseline, RawDriver, baselines
 from .results import BenchResult, DatabaseResult, Figure, Metric, Target, _goal
@@ -380,6 +381,7 @@ def bench_database(
             leader_commit(b)
             b.recovery()
             b.prune()
+            inbox_figures(b)
         finally:
             b.close()
     return DatabaseResult(

@@ -1,0 +1,249 @@
+"""cronoq's app side beside the job systems a user could pick instead, on one PostgreSQL server.
+
+One client, about 100-byte jobs, durable commits, each system in a fresh database of its own;
+jobs/s for one job per transaction and for 1,000 jobs per call, 3 repeats in alternating order,
+median. The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
+
+    python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json]
+
+- cronoq: `enqueue` in the app's transaction / `enqueue_many` of 1,000 (this interpreter);
+- procrastinate: `defer` / `batch_defer` (the peers' virtualenv, `PEERS/venv`);
+- graphile-worker: `addJob` / `addJobs`; pg-boss: `send` / `insert` (node, `PEERS/node_modules`);
+- raw psycopg: INSERT + COMMIT / COPY of an inbox-shaped row (this interpreter).
+
+Figures only: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, make_url, text
+
+SERVER = os.environ.get(
+    "CRONOQ_BENCH_POSTGRESQL_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+PAYLOAD = b"x" * 100
+SINGLE = 500
+"""Jobs per sample, one per transaction."""
+BATCHES = 10
+"""Calls of 1,000 jobs per sample."""
+
+PROCRASTINATE = r"""
+import json, sys, time, procrastinate
+dsn, single, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+@app.task(name="job", queue="default")
+def job(payload): pass
+with app.open():
+    app.schema_manager.apply_schema()
+    data = "x" * 100
+    job.defer(payload=data)
+    t = time.perf_counter()
+    for _ in range(single):
+        job.defer(payload=data)
+    one = single / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for _ in range(batches):
+        job.batch_defer(*[{"payload": data}] * 1000)
+    many = batches * 1000 / (time.perf_counter() - t)
+print(json.dumps({"single": one, "batch": many}))
+"""
+
+NODE = r"""
+const [dsn, single, batches] = [process.argv[2], +process.argv[3], +process.argv[4]];
+const which = process.argv[5];
+const data = { payload: "x".repeat(100) };
+async function graphile() {
+  const { makeWorkerUtils } = require("graphile-worker");
+  const utils = await makeWorkerUtils({ connectionString: dsn });
+  await utils.migrate();
+  await utils.addJob("job", data);
+  let t = process.hrtime.bigint();
+  for (let i = 0; i < single; i++) await utils.addJob("job", data);
+  const one = single / (Number(process.hrtime.bigint() - t) / 1e9);
+  t = process.hrtime.bigint();
+  for (let b = 0; b < batches; b++)
+    await utils.addJobs(Array.from({ length: 1000 }, () => ({ identifier: "job", payload: data })));
+  const many = (batches * 1000) / (Number(process.hrtime.bigint() - t) / 1e9);
+  await utils.release();
+  return { single: one, batch: many };
+}
+async function pgboss() {
+  const PgBoss = require("pg-boss");
+  const boss = new PgBoss({ connectionString: dsn, max: 1, supervise: false, schedule: false });
+  boss.on("error", (e) => console.error(e));
+  await boss.start();
+  await boss.createQueue("job");
+  await boss.send("job", data);
+  let t = process.hrtime.bigint();
+  for (let i = 0; i < single; i++) await boss.send("job", data);
+  const one = single / (Number(process.hrtime.bigint() - t) / 1e9);
+  t = process.hrtime.bigint();
+  for (let b = 0; b < batches; b++)
+    await boss.insert(Array.from({ length: 1000 }, () => ({ name: "job", data })));
+  const many = (batches * 1000) / (Number(process.hrtime.bigint() - t) / 1e9);
+  await boss.stop({ graceful: false, wait: true });
+  return { single: one, batch: many };
+}
+(which === "graphile" ? graphile() : pgboss()).then(
+  (r) => { console.log(JSON.stringify(r)); process.exit(0); },
+  (e) => { console.error(e); process.exit(1); });
+"""
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    """A fresh database on the server (its SQLAlchemy URL), dropped afterwards."""
+    admin = create_engine(SERVER, isolation_level="AUTOCOMMIT")
+    name = f"cronoq_peers_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield make_url(SERVER).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def cronoq(url: str) -> dict[str, float]:
+    from cronoq_store import SqlStore, TaskSpec, enqueue, enqueue_many
+
+    SqlStore.open(url).close()  # migrate
+    engine = create_engine(url)
+    spec = TaskSpec(payload=PAYLOAD, kind="job")
+    with engine.connect() as conn:
+        conn.begin()
+        enqueue(conn, spec)
+        conn.commit()
+        t = time.perf_counter()
+        for _ in range(SINGLE):
+            conn.begin()
+            enqueue(conn, spec)
+            conn.commit()
+        one = SINGLE / (time.perf_counter() - t)
+        specs = [spec] * 1000
+        t = time.perf_counter()
+        for _ in range(BATCHES):
+            conn.begin()
+            enqueue_many(conn, specs)
+            conn.commit()
+        many = BATCHES * 1000 / (time.perf_counter() - t)
+    engine.dispose()
+    return {"single": one, "batch": many}
+
+
+def raw(url: str) -> dict[str, float]:
+    import psycopg
+
+    with psycopg.connect(_dsn(url)) as conn:
+        conn.execute(
+            "CREATE TABLE jobs (id bigserial PRIMARY KEY, enqueued_unix_ns bigint NOT NULL, "
+            "kind text NOT NULL, payload bytea NOT NULL, tags text NOT NULL)"
+        )
+        conn.commit()
+        sql = "INSERT INTO jobs (enqueued_unix_ns, kind, payload, tags) VALUES (%s, %s, %s, %s)"
+        t = time.perf_counter()
+        for _ in range(SINGLE):
+            conn.execute(sql, (time.time_ns(), "job", PAYLOAD, "[]"))
+            conn.commit()
+        one = SINGLE / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(BATCHES):
+            with (
+                conn.cursor() as cur,
+                cur.copy("COPY jobs (enqueued_unix_ns, kind, payload, tags) FROM STDIN") as copy,
+            ):
+                for _ in range(1000):
+                    copy.write_row((time.time_ns(), "job", PAYLOAD, "[]"))
+            conn.commit()
+        many = BATCHES * 1000 / (time.perf_counter() - t)
+    return {"single": one, "batch": many}
+
+
+def external(command: list[str], cwd: Path, env: dict[str, str]) -> dict[str, float]:
+    done = subprocess.run(
+        command, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[0]} failed: {done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def systems(peers: Path) -> dict[str, Callable[[str], dict[str, float]]]:
+    scratch = Path(tempfile.mkdtemp(prefix="cronoq-peers-"))
+    (scratch / "procrastinate_bench.py").write_text(PROCRASTINATE)
+    (scratch / "node_bench.js").write_text(NODE)
+    python = str(peers / "venv" / "bin" / "python")
+    node_env = {"NODE_PATH": str(peers / "node_modules")}
+    counts = [str(SINGLE), str(BATCHES)]
+
+    def node(which: str) -> Callable[[str], dict[str, float]]:
+        return lambda url: external(
+            ["node", "node_bench.js", _dsn(url), *counts, which], scratch, node_env
+        )
+
+    return {
+        "cronoq enqueue / enqueue_many": cronoq,
+        "procrastinate defer / batch_defer": lambda url: external(
+            [python, "procrastinate_bench.py", _dsn(url), *counts], scratch, {}
+        ),
+        "graphile-worker addJob / addJobs": node("graphile"),
+        "pg-boss send / insert": node("pgboss"),
+        "raw psycopg INSERT + COMMIT / COPY": raw,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    runs = systems(args.peers)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    for repeat in range(args.repeats):
+        order = list(runs.items())
+        if repeat % 2:
+            order.reverse()
+        for name, fn in order:
+            with database() as url:
+                samples[name].append(fn(url))
+            print(f"  {name}: {samples[name][-1]}", file=sys.stderr)
+    table: dict[str, Any] = {
+        name: {kind: round(statistics.median(s[kind] for s in got)) for kind in ("single", "batch")}
+        for name, got in samples.items()
+    }
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    print(
+        f"| one client, jobs/s, median of {args.repeats} | one job per transaction | "
+        "1,000 jobs per call |"
+    )
+    print("|---|---|---|")
+    for name, row in table.items():
+        print(f"| {name} | {row['single']:,} | {row['batch']:,} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -53,6 +53,7 @@ from cronoq_store import (
     enqueue_async,
     enqueue_many,
     enqueue_many_async,
+    execution,
 )
 from cronoq_store import inbox as inbox_module
 from cronoq_store.aio import AsyncSqlStore, async_url
@@ -423,6 +424,7 @@ def test_enqueue_notifies_in_its_own_round_trip_unless_told_not_to(
     `notify=False` leaves it out; elsewhere `notify` changes nothing."""
     specs = [TaskSpec(payload=b"%d" % i) for i in range(3)]
     statements: list[str] = []
+    engine.update_execution_options(**{execution.OBSERVED: True})  # the listener sees all
     event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     with pytest.raises(InvalidValue, match="notify must be a bool"), engine.begin() as conn:
         enqueue(conn, specs[0], notify=1)  # type: ignore[arg-type]

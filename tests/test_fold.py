@@ -54,8 +54,9 @@ def write(tasks: Tasks, deps: DepRows, folded: folding.Folded) -> None:
         if row is None:
             continue  # not stored (yet): the transition changes nothing
         terminal = change.status.is_terminal
-        if row["terminal"] and not terminal:  # revived: its dependency rows return
-            deps[task_id] = folding.dep_rows(task_id, codec.decode_deps(row["deps"]))
+        revived = row["terminal"] and not terminal
+        if revived and (rows := folding.dep_rows(task_id, codec.decode_deps(row["deps"]))):
+            deps[task_id] = rows  # its dependency rows return
         row.update(
             status=change.status.value,
             terminal=terminal,
@@ -72,7 +73,7 @@ def write(tasks: Tasks, deps: DepRows, folded: folding.Folded) -> None:
         if task_id in tasks:
             continue  # stored already: a replay, ignored with what was folded into it
         tasks[task_id] = dict(new)
-        if not new["terminal"] and task_id in folded.deps:
+        if not new["terminal"] and folded.deps.get(task_id):
             deps[task_id] = list(folded.deps[task_id])
 
 
@@ -284,3 +285,14 @@ def test_the_fold_imports_no_sqlalchemy() -> None:
                 continue
             assert not [n for n in names if n.split(".")[0] == "sqlalchemy"], path
     assert len(seen) > 1  # codec, model, errors were followed
+
+
+def test_a_task_revived_in_a_later_batch_without_deps_holds_no_dependency_rows() -> None:
+    """Found by hypothesis in CI: the model wrote an empty list, which no table can hold."""
+    task = TaskId(3)
+    submitted = Submitted(id=task, seq=0, arrival=0, spec=TaskSpec(payload=b"p"))
+    done = StatusChanged(id=task, status=TaskStatus.SUCCEEDED, attempt=0, at=0, message=None)
+    again = StatusChanged(id=task, status=TaskStatus.QUEUED, attempt=0, at=1, message=None)
+    stream = [submitted, done, again]
+    assert committed([stream[:2], stream[2:]]) == committed([stream])
+    assert committed([stream[:2], stream[2:]])[1] == {}

@@ -12,7 +12,7 @@ The package, one room per role:
 - `runner`: both sides measured in turns, the ratios, every database in turn;
 - `inbox`: the inbox rows (the app's enqueue, the leader's drain) beside the raw driver;
 - `targets`: which databases to run on (SQLite temp files, scratch server databases, URLs);
-- `results`: the figures, their JSON form and the issue's goals;
+- `results`: the figures, their JSON form and the project's goals;
 - `report`: the terminal table and the plot;
 - `command`: the `cronoq-store bench` command line.
 """

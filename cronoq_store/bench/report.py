@@ -158,7 +158,7 @@ def _markdown_cell(f: Figure) -> str:
 def markdown_table(result: BenchResult) -> str:
     """The headline figures as the README's Markdown table: one column per database, each
     cell the store's figure, the median ratio to the raw baseline named, its spread
-    (min-max over the pairs) and whether the issue's goal is met."""
+    (min-max over the pairs) and whether the project's goal is met."""
     labels = [db.label for db in result.databases]
     lines = [
         "| figure | " + " | ".join(labels) + " |",

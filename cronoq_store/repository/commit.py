@@ -210,7 +210,7 @@ def _existing_dropped(
 ) -> dict[int, dict[str, Any]]:
     """`inserts` without the tasks stored already, when there are more than one.
 
-    Insert or ignore, as the reference: a task stored already (a replayed batch) keeps its
+    Insert or ignore: a task stored already (a replayed batch) keeps its
     row, and the transitions folded into its insert (its dependency rows too) are ignored
     with it. One new task is inserted in a form that says whether it was stored already
     (`_write_inserts`): no lookup first. More are looked up first, then loaded in one bulk

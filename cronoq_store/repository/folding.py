@@ -55,7 +55,7 @@ class FoldedStatus:
 
 @dataclass(slots=True)
 class Folded:
-    """A batch folded as the reference folds it, so that splitting a batch changes no row.
+    """A batch folded so that splitting a batch changes no row.
 
     Mutations apply in batch order: a transition of a task submitted earlier in the batch is
     folded into its insert; any other transition (the task's `Submitted` has not come yet) is an

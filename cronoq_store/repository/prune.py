@@ -47,7 +47,7 @@ def prunable_stmt() -> Select[Any]:
 
 @cache
 def prune_stmt(*, join: bool = False) -> Delete:
-    """Delete one batch of prunable tasks in one statement, as the reference does.
+    """Delete one batch of prunable tasks in one statement.
 
     The dependency check is part of the DELETE itself, so a live task committed before the
     statement starts always spares its targets; selecting victims first and deleting them by

@@ -497,6 +497,60 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
         raise CorruptValue(f"task spec: malformed column ({exc})") from exc
 
 
+_TEXT_LIMITS: Final = (
+    ("pool", POOL_MAX),
+    ("kind", KIND_MAX),
+    ("key", KEY_MAX),
+    ("tenant", TENANT_MAX),
+)
+
+
+class StoredSpecs:
+    """Specs decoded from stored rows (the inbox's), with those rows' columns, so that a spec
+    written again under the same base is copied, not encoded anew: `spec_columns` of a spec
+    `spec_from_columns` returned under `base` gives back the columns it read. Keyed by the
+    spec's identity, not its value; an entry holds its spec, so no other spec takes its id."""
+
+    __slots__ = ("_base", "_by_id")
+
+    def __init__(self, base: TimeBase) -> None:
+        self._base = base
+        self._by_id: dict[int, tuple[TaskSpec, dict[str, Any]]] = {}
+
+    def add(self, spec: TaskSpec, columns: dict[str, Any]) -> None:
+        """Remember `columns` (`SPEC_COLUMNS`, taken over) as what `spec` was decoded from,
+        unless a text in them is not as `spec_columns` writes it (a hand-written row's)."""
+        pool, kind, key, tenant = (
+            columns["pool"],
+            columns["kind"],
+            columns["key"],
+            columns["tenant"],
+        )
+        texts = f"{pool}{kind}{key or ''}{tenant or ''}"
+        if not (
+            texts.isascii()
+            and "\x00" not in texts
+            and len(pool) <= POOL_MAX
+            and len(kind) <= KIND_MAX
+            and (key is None or len(key) <= KEY_MAX)
+            and (tenant is None or len(tenant) <= TENANT_MAX)
+        ):
+            for name, limit in _TEXT_LIMITS:
+                text = columns[name]
+                if text is not None and (len(text) > limit or clean(text) != text):
+                    return
+        columns["payload"] = spec.payload  # the driver's type (memoryview, bytearray) not kept
+        self._by_id[id(spec)] = (spec, columns)
+
+    def columns(self, base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
+        """`spec_columns(base, spec)`: a copy of the stored columns where `spec` came from a
+        row read under `base`, else encoded."""
+        hit = self._by_id.get(id(spec))
+        if hit is not None and hit[0] is spec and base == self._base:
+            return dict(hit[1])
+        return spec_columns(base, spec)
+
+
 def stored_blob(column: str, value: object) -> bytes:
     """A stored binary column's bytes; anything else is damage (`CorruptValue`): SQLite keeps
     any type in any column, and `bytes(5)` would read an integer as five zero bytes."""

@@ -36,7 +36,7 @@ from sqlalchemy import URL, Connection, Engine, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
-from . import dialects, execution, inbox, leadership, lease, telemetry
+from . import codec, dialects, execution, inbox, leadership, lease, telemetry
 from .config import StoreConfig
 from .errors import DatabaseBehind, Fenced, InvalidValue, StoreError, StoreUnavailable
 from .model import INT64_MAX, InboxItem, Mutation, Recovered, TaskId, TimeBase
@@ -473,6 +473,7 @@ class Face(Generic[E, K, C]):
         self.holder = lease.new_holder()
         """This instance's name in the lease row (host, process id and a random part)."""
         self._lock = threading.Lock()
+        self._inbox_specs: codec.StoredSpecs | None = None
         self._leadership: leadership.Leadership[K] = leadership.Leadership()
         self._lost = type(self)._new_flag()
         self._lost.set()
@@ -581,7 +582,7 @@ class Face(Generic[E, K, C]):
             if not self._leadership.may_commit(epoch):
                 raise Fenced(f"epoch {epoch} does not lead")
             seq, acked = self._leadership.next_commit()
-        folded = folding.fold(base, self._now(), batch)
+        folded = folding.fold(base, self._now(), batch, self._inbox_specs)
         checked = folding.checked_outputs(outputs)
         # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
         # that as "no id left below 2**63").
@@ -648,11 +649,14 @@ class Face(Generic[E, K, C]):
         limit = inbox.check_limit(limit)
         after = inbox.check_after(after)
         items: list[InboxItem] = []
+        # The commit that drains these items copies their columns instead of encoding them
+        # again; only the last read's are kept.
+        self._inbox_specs = stored = codec.StoredSpecs(base)
         while True:
             n = limit - len(items)
             got: inbox.Read = yield Step(
                 "read_inbox",
-                partial(inbox.read, base=base, limit=n, after=after),
+                partial(inbox.read, base=base, limit=n, after=after, stored=stored),
             )
             items += got.items
             if not got.bad:

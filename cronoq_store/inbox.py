@@ -174,7 +174,7 @@ def last_rowid_stmt() -> Select[Any]:
 @cache
 def oldest_stmt(*, after: bool) -> Select[Any]:
     """The oldest inbox rows (above `after`), in id order."""
-    stmt = select(inbox)
+    stmt = select(inbox.c.id, inbox.c.enqueued_unix_ns, *(inbox.c[n] for n in codec.SPEC_COLUMNS))
     if after:
         stmt = stmt.where(inbox.c.id > bindparam("after"))
     return stmt.order_by(inbox.c.id).limit(bindparam("limit"))
@@ -526,8 +526,16 @@ class Read:
     """The highest id looked at (items and bad rows alike)."""
 
 
-def read(conn: Connection, *, base: TimeBase, limit: int, after: int | None) -> Read:
-    """The oldest `limit` rows above `after`, decoded under `base` (times shift from Unix)."""
+def read(
+    conn: Connection,
+    *,
+    base: TimeBase,
+    limit: int,
+    after: int | None,
+    stored: codec.StoredSpecs | None = None,
+) -> Read:
+    """The oldest `limit` rows above `after`, decoded under `base` (times shift from Unix);
+    each spec's columns remembered in `stored`, for the commit that drains it."""
     items: list[InboxItem] = []
     bad: list[dict[str, Any]] = []
     last: int | None = None
@@ -535,20 +543,21 @@ def read(conn: Connection, *, base: TimeBase, limit: int, after: int | None) -> 
     if after is not None:
         params["after"] = after
     result = conn.execute(oldest_stmt(after=after is not None), params)
-    keys = tuple(result.keys())
+    names = codec.SPEC_COLUMNS
     # One fetch of plain tuples (psycopg's fetchone per row and RowMapping's lookups cost as
-    # much as decoding the spec), each made a dict once.
-    for values in result.all():
-        row = dict(zip(keys, values, strict=True))
-        last = row["id"]
+    # much as decoding the spec), the spec's columns made a dict once.
+    for inbox_id, enqueued, *values in result.all():
+        last = inbox_id
+        columns = dict(zip(names, values, strict=True))
         try:
-            spec = codec.spec_from_columns(base, row)
+            spec = codec.spec_from_columns(base, columns)
         except CorruptValue as exc:
+            row = {"id": inbox_id, "enqueued_unix_ns": enqueued, **columns}
             bad.append({**row, "reason": str(exc)})
             continue
-        items.append(
-            InboxItem(inbox_id=row["id"], spec=spec, enqueued_unix_ns=row["enqueued_unix_ns"])
-        )
+        if stored is not None:
+            stored.add(spec, columns)
+        items.append(InboxItem(inbox_id=inbox_id, spec=spec, enqueued_unix_ns=enqueued))
     return Read(items=items, bad=bad, last_id=last)
 
 

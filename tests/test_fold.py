@@ -12,6 +12,7 @@ tests/test_store_properties.py checks them on every dialect, through the store.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cronoq_store import codec
-from cronoq_store.errors import InvalidValue
+from cronoq_store.errors import CorruptValue, InvalidValue
 from cronoq_store.model import (
     INT64_MAX,
     ById,
@@ -296,3 +297,45 @@ def test_a_task_revived_in_a_later_batch_without_deps_holds_no_dependency_rows()
     stream = [submitted, done, again]
     assert committed([stream[:2], stream[2:]]) == committed([stream])
     assert committed([stream[:2], stream[2:]])[1] == {}
+
+
+raw_texts = st.sampled_from(["default", "gpu", "ünï", "nul\x00", "\ud800", "x" * 300])
+
+
+@given(
+    spec=st.builds(
+        TaskSpec,
+        payload=st.binary(max_size=4),
+        deadline=st.none() | st.integers(0, 10**12),
+        tags=st.frozensets(st.sampled_from(["a", "ü"])),
+        labels=st.dictionaries(st.sampled_from(["k"]), st.sampled_from(["v", "w"])),
+        deps=deps_of,
+    ),
+    texts=st.fixed_dictionaries(
+        {"pool": raw_texts, "kind": raw_texts, "key": st.none() | raw_texts},
+        optional={"tenant": st.none() | raw_texts},
+    ),
+    other=st.booleans(),
+)
+def test_a_spec_read_from_a_row_is_written_as_encoding_it_would_write_it(
+    spec: TaskSpec, texts: dict[str, str | None], other: bool
+) -> None:
+    """What the drain copies from an inbox row (its spec's columns, `StoredSpecs`) is what
+    encoding the decoded spec writes, or refuses, whatever text a hand-written row holds; under
+    another base the spec is encoded, its times shifted."""
+    row = {**codec.spec_columns(BASE, spec), **texts}
+    try:
+        decoded = codec.spec_from_columns(BASE, row)
+    except CorruptValue:
+        return  # set aside by `read_inbox`, never drained
+    stored = codec.StoredSpecs(BASE)
+    stored.add(decoded, row)
+    base = TimeBase(BASE.unix_ns + 1) if other else BASE
+    try:
+        expected = codec.spec_columns(base, decoded)
+    except InvalidValue:
+        with pytest.raises(InvalidValue):
+            stored.columns(base, decoded)
+        return
+    assert stored.columns(base, decoded) == expected
+    assert stored.columns(base, dataclasses.replace(decoded)) == expected  # not the same spec

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from datetime import timedelta
@@ -86,6 +87,11 @@ def rich_spec(i: int) -> TaskSpec:
         labels={"k": "v"},
         tenant="acme",
     )
+
+
+def unkeyed(i: int) -> TaskSpec:
+    """`rich_spec(i)` without a key, so that it may be submitted as more than one task."""
+    return dataclasses.replace(rich_spec(i), key=None)
 
 
 def count(engine: Engine, table: Table) -> int:
@@ -561,3 +567,42 @@ def test_enqueue_many_on_an_autocommit_connection(store: SqlStore, engine: Engin
     items = store.read_inbox()
     assert [i.inbox_id for i in items] == ids
     assert [i.spec for i in items] == specs
+
+
+def test_a_drained_spec_is_written_as_stored_not_encoded_again(
+    store: SqlStore, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain moves an item's stored columns into its task row: a spec `read_inbox`
+    returned is encoded again only when committed under another base (its times then shift),
+    and one spec submitted as two tasks makes two rows."""
+    encoded: list[TaskSpec] = []
+    spec_columns = codec.spec_columns
+
+    def counting(base: TimeBase, spec: TaskSpec) -> dict[str, object]:
+        encoded.append(spec)
+        return spec_columns(base, spec)
+
+    with engine.begin() as conn:
+        enqueue_many(conn, [unkeyed(i) for i in range(3)])
+    monkeypatch.setattr(codec, "spec_columns", counting)
+    epoch = store.acquire_leadership()
+    a, b, c = store.read_inbox(base=BASE)
+    fresh = TaskSpec(payload=b"fresh")
+    batch = [
+        Submitted(id=TaskId(1), seq=1, arrival=0, spec=a.spec),
+        Submitted(id=TaskId(2), seq=2, arrival=0, spec=b.spec),
+        Submitted(id=TaskId(3), seq=3, arrival=0, spec=a.spec),  # the same spec again
+        Submitted(id=TaskId(4), seq=4, arrival=0, spec=fresh),
+        *(InboxTaken(inbox_id=i.inbox_id) for i in (a, b)),
+    ]
+    store.commit(epoch, BASE, batch)
+    assert encoded == [fresh]
+    other = TimeBase(BASE.unix_ns + 10**9)
+    store.commit(epoch, other, [Submitted(id=TaskId(5), seq=5, arrival=0, spec=c.spec)])
+    assert encoded == [fresh, c.spec]
+    recovered = {t.id: t.spec for t in store.recover(BASE).tasks}
+    assert recovered[1] == recovered[3] == a.spec and recovered[2] == b.spec
+    assert recovered[4] == fresh
+    # Read under BASE, committed under a base a second later: the engine's times, kept as
+    # engine times, land a second later in Unix time.
+    assert c.spec.deadline is not None and recovered[5].deadline == c.spec.deadline + 10**9

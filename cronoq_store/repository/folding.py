@@ -99,15 +99,22 @@ def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
     return rows
 
 
-def fold(base: TimeBase, now_unix_ns: int, batch: Iterable[Mutation]) -> Folded:
-    """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write."""
+def fold(
+    base: TimeBase,
+    now_unix_ns: int,
+    batch: Iterable[Mutation],
+    stored: codec.StoredSpecs | None = None,
+) -> Folded:
+    """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write.
+    A spec of `stored` (read from the inbox) keeps the columns it was read from."""
+    columns = codec.spec_columns if stored is None else stored.columns
     out = Folded()
     inserts, updates = out.inserts, out.updates
     for m in batch:
         if isinstance(m, Submitted):
             if m.id in inserts:
                 continue
-            row = codec.spec_columns(base, m.spec)
+            row = columns(base, m.spec)
             row["id"] = m.id
             row["seq"] = m.seq
             row["arrival_unix_ns"] = codec.to_unix(base, m.arrival, "Submitted.arrival")

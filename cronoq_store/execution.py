@@ -27,11 +27,26 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from functools import cache
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import Connection, Delete, Engine, Insert, Select, Update, event
+from sqlalchemy import (
+    Connection,
+    Delete,
+    Engine,
+    Insert,
+    Select,
+    Update,
+    any_,
+    bindparam,
+    event,
+)
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql import operators
+from sqlalchemy.sql.elements import BinaryExpression, BindParameter
+from sqlalchemy.sql.visitors import replacement_traverse
 
 from . import compat
 from .errors import StoreError
@@ -501,11 +516,13 @@ _FULL_IN: dict[tuple[Any, ...], tuple[str, tuple[str, ...] | None]] = {}
 def run_in(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]) -> Ran:
     """Run `stmt` (its one expanding parameter "ids" bound to `ids`).
 
-    A full chunk (the usual case in large commits and in prune), and a short list (a small
-    commit's), run a form compiled once with that many plain placeholders, instead of
-    rendering the placeholders on every execution (a third of a batch-1 commit's statement
-    overhead).
+    On psycopg the list is one array parameter (`_in_as_any`). Elsewhere a full chunk (the
+    usual case in large commits and in prune), and a short list (a small commit's), run a form
+    compiled once with that many plain placeholders, instead of rendering the placeholders on
+    every execution (a third of a batch-1 commit's statement overhead).
     """
+    if _binds_arrays(conn):
+        return run_stmt(conn, _in_as_any(stmt), {"ids": list(ids)})
     count = len(ids)
     if count != IN_CHUNK and not 0 < count <= SMALL_IN:
         return _expanded(conn, stmt, ids)
@@ -527,6 +544,33 @@ def run_in(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[
     if names_or_none is None:
         return run(conn, sql, tuple(ids))
     return run(conn, sql, dict(zip(names_or_none, ids, strict=True)))
+
+
+def _binds_arrays(conn: Connection) -> bool:
+    """Whether an IN list runs better as one array parameter (`_in_as_any`): psycopg parses a
+    statement of more than 50 parameters anew on every execution (its cache stops there), a
+    tenth of a 1000-row drain's time; a statement of one array it parses once."""
+    dialect = conn.dialect
+    return dialect.name == "postgresql" and dialect.driver in ("psycopg", "psycopg_async")
+
+
+@cache
+def _in_as_any(stmt: Select[Any] | Update | Delete) -> Select[Any] | Update | Delete:
+    """`stmt` with its `IN (:ids)` (an expanding parameter) as `= ANY(:ids)`, one array."""
+
+    def swap(element: Any, **kw: Any) -> Any:
+        if (
+            isinstance(element, BinaryExpression)
+            and element.operator is operators.in_op
+            and isinstance(element.right, BindParameter)
+            and element.right.key == "ids"
+        ):
+            return element.left == any_(bindparam("ids", type_=ARRAY(element.left.type)))
+        return None
+
+    traversed: Any = stmt  # a statement is traversible; its stubs do not say so
+    swapped: Select[Any] | Update | Delete = replacement_traverse(traversed, {}, swap)
+    return swapped
 
 
 def _expanded(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]) -> Ran:

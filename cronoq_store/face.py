@@ -159,7 +159,11 @@ def new_engine(
             return engine
         url, connect_args = driver_options(url, config)
         engine = create(
-            url, pool_size=config.pool_size, hide_parameters=True, connect_args=connect_args
+            url,
+            pool_size=config.pool_size,
+            hide_parameters=True,
+            connect_args=connect_args,
+            **dialects.pool_options(url),
         )
     except sa_exc.InvalidRequestError as exc:  # a sync driver asyncio cannot drive
         raise StoreError(
@@ -171,6 +175,7 @@ def new_engine(
         why = f"bad database URL: {advice}" if advice else f"bad database URL: {exc}"
         raise StoreError(dialects.redact(why)) from exc
     execution.ping_when_idle(sync(engine), execution.PING_IDLE)
+    dialects.reset_after_commit(sync(engine))
     return engine
 
 
@@ -366,6 +371,7 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], tx: Tx) -> T:
                     f"the transaction did not finish within {deadline}; rolled back"
                 )
             committing = True
+        dialects.committed(conn)
     except BaseException as exc:
         overdue = armed is not None and execution.WATCHDOG.settle(armed)
         if overdue or (isinstance(exc, sa_exc.DBAPIError) and dialects.read_only(exc)):

@@ -542,11 +542,11 @@ def read(
     params: dict[str, Any] = {"limit": limit}
     if after is not None:
         params["after"] = after
-    result = conn.execute(oldest_stmt(after=after is not None), params)
+    rows = execution.run_stmt(conn, oldest_stmt(after=after is not None), params).rows
     names = codec.SPEC_COLUMNS
-    # One fetch of plain tuples (psycopg's fetchone per row and RowMapping's lookups cost as
+    # Plain tuples from the driver (SQLAlchemy's rows and psycopg's fetchone per row cost as
     # much as decoding the spec), the spec's columns made a dict once.
-    for inbox_id, enqueued, *values in result.all():
+    for inbox_id, enqueued, *values in rows:
         last = inbox_id
         columns = dict(zip(names, values, strict=True))
         try:

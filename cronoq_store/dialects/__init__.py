@@ -23,9 +23,12 @@ from .sessions import IDLE_INFO as IDLE_INFO
 from .sessions import READ_ONLY as READ_ONLY
 from .sessions import bound as bound
 from .sessions import bound_idle as bound_idle
+from .sessions import committed as committed
 from .sessions import configure_sqlite as configure_sqlite
 from .sessions import idle_bound_supported as idle_bound_supported
 from .sessions import interrupter as interrupter
+from .sessions import pool_options as pool_options
+from .sessions import reset_after_commit as reset_after_commit
 from .statements import create_database as create_database
 from .statements import database_exists as database_exists
 from .statements import database_size_stmt as database_size_stmt

@@ -51,3 +51,20 @@ def test_live_transitions_are_heap_only_updates(db_url: URL, engine: Engine) -> 
     updated, hot = _updates(engine)
     assert updated >= want, (updated, hot)
     assert hot / updated >= 0.9, f"{hot} of {updated} live transitions were HOT"
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)])
+def test_prune_walks_the_finished_index_in_order(db_url: URL, engine: Engine) -> None:
+    """Each prune batch reads the oldest finished tasks off `finished_unix_ns`'s index. Left
+    to itself SQLite took the `(terminal, id)` index and sorted every finished task again for
+    each batch of 1000: a prune of 100,000 ran at a tenth of its speed."""
+    from cronoq_store.repository import prune
+
+    with SqlStore.open(db_url):
+        pass
+    sql = str(prune.prune_stmt().compile(dialect=engine.dialect))
+    with engine.connect() as conn:
+        plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", (0, 1000, 0)).all()
+    steps = [row[-1] for row in plan]
+    assert any("ix_cronoq_tasks_finished_unix_ns" in s for s in steps), steps
+    assert not any("TEMP B-TREE" in s for s in steps), steps

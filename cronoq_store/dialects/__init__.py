@@ -40,6 +40,7 @@ from .statements import mysql_collation as mysql_collation
 from .statements import name as name
 from .statements import read_only_sql as read_only_sql
 from .statements import server_role_stmt as server_role_stmt
+from .statements import unindexed as unindexed
 from .translation import describe as describe
 from .translation import hide_parameters as hide_parameters
 from .translation import missing_table as missing_table

@@ -29,6 +29,7 @@ from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateSchema
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 
@@ -88,6 +89,29 @@ def _db_now_mysql(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
 def _db_now_sqlite(element: db_now_ns, compiler: SQLCompiler, **kw: Any) -> str:
     host_now = bindparam("b_host_now", type_=BigInteger, callable_=host_now_ns)
     return compiler.process(host_now, **kw)
+
+
+class unindexed(FunctionElement[Any]):
+    """A column that SQLite must not use an index for (its unary `+`, as its docs advise);
+    the column itself elsewhere. Where SQLite picks an index for an equality over the one
+    a range and its ORDER BY need, it would read every match and sort them."""
+
+    name = "unindexed"
+    inherit_cache = True
+
+    def __init__(self, column: ColumnElement[Any]) -> None:
+        super().__init__(column)
+        self.type = column.type
+
+
+@compiles(unindexed)
+def _unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(unindexed, "sqlite")
+def _unindexed_sqlite(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return "+" + compiler.process(element.clauses, **kw)
 
 
 def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:

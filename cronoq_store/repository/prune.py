@@ -20,7 +20,9 @@ def _prunable(*columns: Any) -> Select[Any]:
 
     Anti-joins on the dependency indexes (a LEFT JOIN that finds no row), which MariaDB runs
     as one probe per candidate ("Not exists"), where it runs NOT EXISTS as a dependent
-    subquery. A NULL key joins no row, so a keyless task needs no "key IS NULL OR".
+    subquery. A NULL key joins no row, so a keyless task needs no "key IS NULL OR". SQLite
+    must not index `terminal`: it took `(terminal, id)` for the equality over the finished-time
+    index, and sorted every finished task again for each batch.
     """
     by_id = task_deps.alias("by_id")
     by_key = task_deps.alias("by_key")
@@ -31,7 +33,7 @@ def _prunable(*columns: Any) -> Select[Any]:
         select(*columns)
         .select_from(joined)
         .where(
-            tasks.c.terminal == True,  # noqa: E712
+            dialects.unindexed(tasks.c.terminal) == True,  # noqa: E712
             tasks.c.finished_unix_ns < bindparam("cutoff"),
             by_id.c.task_id.is_(None),
             by_key.c.task_id.is_(None),

@@ -497,7 +497,8 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         return await self._drive(self._recovering(base))
 
     async def prune(self, older_than: timedelta) -> int:
-        """Delete finished tasks updated before `older_than` ago that no live task needs.
+        """Delete finished tasks updated before `older_than` ago that no live task needs; on
+        PostgreSQL then vacuum the task tables (as `SqlStore.prune`).
 
         Args:
             older_than: How long ago a finished task was last updated, at least.

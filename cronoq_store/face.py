@@ -256,6 +256,8 @@ class Kind(enum.Enum):
     and a leader keeps committing and renewing meanwhile."""
     WRITE = "write"
     """Writes rows other than the leader row: SQLite takes the write lock up front."""
+    OUTSIDE = "outside"
+    """Outside any transaction, for what cannot run in one (PostgreSQL's VACUUM)."""
     LEASE = "lease"
     """Touches the leader row (take, renew, release, record the lost commits, commit): the
     server ends it if this process pauses inside it past the lease TTL
@@ -273,6 +275,7 @@ Op = Literal[
     "recover",
     "recover_writing",
     "prune",
+    "vacuum",
     "get_task",
     "list_finished",
     "load_output",
@@ -293,6 +296,7 @@ KINDS: Final[Mapping[Op, Kind]] = MappingProxyType(
         "recover": Kind.READ,  # streams without the write lock, so the keeper renews meanwhile
         "recover_writing": Kind.WRITE,  # again, where a quarantine could not upgrade the read
         "prune": Kind.WRITE,
+        "vacuum": Kind.OUTSIDE,  # after a prune, on PostgreSQL (`dialects.vacuums`)
         "get_task": Kind.READ,
         "list_finished": Kind.READ,
         "load_output": Kind.READ,
@@ -314,6 +318,8 @@ class Tx(NamedTuple):
     unknown: str = RETRIED
     bounds_in_fn: bool = False
     """Whether `fn` sends the bounds itself (a commit, in its first flight: `lease.fencing`)."""
+    outside: bool = False
+    """Run `fn` in autocommit mode, in no transaction (`Kind.OUTSIDE`)."""
 
 
 def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
@@ -326,6 +332,8 @@ def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
         return Tx(read_only=True)
     if kind is Kind.WRITE:
         return Tx(read_only=False)
+    if kind is Kind.OUTSIDE:
+        return Tx(read_only=False, outside=True)
     if op == "commit":
         timeout = config.commit_timeout
         return Tx(False, config.lease_ttl, timeout, timeout, RETRY_COMMIT, bounds_in_fn=True)
@@ -356,6 +364,8 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], tx: Tx) -> T:
     """
     if tx.read_only:
         conn.execution_options(**{dialects.READ_ONLY: True})
+    if tx.outside:  # the pool restores the isolation level when the connection comes back
+        return fn(conn.execution_options(isolation_level="AUTOCOMMIT"))
     deadline = tx.deadline
     armed = None
     if deadline is not None:
@@ -644,9 +654,15 @@ class Face(Generic[E, K, C]):
                     )
                     total += n
                     if n < limit:
-                        return total
+                        break
             finally:
                 self._telemetry.pruned(total)
+        if total and dialects.vacuums(self.engine.dialect):
+            try:
+                yield Step("vacuum", prune.vacuum)
+            except StoreError as exc:  # the rows are gone; autovacuum reclaims them later
+                self._log.warning("could not vacuum the task tables after a prune: %s", exc)
+        return total
 
     def _reading_inbox(
         self, limit: int, after: int | None, base: TimeBase

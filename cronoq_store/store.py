@@ -357,6 +357,10 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     def prune(self, older_than: timedelta) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs.
 
+        On PostgreSQL a prune that deleted tasks then vacuums the task tables (a plain VACUUM,
+        which blocks no reader or writer), so that the next tasks reuse the space at once
+        instead of after autovacuum's next visit; a failed VACUUM is logged, not raised.
+
         Args:
             older_than: How long ago a finished task was last updated, at least.
 

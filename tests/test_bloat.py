@@ -4,6 +4,8 @@ updates its row in place (HOT) and leaves no dead index entries behind (revision
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from builders import BASE, wait_until
 from sqlalchemy import URL, Engine, text
@@ -68,3 +70,44 @@ def test_prune_walks_the_finished_index_in_order(db_url: URL, engine: Engine) ->
     steps = [row[-1] for row in plan]
     assert any("ix_cronoq_tasks_finished_unix_ns" in s for s in steps), steps
     assert not any("TEMP B-TREE" in s for s in steps), steps
+
+
+def _size(engine: Engine) -> int:
+    with engine.connect() as conn:
+        sizes = conn.execute(
+            text(
+                "SELECT pg_total_relation_size('cronoq_tasks') "
+                "+ pg_total_relation_size('cronoq_task_deps')"
+            )
+        ).scalar_one()
+    return int(sizes)
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_a_prune_leaves_its_space_to_the_next_tasks(db_url: URL, engine: Engine) -> None:
+    """On PostgreSQL a prune vacuums the task tables, so the next tasks reuse the pruned
+    rows' space at once, whenever autovacuum comes (never, on a server with it off, as this
+    one is): from the second cycle on the tables keep their size, where they grew by one
+    cycle's rows each (the first prune's VACUUM returns the heap's empty tail pages)."""
+    spec = TaskSpec(payload=b"x" * 200, key=None, deps=())
+    sizes = []
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership(timeout=10)
+        for cycle in range(4):
+            ids = range(cycle * 2000, (cycle + 1) * 2000)
+            for start in range(ids.start, ids.stop, 500):
+                batch = range(start, start + 500)
+                store.commit(
+                    epoch,
+                    BASE,
+                    [Submitted(id=TaskId(i), seq=i, arrival=0, spec=spec) for i in batch],
+                )
+                done = TaskStatus.SUCCEEDED
+                store.commit(
+                    epoch,
+                    BASE,
+                    [StatusChanged(id=TaskId(i), status=done, attempt=1, at=1) for i in batch],
+                )
+            assert store.prune(timedelta(0)) == 2000
+            sizes.append(_size(engine))
+    assert sizes[-1] <= sizes[1] * 1.1, sizes

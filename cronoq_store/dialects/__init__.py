@@ -29,6 +29,7 @@ from .sessions import idle_bound_supported as idle_bound_supported
 from .sessions import interrupter as interrupter
 from .sessions import pool_options as pool_options
 from .sessions import reset_after_commit as reset_after_commit
+from .statements import Vacuum as Vacuum
 from .statements import create_database as create_database
 from .statements import database_exists as database_exists
 from .statements import database_size_stmt as database_size_stmt
@@ -41,6 +42,7 @@ from .statements import name as name
 from .statements import read_only_sql as read_only_sql
 from .statements import server_role_stmt as server_role_stmt
 from .statements import unindexed as unindexed
+from .statements import vacuums as vacuums
 from .translation import describe as describe
 from .translation import hide_parameters as hide_parameters
 from .translation import missing_table as missing_table

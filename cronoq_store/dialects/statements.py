@@ -28,8 +28,9 @@ from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateSchema
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 
@@ -112,6 +113,29 @@ def _unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(unindexed, "sqlite")
 def _unindexed_sqlite(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
     return "+" + compiler.process(element.clauses, **kw)
+
+
+class Vacuum(Executable, ClauseElement):
+    """PostgreSQL's plain `VACUUM` of `tables` (in the schema the connection translates to):
+    it blocks no reader or writer, and makes the dead rows' space reusable at once."""
+
+    inherit_cache = False
+
+    def __init__(self, *tables: Table) -> None:
+        self.tables = tables
+
+
+@compiles(Vacuum, "postgresql")
+def _vacuum(element: Vacuum, compiler: SQLCompiler, **kw: Any) -> str:
+    return "VACUUM " + ", ".join(compiler.preparer.format_table(t) for t in element.tables)
+
+
+def vacuums(dialect: Dialect) -> bool:
+    """Whether a prune should reclaim the space it freed itself (`Vacuum`): PostgreSQL leaves
+    it to autovacuum, which visits a table at most once a minute (`autovacuum_naptime`), while
+    a busy scheduler fills it with as many tasks again meanwhile. InnoDB purges deleted rows on
+    its own, and SQLite reuses free pages."""
+    return dialect.name == "postgresql"
 
 
 def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:

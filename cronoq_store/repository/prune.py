@@ -70,3 +70,8 @@ def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
     stmt = prune_stmt(join=dialects.delete_joins(conn.dialect))
     deleted: int = conn.execute(stmt, {"cutoff": cutoff, "limit": limit}).rowcount
     return deleted
+
+
+def vacuum(conn: Connection) -> None:
+    """Reclaim the space of the pruned rows (outside a transaction: `dialects.Vacuum`)."""
+    conn.execute(dialects.Vacuum(tasks, task_deps))

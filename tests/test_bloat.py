@@ -88,7 +88,7 @@ def test_a_prune_leaves_its_space_to_the_next_tasks(db_url: URL, engine: Engine)
     """On PostgreSQL a prune vacuums the task tables, so the next tasks reuse the pruned
     rows' space at once, whenever autovacuum comes (never, on a server with it off, as this
     one is): from the second cycle on the tables keep their size, where they grew by one
-    cycle's rows each (the first prune's VACUUM returns the heap's empty tail pages)."""
+    cycle's rows each."""
     spec = TaskSpec(payload=b"x" * 200, key=None, deps=())
     sizes = []
     with SqlStore.open(db_url) as store:

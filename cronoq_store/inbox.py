@@ -552,8 +552,8 @@ def read(
         try:
             spec = codec.spec_from_columns(base, columns)
         except CorruptValue as exc:
-            row = {"id": inbox_id, "enqueued_unix_ns": enqueued, **columns}
-            bad.append({**row, "reason": str(exc)})
+            row = {"id": inbox_id, "enqueued_unix_ns": enqueued, **columns, "reason": str(exc)}
+            bad.append(row)
             continue
         if stored is not None:
             stored.add(spec, columns)

@@ -24,7 +24,7 @@ from sqlalchemy.engine.interfaces import Dialect
 
 from .. import dialects
 from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskStatus, TimeBase
-from ..repository.prune import PRUNE_BATCH
+from ..repository.prune import PRUNE_BATCH, vacuum
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
 from .inbox import inbox_figures
@@ -348,8 +348,7 @@ class _Bench:
             return
         for engine in (self.engine, self.raw_engine):
             with engine.connect() as conn:
-                conn.execution_options(isolation_level="AUTOCOMMIT")
-                conn.execute(dialects.Vacuum(tasks, task_deps))
+                vacuum(conn.execution_options(isolation_level="AUTOCOMMIT"))
 
     def _store_prune(self, counts: list[int]) -> None:
         counts.append(self.store.prune(timedelta(hours=1)))

@@ -398,6 +398,19 @@ def pipelines(conn: Connection) -> bool:
     return dialect.driver == "psycopg" and not dialect.is_async and not observed(conn)
 
 
+def ended(conn: Connection) -> bool:
+    """Whether `conn`'s transaction has ended already: its COMMIT went in a flight
+    (`Flight.commit`). Only a pipelined connection can say yes."""
+    if not pipelines(conn):
+        return False
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    return bool(dbapi_conn.info.transaction_status == _IDLE)
+
+
+_IDLE: Final = 0
+"""libpq's PQTRANS_IDLE (`psycopg.pq.TransactionStatus.IDLE`): no transaction open."""
+
+
 class Flight:
     """Statements of one transaction sent to the server together, answered in one round trip.
 
@@ -410,6 +423,9 @@ class Flight:
     On the server, an error aborts the statements after it (the transaction is failed):
     `send` raises it as `run` would, with `failed` set to the index of the statement that
     raised it.
+
+    `commit` ends the transaction: pipelined, the COMMIT leaves with what is queued, and a
+    transaction whose statements all fit in its last flight costs one round trip.
     """
 
     __slots__ = ("_queue", "_ran", "conn", "failed", "pipelined")
@@ -448,26 +464,45 @@ class Flight:
     def send(self) -> Sequence[Ran]:
         """Send what is queued and wait for the answers; every result so far, by index."""
         if self._queue:
-            self._send()
+            self._send(commit=False)
         return self._ran
 
-    def _send(self) -> None:
+    def commit(self) -> Sequence[Ran]:
+        """`send`, and commit the transaction: pipelined, the COMMIT goes in the same flight,
+        behind the statements (the driver then finds no transaction open, and the
+        transaction's end has nothing left to commit). Elsewhere the transaction's end
+        commits, as always."""
+        if self.pipelined:
+            self._send(commit=True)
+        return self._ran
+
+    def _send(self, *, commit: bool) -> None:
         conn = self.conn
         dbapi_conn: Any = conn.connection.dbapi_connection
         queue, self._queue = self._queue, []
-        # The last statement goes on its own, once the others are answered: PostgreSQL arms
-        # its idle-in-transaction timer on an answer outside pipeline mode only, and a commit
-        # paused after its flight must still be cut off by that bound (the lease TTL's).
-        *head, last = queue
+        # Unless the COMMIT follows, the last statement goes on its own, once the others are
+        # answered: PostgreSQL arms its idle-in-transaction timer on an answer outside
+        # pipeline mode only, and a commit paused after its flight must still be cut off by
+        # that bound (the lease TTL's). With the COMMIT in the flight nothing stays open.
+        if commit:  # the driver's commit() would sync on its own: a second round trip
+            queue.append(("COMMIT", None, False))
+        head, last = (queue, None) if commit else (queue[:-1], queue[-1])
+        # A transaction that is this one flight sends its BEGIN in it, too.
+        whole = commit and dbapi_conn.info.transaction_status == _IDLE
         cursors: list[Any] = []
         alone = False
         try:
             if head:
-                with dbapi_conn.pipeline():
+                begun = _begun_in_flight(conn) if whole else contextlib.nullcontext()
+                with begun, dbapi_conn.pipeline():
+                    if whole:
+                        cursors.append(_executed(dbapi_conn.cursor(), "BEGIN", None, False))
+                        cursors.pop().close()
                     for sql, params, many in head:
                         cursors.append(_executed(dbapi_conn.cursor(), sql, params, many))
-            alone = True
-            cursors.append(_executed(dbapi_conn.cursor(), *last))
+            if last is not None:
+                alone = True
+                cursors.append(_executed(dbapi_conn.cursor(), *last))
             for cursor in cursors:
                 rows = cursor.fetchall() if cursor.description is not None else []
                 self._ran.append(Ran(counted(cursor.rowcount), rows))
@@ -484,6 +519,25 @@ class Flight:
         finally:
             for cursor in cursors:
                 cursor.close()
+
+
+@contextlib.contextmanager
+def _begun_in_flight(conn: Connection) -> Iterator[None]:
+    """A transaction that is one flight, BEGIN included: psycopg begins a transaction on its
+    own, and in pipeline mode waits for that BEGIN's answer before anything else (a round
+    trip), so meanwhile it is in autocommit mode, where it begins nothing. Afterwards it is
+    not: an aborted flight is rolled back first. Should that fail, the connection goes."""
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    dbapi_conn.autocommit = True
+    try:
+        yield
+    finally:
+        try:
+            if dbapi_conn.info.transaction_status != _IDLE:
+                dbapi_conn.rollback()
+            dbapi_conn.autocommit = False
+        except conn.dialect.loaded_dbapi.Error:
+            conn.invalidate()  # never back to the pool in autocommit mode
 
 
 def _executed(cursor: Any, sql: str, params: Any, many: bool) -> Any:

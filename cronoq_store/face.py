@@ -376,7 +376,11 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], tx: Tx) -> T:
             if not tx.bounds_in_fn:
                 dialects.bound(conn, idle=tx.idle, timeout=tx.timeout)
             result = fn(conn)
-            if armed is not None and time.monotonic() > armed.at:
+            if (
+                armed is not None
+                and time.monotonic() > armed.at
+                and not execution.ended(conn)  # committed in its last flight: too late
+            ):
                 raise StoreUnavailable(
                     f"the transaction did not finish within {deadline}; rolled back"
                 )

@@ -390,8 +390,10 @@ def fencing(
     before it.
 
     Pipelined, the fence fails the flight when it matches nothing, so the writes queued
-    behind it never run; the transaction is then rolled back, and the lease row read in a
-    new one for `fence`'s diagnosis. Otherwise the fence runs (and is checked) at once.
+    behind it never run, nor does the COMMIT that leaves with the last of them
+    (`Flight.commit`, at the end of the block); the transaction is then rolled back, and
+    the lease row read in a new one for `fence`'s diagnosis. Otherwise the fence runs (and
+    is checked) at once, and the transaction's end commits.
     Raises `Fenced` (or what `fence` raises) when we do not lead.
     """
     params = {
@@ -415,7 +417,7 @@ def fencing(
     at = flight.add(fence_or_fail_stmt(), params)
     try:
         yield flight
-        flight.send()
+        flight.commit()
     except sa_exc.DBAPIError as exc:
         if flight.failed != at or getattr(exc.orig, "sqlstate", None) != _DIVISION_BY_ZERO:
             raise

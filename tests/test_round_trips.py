@@ -9,6 +9,9 @@ statement once per row in the process, where a server takes the batch in one rou
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import struct
 import threading
 from datetime import timedelta
 from typing import Any
@@ -155,3 +158,85 @@ def test_a_committed_transaction_costs_no_rollback_on_return(dialect: str, db_ur
             )
         assert rollbacks() - before == 1  # the SHOW's own: SQLAlchemy ends its transaction
         store.release_leadership()
+
+
+class SyncCounter:
+    """A TCP proxy in front of PostgreSQL that counts the client's Sync and simple Query
+    messages (every connection through it): each is answered by one ReadyForQuery, which
+    the client waits for: a round trip. Connect without TLS (`sslmode=disable`)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.syncs = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, frontend: bool) -> None:
+        buffer = b""
+        startup = True
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+                if not frontend:
+                    continue
+                buffer += data
+                while True:
+                    if startup:  # untyped: an SSL or GSS request, then the startup message
+                        if len(buffer) < 8:
+                            break
+                        length, code = struct.unpack("!ii", buffer[:8])
+                        startup = code in (80877103, 80877104)
+                    elif len(buffer) < 5:
+                        break
+                    else:
+                        kind, length = buffer[:1], struct.unpack("!i", buffer[1:5])[0] + 1
+                        if len(buffer) >= length and kind in (b"S", b"Q"):
+                            with self._lock:
+                                self.syncs += 1
+                    if len(buffer) < length:
+                        break
+                    buffer = buffer[length:]
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_batch1_commit_of_a_new_task_is_one_round_trip(dialect: str, db_url: URL) -> None:
+    """On PostgreSQL the transaction's bounds, the fence, the task with its dependency rows
+    and the COMMIT leave in one pipelined flight: one round trip per commit (a fenced one
+    still writes nothing: `test_lease`). Counted by a proxy between the store and the
+    server, over commits back to back (no ping: the connection was used a moment ago)."""
+    if dialect != "postgresql":
+        pytest.skip("psycopg's pipeline mode: PostgreSQL only")
+    proxy = SyncCounter(db_url.host or "127.0.0.1", db_url.port or 5432)
+    url = db_url.set(host="127.0.0.1", port=proxy.port).update_query_dict(
+        {"sslmode": "disable", "gssencmode": "disable"}
+    )
+    config = StoreConfig(pool_size=1, lease_ttl=timedelta(minutes=1))
+    try:
+        with SqlStore.open(url, config) as store:
+            epoch = store.acquire_leadership()
+            spec = TaskSpec(payload=b"x", deps=(Dep(target=ById(id=TaskId(0))),))
+            store.commit(epoch, BASE, [Submitted(id=TaskId(0), seq=0, arrival=0, spec=spec)])
+            before = proxy.syncs
+            for i in range(1, 6):
+                store.commit(epoch, BASE, [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)])
+            round_trips = proxy.syncs - before
+            store.release_leadership()
+    finally:
+        proxy.close()
+    assert round_trips == 5

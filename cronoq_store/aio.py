@@ -32,10 +32,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from sqlalchemy import URL, Connection
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, face, inbox, lease, migrate
+from . import dialects, execution, face, inbox, lease, migrate
 from .config import StoreConfig
 from .errors import (
     DatabaseBehind,
@@ -199,7 +199,7 @@ class AsyncKeeper(KeeperShell[Callable[[], Awaitable[bool]], Callable[[str], Awa
         await self._lost(reason)
 
 
-class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
+class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, AsyncConnection]):
     """`SqlStore`, awaitable: the durable state of one cronoq scheduler on an asyncio loop."""
 
     _log = log
@@ -288,6 +288,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         if self._leadership.epoch is not None:
             await self.release_leadership()
         await self._stop()
+        await self._close_held()
         if self._listener is not None:
             await self._listener.close()
         if self._owns_engine:
@@ -303,11 +304,43 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
         self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
     ) -> T:
         """As `SqlStore._run`: `fn` in one transaction of the kind `op` runs, on a sync-style
-        connection (the same `face.transaction` runs inside `run_sync`)."""
+        connection (the same `face.transaction` runs inside `run_sync`); a commit on the
+        connection the last one kept, when there is one (`face.Face._keep_held`)."""
         tx = face.plan(op, self.config, deadline)
         with face.translated():
+            if op == "commit" and self._holds:
+                return await self._run_held(fn, tx)
             async with self.engine.connect() as conn:
                 return await conn.run_sync(face.transaction, fn, tx)
+
+    async def _run_held(self, fn: Callable[[Connection], T], tx: face.Tx) -> T:
+        """As `SqlStore._run_held`."""
+        conn = await self._held_connection()
+        try:
+            result = await conn.run_sync(face.transaction, fn, tx)
+        except BaseException:
+            await conn.close()
+            raise
+        if not self._keep_held(conn):
+            await conn.close()
+        return result
+
+    async def _held_connection(self) -> AsyncConnection:
+        held = self._take_held()
+        if held is not None:
+            conn, idle = held
+            try:
+                if not idle or await conn.run_sync(execution.still_there):
+                    return conn
+            except BaseException:
+                await conn.close()
+                raise
+            await conn.close()
+        return await self.engine.connect()
+
+    async def _close_held(self) -> None:
+        if (conn := self._drop_held()) is not None:
+            await conn.close()
 
     async def _drive(self, steps: Steps[T]) -> T:
         """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
@@ -356,7 +389,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback]):
     ) -> None:
         """Step down (once), then await the callbacks (`_step_down` decides, with no await);
         `released` when by choice, else lost for `why`."""
-        for callback in self._step_down(why, level, about, released):
+        callbacks = self._step_down(why, level, about, released)
+        await self._close_held()
+        for callback in callbacks:
             try:
                 if inspect.isawaitable(result := callback()):
                     await result

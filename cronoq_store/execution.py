@@ -44,6 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.elements import BinaryExpression, BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
@@ -68,6 +69,7 @@ __all__ = [
     "compile_key",
     "counted",
     "driver_sql",
+    "ended",
     "insert_many",
     "observed",
     "ping_when_idle",
@@ -77,6 +79,7 @@ __all__ = [
     "run_in",
     "run_many",
     "run_stmt",
+    "still_there",
 ]
 
 
@@ -274,15 +277,32 @@ def ping_when_idle(engine: Engine, idle: float = PING_IDLE) -> None:
         since = record.info.get(_CHECKED_IN)
         if since is None or time.monotonic() - since < idle:
             return  # new (just connected), or used a moment ago
-        try:
-            alive = dialect.do_ping(dbapi_connection)
-        except dialect.loaded_dbapi.Error as exc:
-            if not dialect.is_disconnect(exc, dbapi_connection, None):
-                raise
-            alive = False
-        if not alive:
+        if not _answers(dialect, dbapi_connection):
             # The pool discards this connection and checks out another (documented).
             raise sa_exc.DisconnectionError("connection lost while pooled")
+
+
+def _answers(dialect: Dialect, dbapi_connection: Any) -> bool:
+    """Whether a ping of `dbapi_connection` is answered (False if it was lost)."""
+    try:
+        return bool(dialect.do_ping(dbapi_connection))
+    except dialect.loaded_dbapi.Error as exc:
+        if not dialect.is_disconnect(exc, dbapi_connection, None):
+            raise
+        return False
+
+
+def still_there(conn: Connection) -> bool:
+    """Whether `conn`, kept checked out while unused for `PING_IDLE` or longer, may be used:
+    the check the pool makes of an idle connection at checkout (`ping_when_idle`), for one
+    that never went back to it. A lost one is invalidated. SQLite's is never lost."""
+    if conn.dialect.name == "sqlite":
+        return True
+    dbapi_conn = conn.connection.dbapi_connection
+    if _answers(conn.dialect, dbapi_conn):
+        return True
+    conn.invalidate()
+    return False
 
 
 class Deadline:

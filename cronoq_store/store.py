@@ -26,7 +26,7 @@ from typing import Self, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, create_engine
 
-from . import face, inbox, leadership, lease, migrate
+from . import execution, face, inbox, leadership, lease, migrate
 from .config import MAX_WAIT, StoreConfig
 from .errors import (
     DatabaseBehind,
@@ -66,7 +66,7 @@ def engine_for(
     return face.new_engine(url, config, create_engine, lambda e: e, read_only=read_only)
 
 
-class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
+class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
     """The durable state of one cronoq scheduler; cheap to share between threads."""
 
     _log = log
@@ -146,6 +146,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         """
         if self._leadership.epoch is not None:
             self.release_leadership()
+        self._close_held()
         if self._listener is not None:
             self._listener.close()
         if self._owns_engine:
@@ -168,9 +169,43 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
         self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
     ) -> T:
         """Run `fn` in one transaction of the kind `op` runs (`face.plan`, `face.transaction`);
-        `deadline` bounds a lease transaction further."""
-        with face.translated(), self.engine.connect() as conn:
-            return face.transaction(conn, fn, face.plan(op, self.config, deadline))
+        `deadline` bounds a lease transaction further. A commit runs on the connection the
+        last one kept, when there is one (`face.Face._keep_held`)."""
+        tx = face.plan(op, self.config, deadline)
+        with face.translated():
+            if op == "commit" and self._holds:
+                return self._run_held(fn, tx)
+            with self.engine.connect() as conn:
+                return face.transaction(conn, fn, tx)
+
+    def _run_held(self, fn: Callable[[Connection], T], tx: face.Tx) -> T:
+        """`fn` in a transaction on the kept connection (or a new one), kept again after."""
+        conn = self._held_connection()
+        try:
+            result = face.transaction(conn, fn, tx)
+        except BaseException:
+            conn.close()
+            raise
+        if not self._keep_held(conn):
+            conn.close()
+        return result
+
+    def _held_connection(self) -> Connection:
+        held = self._take_held()
+        if held is not None:
+            conn, idle = held
+            try:
+                if not idle or execution.still_there(conn):
+                    return conn
+            except BaseException:
+                conn.close()
+                raise
+            conn.close()
+        return self.engine.connect()
+
+    def _close_held(self) -> None:
+        if (conn := self._drop_held()) is not None:
+            conn.close()
 
     def _drive(self, steps: Steps[T]) -> T:
         """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
@@ -212,7 +247,9 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None]]):
     ) -> None:
         """Step down (once), then call the callbacks (`_step_down` decides); `released` when
         by choice, else lost for `why` (a keeper's reason or the error that showed it)."""
-        for callback in self._step_down(why, level, about, released):
+        callbacks = self._step_down(why, level, about, released)
+        self._close_held()
+        for callback in callbacks:
             try:
                 callback()
             except Exception:

@@ -205,12 +205,14 @@ def store(db_url: URL, store_config: StoreConfig) -> Iterator[SqlStore]:
     out. A module that needs it to hold something overrides this fixture, taking it."""
     with SqlStore.open(db_url, store_config) as s:
         yield s
-        no_connection_left(s.engine)
+        no_connection_left(s, s.engine)
 
 
-def no_connection_left(engine: Engine) -> None:
-    """Fail when a connection stays checked out of the store's pool: one its keeper holds for
-    a renewal is back within moments; one a test or the store leaked never is."""
+def no_connection_left(store: Any, engine: Engine) -> None:
+    """Fail when a connection stays checked out of `store`'s pool (`engine`'s) once it stopped
+    leading (a leader keeps one for its commits): one its keeper holds for a renewal is back
+    within moments; one a test or the store leaked never is."""
+    store.release_leadership()
     pool: Any = engine.pool
     wait_until(lambda: pool.checkedout() == 0, "every connection back in the pool", 10)
 

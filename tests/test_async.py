@@ -50,7 +50,7 @@ def blocking(
     """The async store, opened as `store` is, behind SqlStore's blocking interface."""
     store: Blocking = open_face("async", db_url, store_config, cleanup)
     yield store
-    no_connection_left(store.sync_engine)
+    no_connection_left(store, store.sync_engine)
 
 
 SHARED_CHECKS = [

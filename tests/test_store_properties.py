@@ -95,6 +95,7 @@ def leading(db_url: URL, monkeypatch: pytest.MonkeyPatch) -> Iterator[Leading]:
     config = StoreConfig(retention=RETENTION, full_sync=False)
     with SqlStore.open(db_url, config) as store:
         yield Leading(store=store, epoch=store.acquire_leadership(), clock=clock)
+        store.release_leadership()  # which returns the connection its commits kept
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
 

@@ -240,6 +240,10 @@ class WorkloadDriver:
     def _pause(self) -> None:
         """SIGSTOP ourselves while no thread holds a connection (so no lock is held)."""
         self._pause_requested.clear()
+        if isinstance(self.store, SqlStore):
+            # The connection a leader keeps between its commits (this thread's, which is in
+            # none now) holds nothing, but the gate counts connections: it goes back first.
+            self.store._close_held()
         with self._gate:
             while self._checked_out:
                 self._gate.wait(0.05)

@@ -516,8 +516,8 @@ class Flight:
                 begun = _begun_in_flight(conn) if whole else contextlib.nullcontext()
                 with begun, dbapi_conn.pipeline():
                     if whole:
-                        cursors.append(_executed(dbapi_conn.cursor(), "BEGIN", None, False))
-                        cursors.pop().close()
+                        with dbapi_conn.cursor() as begin:
+                            begin.execute("BEGIN")
                     for sql, params, many in head:
                         cursors.append(_executed(dbapi_conn.cursor(), sql, params, many))
             if last is not None:

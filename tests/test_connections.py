@@ -326,5 +326,6 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
         with pytest.raises(StoreUnavailable):
             store.commit(epoch, BASE, [keyed(2), keyed(3)])
         assert killed
+        assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         store.commit(epoch, BASE, [keyed(4)])
         assert stored(admin) == {1, 4, 5}

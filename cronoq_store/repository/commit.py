@@ -181,20 +181,17 @@ def write(
     base: TimeBase,
     folded: folding.Folded,
     outputs: Sequence[tuple[TaskId, bytes]],
-    flight: execution.Flight | None = None,
+    flight: execution.Flight,
 ) -> None:
     """Write a folded batch (after the fence check), in the order of the design.
 
     Statements go into `flight` (a commit's, behind its fence: `lease.fencing`, which sends
-    the last of them with the COMMIT) until an answer is needed or a statement must run on
-    its own (COPY, an IN list); on psycopg what is queued then leaves together, in one
-    round trip. Before anything runs on its own the
-    flight is sent, so the fence is answered first. The phases: transitions of stored
-    tasks, new tasks with their dependency rows, outputs, inbox rows taken, recurring
-    schedules.
+    what is left in it with the COMMIT) until an answer is needed or a statement must run
+    on its own (COPY, an IN list); on psycopg what is queued then leaves together, in one
+    round trip. Before anything runs on its own the flight is sent, so the fence is
+    answered first. The phases: transitions of stored tasks, new tasks with their
+    dependency rows, outputs, inbox rows taken, recurring schedules.
     """
-    own = flight is None
-    flight = flight or execution.Flight(conn)
     inserts = _existing_dropped(conn, folded.inserts, flight)
     pending: dict[int, bytes] = dict(outputs)
     revived = _write_updates(conn, folded.updates, pending, flight)
@@ -204,8 +201,6 @@ def write(
         flight.send()
         _write_inbox(conn, folded.inbox_taken)
         _write_recurring(conn, base, folded.recurring)
-    if own:
-        flight.send()
 
 
 def _existing_dropped(

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache, wraps
 from itertools import accumulate
+from operator import itemgetter
 from typing import Any, Final, ParamSpec, TypeVar, get_args
 
 from . import jsontext
@@ -43,6 +45,8 @@ from .model import (
     TimeBase,
 )
 
+_T = TypeVar("_T")
+
 KEY_MAX: Final = 512
 """Longest key, in characters (MySQL indexes at most 3072 bytes: 768 utf8mb4 characters)."""
 POOL_MAX: Final = 128
@@ -58,6 +62,9 @@ value is damage, and decoding it could take any amount of memory."""
 JSON_MAX_DEPTH: Final = 32
 """Deepest nesting of arrays and objects in stored JSON (what this module writes nests at most
 four deep): deeper is damage, and decoding it recursively could exhaust the stack."""
+_SHALLOW: Final = 2 * JSON_MAX_DEPTH + 1
+"""No valid JSON text this short nests deeper than `JSON_MAX_DEPTH` (each level takes two
+brackets), nor is it too long: a decoder can take it as it is."""
 
 _DEP_ON: Final = get_args(DepOn)
 
@@ -177,11 +184,29 @@ def _loads(column: str, text: object) -> Any:
         raise CorruptValue(f"{column}: invalid JSON ({exc})") from exc
 
 
-_new = object.__new__
-_set = object.__setattr__
-"""Building dependencies, specs and recovered tasks from values this module has already
-checked skips their `__init__` and `__post_init__`: validating each of 100,000 recovered
-tasks a second time costs a large share of recovery."""
+def _builder(cls: type[_T]) -> Callable[..., _T]:
+    """A keyword-only function building `cls` (a slotted dataclass) from every field's value,
+    with no `__init__` or `__post_init__`: for values this module has already checked.
+
+    Validating each of 100,000 recovered tasks a second time costs a large share of recovery,
+    and so does `object.__setattr__` by name, field by field. The function is generated, as
+    dataclasses generates `__init__`, and calls each slot's own setter.
+    """
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    setters = {f"_set_{name}": getattr(cls, name).__set__ for name in names}
+    body = "".join(f"    _set_{name}(obj, {name})\n" for name in names)
+    source = f"def build(*, {', '.join(names)}):\n    obj = _new(_cls)\n{body}    return obj\n"
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **setters}
+    exec(source, namespace)
+    build: Callable[..., _T] = namespace["build"]
+    return build
+
+
+_by_id = _builder(ById)
+_by_key = _builder(ByKey)
+_dep = _builder(Dep)
+_spec = _builder(TaskSpec)
+_recovered_task = _builder(RecoveredTask)
 _ABSENT: Final = object()
 
 
@@ -194,6 +219,8 @@ def _loads_plain(column: str, text: object) -> Any:
     """
     if _fast_loads is not None:
         try:
+            if type(text) is str and len(text) <= _SHALLOW:
+                return _fast_loads(text)  # within every bound: skip measuring
             return _fast_loads(_bounded(column, text))
         except ValueError:
             pass
@@ -262,20 +289,15 @@ def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
         if task_id is not _ABSENT:
             if type(task_id) is not int or not INT64_MIN <= task_id <= INT64_MAX:
                 raise CorruptValue(f"{column}: a dependency id must be a 64-bit int")
-            target = _new(ById)
-            _set(target, "id", task_id)
+            target = _by_id(id=task_id)
         else:
             key = item.get("key")
             if type(key) is not str or not key:
                 if "key" not in item:
                     raise CorruptValue(f"{column}: a dependency needs id or key, and on")
                 raise CorruptValue(f"{column}: a dependency key must be a non-empty str")
-            target = _new(ByKey)
-            _set(target, "key", key)
-        dep = _new(Dep)
-        _set(dep, "target", target)
-        _set(dep, "on", on)
-        deps.append(dep)
+            target = _by_key(key=key)
+        deps.append(_dep(target=target, on=on))
     return tuple(deps)
 
 
@@ -288,7 +310,7 @@ def decode_deps(text: str) -> tuple[Dep, ...]:
 
 
 def _str_map(column: str, obj: object, value_type: type) -> dict[str, Any]:
-    mapping: dict[str, Any] = _expect(column, obj, dict)
+    mapping: dict[str, Any] = obj if type(obj) is dict else _expect(column, obj, dict)
     for value in mapping.values():
         if type(value) is not value_type:  # exact: a bool is not an int here
             _expect(column, value, value_type)
@@ -403,6 +425,16 @@ SPEC_COLUMNS: Final = (
     "tenant",
 )
 """The columns `spec_columns` fills and `spec_from_columns` reads."""
+LIVE_COLUMNS: Final = (
+    "id",
+    "seq",
+    "arrival_unix_ns",
+    "attempt",
+    "status",
+    "terminal",
+    *SPEC_COLUMNS,
+)
+"""What `live_task_from_row` reads, in order."""
 
 
 def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
@@ -434,7 +466,35 @@ def _opt_nonneg(value: object) -> bool:
 
 
 def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
-    """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged.
+    """The spec stored in `row` (a mapping holding `SPEC_COLUMNS`); `CorruptValue` if damaged."""
+    return spec_from_values(base, *_spec_values(row))
+
+
+_spec_values: Final = itemgetter(*SPEC_COLUMNS)
+
+
+def spec_from_values(
+    base: TimeBase,
+    pool: Any,
+    kind: Any,
+    stored_priority: Any,
+    key: Any,
+    payload: Any,
+    deadline_unix_ns: Any,
+    fixed_at_unix_ns: Any,
+    fixed_tolerance_ns: Any,
+    fixed_on_miss: Any,
+    hint: Any,
+    timeout: Any,
+    stored_retry: Any,
+    stored_deps: Any,
+    stored_resources: Any,
+    stored_tags: Any,
+    stored_labels: Any,
+    tenant: Any,
+) -> TaskSpec:
+    """The spec stored in the values of `SPEC_COLUMNS`, in that order; `CorruptValue` if
+    damaged. Positional, so a recovery reads its rows as tuples, not by name.
 
     Built without `TaskSpec.__post_init__` once its scalar checks pass here: the containers
     come from this module's decoders, which checked every item and return exactly the types
@@ -442,44 +502,42 @@ def spec_from_columns(base: TimeBase, row: Mapping[Any, Any]) -> TaskSpec:
     of them (a tenth of recovery) are skipped, as are a dict of the fields and a loop over it.
     """
     try:
-        fixed_at = _stored_time("fixed_at_unix_ns", row["fixed_at_unix_ns"])
+        fixed_at = _stored_time("fixed_at_unix_ns", fixed_at_unix_ns)
         fixed = (
             None
             if fixed_at is None
             else FixedStart(
                 at=from_unix(base, fixed_at),
-                tolerance_ns=row["fixed_tolerance_ns"],
-                on_miss=row["fixed_on_miss"],
+                tolerance_ns=fixed_tolerance_ns,
+                on_miss=fixed_on_miss,
             )
         )
-        deadline = _stored_time("deadline_unix_ns", row["deadline_unix_ns"])
+        deadline = _stored_time("deadline_unix_ns", deadline_unix_ns)
         if deadline is not None:
             deadline = from_unix(base, deadline)
-        payload = row["payload"]
-        pool, kind, key, tenant = row["pool"], row["kind"], row["key"], row["tenant"]
-        hint, timeout = row["duration_hint_ns"], row["timeout_ns"]
-        retry = decode_retry(row["retry"])
-        deps = decode_deps(row["deps"])
-        resources = decode_resources(row["resources"])
-        tags = decode_tags(row["tags"])
-        labels = decode_labels(row["labels"])
-        priority = priority_from(row["priority"])
-        spec = _new(TaskSpec)
-        _set(spec, "payload", b"" if payload is None else stored_blob("payload", payload))
-        _set(spec, "kind", kind)
-        _set(spec, "pool", pool)
-        _set(spec, "priority", priority)
-        _set(spec, "key", key)
-        _set(spec, "deadline", deadline)
-        _set(spec, "fixed_start", fixed)
-        _set(spec, "duration_hint_ns", hint)
-        _set(spec, "timeout_ns", timeout)
-        _set(spec, "retry", retry)
-        _set(spec, "deps", deps)
-        _set(spec, "resources", resources)
-        _set(spec, "tags", tags)
-        _set(spec, "labels", labels)
-        _set(spec, "tenant", tenant)
+        retry = decode_retry(stored_retry)
+        deps = decode_deps(stored_deps)
+        resources = decode_resources(stored_resources)
+        tags = decode_tags(stored_tags)
+        labels = decode_labels(stored_labels)
+        priority = priority_from(stored_priority)
+        spec = _spec(
+            payload=b"" if payload is None else stored_blob("payload", payload),
+            kind=kind,
+            pool=pool,
+            priority=priority,
+            key=key,
+            deadline=deadline,
+            fixed_start=fixed,
+            duration_hint_ns=hint,
+            timeout_ns=timeout,
+            retry=retry,
+            deps=deps,
+            resources=resources,
+            tags=tags,
+            labels=labels,
+            tenant=tenant,
+        )
         if not (
             type(pool) is str
             and pool != ""
@@ -728,19 +786,21 @@ def status_pair(status: object, terminal: object) -> TaskStatus:
 
 
 @_row_decoder("live task row")
-def live_task_from_row(base: TimeBase, row: Mapping[Any, Any]) -> RecoveredTask:
-    """A live task row (id, seq, arrival_unix_ns, attempt, status, terminal and `SPEC_COLUMNS`);
-    `CorruptValue` for any value that does not decode, or a row that is not a live task."""
-    status = status_pair(row["status"], row["terminal"])
+def live_task_from_row(base: TimeBase, row: Sequence[Any]) -> RecoveredTask:
+    """A live task row: the values of `LIVE_COLUMNS`, in that order (a tuple is read faster
+    than a mapping, and a recovery reads every live task); `CorruptValue` for any value that
+    does not decode, or a row that is not a live task."""
+    task_id, seq, arrival, attempt, status_name, terminal = row[:6]
+    status = status_pair(status_name, terminal)
     if status.is_terminal:  # status_pair has checked the flag agrees: this row has finished
         raise CorruptValue(f"status: {status.value!r} is not live")
-    task = _new(RecoveredTask)  # every field is checked here: no __init__ to run
-    _set(task, "id", TaskId(_int("id", row["id"])))
-    _set(task, "seq", _int("seq", row["seq"]))
-    _set(task, "arrival", from_unix(base, _int("arrival_unix_ns", row["arrival_unix_ns"])))
-    _set(task, "spec", spec_from_columns(base, row))
-    _set(task, "attempt", max(0, _int("attempt", row["attempt"])))
-    return task
+    return _recovered_task(  # every field is checked here: no __init__ to run
+        id=_int("id", task_id),
+        seq=_int("seq", seq),
+        arrival=from_unix(base, _int("arrival_unix_ns", arrival)),
+        spec=spec_from_values(base, *row[6:]),
+        attempt=max(0, _int("attempt", attempt)),
+    )
 
 
 @_row_decoder("finished task row")

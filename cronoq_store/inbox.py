@@ -550,7 +550,7 @@ def read(
         last = inbox_id
         columns = dict(zip(names, values, strict=True))
         try:
-            spec = codec.spec_from_columns(base, columns)
+            spec = codec.spec_from_values(base, *values)
         except CorruptValue as exc:
             row = {"id": inbox_id, "enqueued_unix_ns": enqueued, **columns, "reason": str(exc)}
             bad.append(row)

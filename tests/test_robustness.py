@@ -265,3 +265,14 @@ def test_json_depth_ignores_brackets_in_strings(obj: object) -> None:
 def test_brackets_inside_strings_are_not_nesting() -> None:
     labels = {"k": "[" * 5000, "{" * 100: "]"}
     assert codec.decode_labels(codec.encode_labels(labels)) == labels
+
+
+@given(_json)
+def test_json_short_enough_to_skip_measuring_is_never_too_deep(obj: object) -> None:
+    """The decoders take JSON text of at most `_SHALLOW` characters without measuring it:
+    no such text may nest deeper than the bound, however it is written."""
+    for written in (json.dumps(obj), json.dumps(obj, separators=(",", ":"))):
+        if len(written) <= codec._SHALLOW:
+            assert codec.json_depth(written) <= codec.JSON_MAX_DEPTH
+    too_deep = "[" * (codec.JSON_MAX_DEPTH + 1) + "]" * (codec.JSON_MAX_DEPTH + 1)
+    assert len(too_deep) > codec._SHALLOW

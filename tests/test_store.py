@@ -312,7 +312,7 @@ def test_recovery_does_not_hold_the_sqlite_write_lock(
     from cronoq_store import codec
 
     path = tmp_path / "state.db"
-    decode = codec.spec_from_columns
+    decode = codec.live_task_from_row
     writes: list[bool] = []
 
     def decode_while_another_writes(*args: object, **kwargs: object) -> object:
@@ -329,7 +329,7 @@ def test_recovery_does_not_hold_the_sqlite_write_lock(
     with SqlStore.open(path) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [submit(i) for i in range(1, 4)])
-        monkeypatch.setattr(codec, "spec_from_columns", decode_while_another_writes)
+        monkeypatch.setattr(codec, "live_task_from_row", decode_while_another_writes)
         assert [t.id for t in store.recover(BASE).tasks] == [1, 2, 3]
     assert writes == [True]
 

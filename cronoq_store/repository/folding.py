@@ -35,6 +35,8 @@ from ..model import (
 STATUS_NAME: Final = {s: s.value for s in TaskStatus}
 """Stored name of each status (a dict lookup is cheaper than the enum's `value` per row)."""
 IS_TERMINAL: Final = {s: s.is_terminal for s in TaskStatus}
+_QUEUED: Final = TaskStatus.QUEUED.value
+"""A new task's stored status (an enum's `.value` is a property: a call per task)."""
 
 
 @dataclass(slots=True)
@@ -120,7 +122,7 @@ def fold(
             row["arrival_unix_ns"] = codec.to_unix(base, m.arrival, "Submitted.arrival")
             row["updated_unix_ns"] = now_unix_ns
             row["finished_unix_ns"] = None
-            row["status"] = TaskStatus.QUEUED.value
+            row["status"] = _QUEUED
             row["terminal"] = False
             row["attempt"] = 0
             row["message"] = None

@@ -60,14 +60,8 @@ _RAW_TERMINAL: Final = type_coerce(tasks.c.terminal, Integer).label("terminal")
 """The terminal flag as stored (an integer: Boolean's result processor would read 2 as True),
 so the row decoders can refuse a flag that is neither 0 nor 1."""
 
-_LIVE_COLUMNS: Final = (
-    tasks.c.id,
-    tasks.c.seq,
-    tasks.c.arrival_unix_ns,
-    tasks.c.attempt,
-    tasks.c.status,
-    _RAW_TERMINAL,
-    *(tasks.c[name] for name in codec.SPEC_COLUMNS),
+_LIVE_COLUMNS: Final = tuple(
+    _RAW_TERMINAL if name == "terminal" else tasks.c[name] for name in codec.LIVE_COLUMNS
 )
 
 
@@ -243,14 +237,17 @@ def recover(
     result = conn.execute(live_tasks_stmt().execution_options(yield_per=STREAM_ROWS))
     decode, keep = codec.live_task_from_row, live.append  # the hot loop of a recovery
     with execution.collection_paused():  # every object decoded is kept: no garbage to find
-        for row in result.mappings():
+        for live_row in result:
             try:
-                keep(decode(base, row))
+                keep(decode(base, live_row))
             except CorruptValue as exc:
-                bad.set_aside(row, exc)
+                bad.set_aside(live_row._mapping, exc)
     result.close()
-    for row in conn.execute(odd_flag_tasks_stmt()).mappings():
-        bad.decode(codec.live_task_from_row, base, row)  # always refused: the flag is damaged
+    for odd_row in conn.execute(odd_flag_tasks_stmt()):
+        try:
+            codec.live_task_from_row(base, odd_row)
+        except CorruptValue as exc:  # always: the flag is damaged
+            bad.set_aside(odd_row._mapping, exc)
 
     cutoff = codec.saturate(now_unix_ns - retention // timedelta(microseconds=1) * 1000)
     terminal: list[RecoveredTerminal] = []

@@ -267,6 +267,34 @@ def test_replayed_batch_changes_nothing(store: SqlStore) -> None:
     assert state(store, 1) is TaskStatus.RUNNING
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [
+        pytest.param((10, 11, 13, 14), id="dense: one range"),
+        pytest.param((10, 11, 500, 10**12), id="sparse: a lookup each"),
+    ],
+)
+def test_a_partly_replayed_batch_inserts_only_the_new_tasks(
+    store: SqlStore, ids: tuple[int, ...]
+) -> None:
+    """The tasks of a batch stored already (here its lowest and highest ids) keep their rows
+    and ignore what was folded into them; the others are inserted, however the ids are
+    spread. A task stored between the batch's ids, and not in it, is untouched."""
+    epoch = lead(store)
+    low, *new, high = ids
+    store.commit(epoch, BASE, [submit(low), submit(high), submit(12, key="between")])
+    store.commit(epoch, BASE, [status(high, TaskStatus.SUCCEEDED, at=200)])
+    batch = [submit(i) for i in ids] + [status(i, TaskStatus.RUNNING) for i in ids]
+    store.commit(epoch, BASE, batch)
+    # A stored task's RUNNING, folded into its insert, is ignored with it.
+    assert [state(store, i) for i in ids] == [
+        TaskStatus.QUEUED,
+        *[TaskStatus.RUNNING for _ in new],
+        TaskStatus.SUCCEEDED,
+    ]
+    assert state(store, 12) is TaskStatus.QUEUED
+
+
 # 6. Mutations apply in batch order.
 
 

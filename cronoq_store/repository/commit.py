@@ -48,6 +48,18 @@ def existing_ids_stmt() -> Select[Any]:
 
 
 @cache
+def stored_ids_between_stmt() -> Select[Any]:
+    """The stored task ids from `b_low` to `b_high`: one range of the primary key, where an
+    IN list of the same ids is a lookup each."""
+    return select(tasks.c.id).where(tasks.c.id.between(bindparam("b_low"), bindparam("b_high")))
+
+
+DENSE: Final = 4
+"""New ids spanning at most this many ids each are looked up as one range (a leader hands
+ids out in order, so a batch's usually span no more than their count)."""
+
+
+@cache
 def status_update_stmt() -> Update:
     """One task's transition; a terminal one releases its live key."""
     return (
@@ -218,8 +230,15 @@ def _existing_dropped(
         return inserts
     flight.send()
     existing: set[int] = set()
-    for chunk in execution.chunks(list(inserts)):
-        existing.update(row[0] for row in execution.run_in(conn, existing_ids_stmt(), chunk).rows)
+    low, high = min(inserts), max(inserts)
+    if high - low < DENSE * len(inserts):
+        bounds = {"b_low": low, "b_high": high}
+        stored = execution.run_stmt(conn, stored_ids_between_stmt(), bounds).rows
+        existing.update(row[0] for row in stored if row[0] in inserts)
+    else:
+        for chunk in execution.chunks(list(inserts)):
+            ran = execution.run_in(conn, existing_ids_stmt(), chunk)
+            existing.update(row[0] for row in ran.rows)
     return {i: r for i, r in inserts.items() if i not in existing} if existing else inserts
 
 

@@ -280,6 +280,8 @@ def _write(
     elif postgresql and notify:
         [row] = rows
         ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
+    elif len(rows) > 1 and (returned := _values_returning(conn, rows, options)) is not None:
+        ids = sorted(returned)  # numbered in row order, as the rows go in
     elif len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
         ids = list(
             conn.execute(
@@ -294,6 +296,17 @@ def _write(
             key: Any = conn.execute(stmt, row, execution_options=options).inserted_primary_key
             ids.append(int(key[0]))
     return ids
+
+
+def _values_returning(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any]
+) -> list[Any] | None:
+    """MariaDB: the ids of `rows`, inserted by one INSERT ... VALUES of every row, RETURNING
+    (`execution.insert_returning`), or None where that is not to be had."""
+    if not conn.dialect.insert_returning:
+        return None
+    table = _table(options)
+    return execution.insert_returning(conn, insert_into_stmt(table), table.c.id, rows)
 
 
 def _table(options: Mapping[str, Any]) -> Table:

@@ -27,6 +27,7 @@ from cronoq_store import (
     TaskId,
     TaskSpec,
     TaskStatus,
+    enqueue_many,
     migrate,
 )
 
@@ -346,7 +347,8 @@ UNUSUAL_SCHEMAS = ["p%x", 'a "quoted" name', "x VALUES (y", "it's 100%s", "`b`"]
     ],
 )
 def test_unusual_schema_names(db_url: URL, dialect: str) -> None:
-    """One new task (an INSERT) and several (PostgreSQL: COPY) land in the schema."""
+    """One new task (an INSERT) and several (PostgreSQL: COPY) land in the schema, as do
+    inbox items enqueued there."""
     admin = create_engine(db_url)
     # A MySQL "schema" is a database on the server, which must exist: unique names, dropped.
     names = [
@@ -362,6 +364,9 @@ def test_unusual_schema_names(db_url: URL, dialect: str) -> None:
                 store.commit(epoch, BASE, [submit(1, key="one")])
                 store.commit(epoch, BASE, [submit(i) for i in (2, 3, 4)])
                 assert [t.id for t in store.recover(BASE).tasks] == [1, 2, 3, 4], name
+                with admin.begin() as conn:  # several rows: one multi-row statement
+                    ids = enqueue_many(conn, [TaskSpec(payload=b"a")] * 3, schema=name)
+                assert [i.inbox_id for i in store.read_inbox()] == ids, name
             assert "cronoq_tasks" in inspect(admin).get_table_names(schema=name)
         assert "cronoq_tasks" not in inspect(admin).get_table_names()
     finally:

@@ -604,7 +604,7 @@ class StoredSpecs:
         """`spec_columns(base, spec)`: a copy of the stored columns where `spec` came from a
         row read under `base`, else encoded."""
         hit = self._by_id.get(id(spec))
-        if hit is not None and hit[0] is spec and base == self._base:
+        if hit is not None and hit[0] is spec and (base is self._base or base == self._base):
             return dict(hit[1])
         return spec_columns(base, spec)
 

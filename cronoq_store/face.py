@@ -650,7 +650,9 @@ class Face(Generic[E, K, C, H]):
             if not self._leadership.may_commit(epoch):
                 raise Fenced(f"epoch {epoch} does not lead")
             seq, acked = self._leadership.next_commit()
-        folded = folding.fold(base, self._now(), batch, self._inbox_specs)
+        # A batch's rows are all kept until written: collector passes meanwhile find no garbage.
+        with execution.collection_paused():
+            folded = folding.fold(base, self._now(), batch, self._inbox_specs)
         checked = folding.checked_outputs(outputs)
         # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
         # that as "no id left below 2**63").
@@ -663,7 +665,7 @@ class Face(Generic[E, K, C, H]):
             # The bounds (`plan`: the lease TTL's idle bound, the commit timeout) ride in the
             # fence's flight, before the fence (`Tx.bounds_in_fn`).
             first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True)
-            with lease.fencing(
+            with execution.collection_paused(), lease.fencing(
                 conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq,
                 acked=acked, first=first,
             ) as flight:  # fmt: skip

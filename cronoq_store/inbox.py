@@ -559,18 +559,19 @@ def read(
     names = codec.SPEC_COLUMNS
     # Plain tuples from the driver (SQLAlchemy's rows and psycopg's fetchone per row cost as
     # much as decoding the spec), the spec's columns made a dict once.
-    for inbox_id, enqueued, *values in rows:
-        last = inbox_id
-        columns = dict(zip(names, values, strict=True))
-        try:
-            spec = codec.spec_from_values(base, *values)
-        except CorruptValue as exc:
-            row = {"id": inbox_id, "enqueued_unix_ns": enqueued, **columns, "reason": str(exc)}
-            bad.append(row)
-            continue
-        if stored is not None:
-            stored.add(spec, columns)
-        items.append(InboxItem(inbox_id=inbox_id, spec=spec, enqueued_unix_ns=enqueued))
+    with execution.collection_paused():  # what is decoded is kept: no garbage to find
+        for inbox_id, enqueued, *values in rows:
+            last = inbox_id
+            columns = dict(zip(names, values, strict=True))
+            try:
+                spec = codec.spec_from_values(base, *values)
+            except CorruptValue as exc:
+                row = {"id": inbox_id, "enqueued_unix_ns": enqueued, **columns, "reason": str(exc)}
+                bad.append(row)
+                continue
+            if stored is not None:
+                stored.add(spec, columns)
+            items.append(InboxItem(inbox_id=inbox_id, spec=spec, enqueued_unix_ns=enqueued))
     return Read(items=items, bad=bad, last_id=last)
 
 

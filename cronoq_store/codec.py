@@ -302,7 +302,9 @@ def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
 
 
 def encode_deps(deps: tuple[Dep, ...]) -> str:
-    return _dumps_plain(_deps_list(deps, "TaskSpec.deps")) if deps else "[]"
+    if not deps:
+        return "[]"
+    return check_json_size("TaskSpec.deps", _dumps_plain(_deps_list(deps, "TaskSpec.deps")))
 
 
 def decode_deps(text: str) -> tuple[Dep, ...]:
@@ -331,9 +333,9 @@ def encode_resources(resources: Mapping[str, int]) -> str:
     if not resources:
         return "{}"
     text = _dumps_plain(resources)
-    if _is_clean_json(text):
-        return text
-    return _dumps_plain({clean(k): v for k, v in resources.items()})
+    if not _is_clean_json(text):
+        text = _dumps_plain({clean(k): v for k, v in resources.items()})
+    return check_json_size("TaskSpec.resources", text)
 
 
 def decode_resources(text: str) -> dict[str, int]:
@@ -349,9 +351,9 @@ def encode_tags(tags: frozenset[str]) -> str:
     if not tags:
         return "[]"
     text = _dumps_plain(sorted(tags))
-    if _is_clean_json(text):
-        return text
-    return _dumps_plain(sorted({clean(t) for t in tags}))
+    if not _is_clean_json(text):
+        text = _dumps_plain(sorted({clean(t) for t in tags}))
+    return check_json_size("TaskSpec.tags", text)
 
 
 SHARED_TAGS_MAX: Final = 256
@@ -384,9 +386,9 @@ def encode_labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return "{}"
     text = _dumps_plain(labels)
-    if _is_clean_json(text):
-        return text
-    return _dumps_plain({clean(k): clean(v) for k, v in labels.items()})
+    if not _is_clean_json(text):
+        text = _dumps_plain({clean(k): clean(v) for k, v in labels.items()})
+    return check_json_size("TaskSpec.labels", text)
 
 
 def decode_labels(text: str) -> dict[str, str]:
@@ -439,12 +441,18 @@ LIVE_COLUMNS: Final = (
 
 def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
     """The column values of `spec` (the keys of `SPEC_COLUMNS`)."""
+    pool, kind, key, tenant = spec.pool, spec.kind, spec.key, spec.tenant
+    if not _stored_as_is(pool, kind, key, tenant):
+        pool = bounded("TaskSpec.pool", pool, POOL_MAX)
+        kind = bounded("TaskSpec.kind", kind, KIND_MAX)
+        key = bounded_opt("TaskSpec.key", key, KEY_MAX)
+        tenant = bounded_opt("TaskSpec.tenant", tenant, TENANT_MAX)
     fixed = spec.fixed_start
     return {
-        "pool": bounded("TaskSpec.pool", spec.pool, POOL_MAX),
-        "kind": bounded("TaskSpec.kind", spec.kind, KIND_MAX),
+        "pool": pool,
+        "kind": kind,
         "priority": int(spec.priority),
-        "key": bounded_opt("TaskSpec.key", spec.key, KEY_MAX),
+        "key": key,
         "payload": spec.payload,
         "deadline_unix_ns": to_unix_opt(base, spec.deadline, "TaskSpec.deadline"),
         "fixed_at_unix_ns": None if fixed is None else to_unix(base, fixed.at, "FixedStart.at"),
@@ -453,12 +461,27 @@ def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
         "duration_hint_ns": spec.duration_hint_ns,
         "timeout_ns": spec.timeout_ns,
         "retry": encode_retry(spec.retry),
-        "deps": check_json_size("TaskSpec.deps", encode_deps(spec.deps)),
-        "resources": check_json_size("TaskSpec.resources", encode_resources(spec.resources)),
-        "tags": check_json_size("TaskSpec.tags", encode_tags(spec.tags)),
-        "labels": check_json_size("TaskSpec.labels", encode_labels(spec.labels)),
-        "tenant": bounded_opt("TaskSpec.tenant", spec.tenant, TENANT_MAX),
+        "deps": encode_deps(spec.deps),
+        "resources": encode_resources(spec.resources),
+        "tags": encode_tags(spec.tags),
+        "labels": encode_labels(spec.labels),
+        "tenant": tenant,
     }
+
+
+def _stored_as_is(pool: str, kind: str, key: str | None, tenant: str | None) -> bool:
+    """Whether a spec's texts are stored as they are: ASCII without NUL (nothing to clean),
+    each within its limit. One check of them all, where cleaning and bounding each is a call
+    apiece; any other text takes `bounded`, which cleans it or says which is too long."""
+    texts = f"{pool}{kind}{key or ''}{tenant or ''}"
+    return (
+        texts.isascii()
+        and "\x00" not in texts
+        and len(pool) <= POOL_MAX
+        and len(kind) <= KIND_MAX
+        and (key is None or len(key) <= KEY_MAX)
+        and (tenant is None or len(tenant) <= TENANT_MAX)
+    )
 
 
 def _opt_nonneg(value: object) -> bool:
@@ -584,15 +607,7 @@ class StoredSpecs:
             columns["key"],
             columns["tenant"],
         )
-        texts = f"{pool}{kind}{key or ''}{tenant or ''}"
-        if not (
-            texts.isascii()
-            and "\x00" not in texts
-            and len(pool) <= POOL_MAX
-            and len(kind) <= KIND_MAX
-            and (key is None or len(key) <= KEY_MAX)
-            and (tenant is None or len(tenant) <= TENANT_MAX)
-        ):
+        if not _stored_as_is(pool, kind, key, tenant):
             for name, limit in _TEXT_LIMITS:
                 text = columns[name]
                 if text is not None and (len(text) > limit or clean(text) != text):

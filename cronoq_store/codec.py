@@ -777,6 +777,10 @@ _VALID_PAIRS: Final[dict[tuple[str, int], TaskStatus]] = {
 (True and 1 are the same key: PostgreSQL reads the flag as a bool)."""
 
 
+_LIVE_PAIRS: Final = frozenset(pair for pair, s in _VALID_PAIRS.items() if not s.is_terminal)
+"""The valid (stored name, flag) pairs of a live task."""
+
+
 def status_pair(status: object, terminal: object) -> TaskStatus:
     """The status of a row whose `status` name and `terminal` flag (read as an integer) agree.
 
@@ -806,8 +810,9 @@ def live_task_from_row(base: TimeBase, row: Sequence[Any]) -> RecoveredTask:
     than a mapping, and a recovery reads every live task); `CorruptValue` for any value that
     does not decode, or a row that is not a live task."""
     task_id, seq, arrival, attempt, status_name, terminal = row[:6]
-    status = status_pair(status_name, terminal)
-    if status.is_terminal:  # status_pair has checked the flag agrees: this row has finished
+    # The flag's type first: 0.0 equals 0 (and hashes alike), and is damage.
+    if type(terminal) not in (int, bool) or (status_name, terminal) not in _LIVE_PAIRS:
+        status = status_pair(status_name, terminal)
         raise CorruptValue(f"status: {status.value!r} is not live")
     return _recovered_task(  # every field is checked here: no __init__ to run
         id=_int("id", task_id),

@@ -175,6 +175,20 @@ def test_a_payload_that_is_not_a_blob_is_quarantined(store: SqlStore) -> None:
     assert_quarantined(store, epoch, {1: "k1", 2: "k2"}, healthy=[3])
 
 
+@pytest.mark.parametrize("flag", [0.0, 1.0, "0", None, 0, False, True])
+def test_a_live_row_decodes_only_with_an_integer_flag_of_zero(flag: object) -> None:
+    """A live row's flag must be 0 as an int (or PostgreSQL's False): 0.0 equals 0 and hashes
+    alike, but no store writes it (SQLite's numeric affinity would have made it 0)."""
+    spec = TaskSpec(payload=b"p", key="k")
+    columns = codec.spec_columns(BASE, spec)
+    row = (1, 1, 0, 0, "queued", flag, *(columns[name] for name in codec.SPEC_COLUMNS))
+    if type(flag) in (int, bool) and not flag:
+        assert codec.live_task_from_row(BASE, row).spec == spec
+    else:
+        with pytest.raises(CorruptValue):
+            codec.live_task_from_row(BASE, row)
+
+
 @pytest.mark.sqlite
 @pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
 def test_an_output_that_is_not_a_blob_is_refused(store: SqlStore) -> None:

@@ -7,6 +7,7 @@ median. The peers are installed outside the repository (see benchmarks/README.md
     python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json]
 
 - cronoq: `enqueue` in the app's transaction / `enqueue_many` of 1,000 (this interpreter);
+- cronoq's leader: `SqlStore.commit` of one new task / of 1,000 (no keys, no deps);
 - procrastinate: `defer` / `batch_defer` (the peers' virtualenv, `PEERS/venv`);
 - graphile-worker: `addJob` / `addJobs`; pg-boss: `send` / `insert` (node, `PEERS/node_modules`);
 - raw psycopg: INSERT + COMMIT / COPY of an inbox-shaped row (this interpreter).
@@ -150,6 +151,38 @@ def cronoq(url: str) -> dict[str, float]:
     return {"single": one, "batch": many}
 
 
+def leader(url: str) -> dict[str, float]:
+    """The engine's side: the leader's commit of new tasks (no keys, no deps), one per commit
+    and 1,000 per commit: what a job lands by when the engine, not an app, creates it."""
+    from cronoq_store import SqlStore, Submitted, TaskId, TaskSpec, TimeBase
+
+    base = TimeBase(unix_ns=time.time_ns())
+    spec = TaskSpec(payload=PAYLOAD, kind="job")
+    ids = iter(range(1, 2 + SINGLE + BATCHES * 1000))
+
+    def submitted(count: int) -> list[Submitted]:
+        return [
+            Submitted(id=TaskId(i), seq=i, arrival=0, spec=spec)
+            for i in (next(ids) for _ in range(count))
+        ]
+
+    with SqlStore.open(url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, base, submitted(1))
+        singles = [submitted(1) for _ in range(SINGLE)]
+        t = time.perf_counter()
+        for batch in singles:
+            store.commit(epoch, base, batch)
+        one = SINGLE / (time.perf_counter() - t)
+        batches = [submitted(1000) for _ in range(BATCHES)]
+        t = time.perf_counter()
+        for batch in batches:
+            store.commit(epoch, base, batch)
+        many = BATCHES * 1000 / (time.perf_counter() - t)
+        store.release_leadership()
+    return {"single": one, "batch": many}
+
+
 def raw(url: str) -> dict[str, float]:
     import psycopg
 
@@ -203,6 +236,7 @@ def systems(peers: Path) -> dict[str, Callable[[str], dict[str, float]]]:
 
     return {
         "cronoq enqueue / enqueue_many": cronoq,
+        "cronoq leader commit, batch 1 / batch 1000": leader,
         "procrastinate defer / batch_defer": lambda url: external(
             [python, "procrastinate_bench.py", _dsn(url), *counts], scratch, {}
         ),

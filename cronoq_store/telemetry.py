@@ -104,14 +104,18 @@ class Telemetry:
             description="Undecodable inbox rows set aside.",
         )
 
+    @staticmethod
+    def _tracing() -> bool:
+        """Whether an app has set a tracer provider: until then spans are left out, as the
+        API's own no-op span would cost a batch-1 commit a few percent of its CPU for
+        nothing (benchmarks/bench_otel.py)."""
+        return not isinstance(_trace.get_tracer_provider(), ProxyTracerProvider)
+
     @contextlib.contextmanager
     def _span(self, name: str, attributes: dict[str, Any]) -> Iterator[Any]:
-        """A span that records an error by its type only (no message: it may quote task data).
-
-        None until an app sets a tracer provider: the API's own no-op span would cost a
-        batch-1 commit a few percent of its CPU for nothing (benchmarks/bench_otel.py).
-        """
-        if isinstance(_trace.get_tracer_provider(), ProxyTracerProvider):
+        """A span that records an error by its type only (no message: it may quote task data);
+        None while not `_tracing`."""
+        if not self._tracing():
             yield None
             return
         with self._tracer.start_as_current_span(
@@ -132,11 +136,14 @@ class Telemetry:
             yield
             return
         size = len(batch)
-        attributes = {**self._system, "cronoq.epoch": epoch, "cronoq.batch.size": size}
         started = time.perf_counter()
         failed: BaseException | None = None
         try:
-            with self._span("cronoq.store.commit", attributes):
+            if self._tracing():
+                attributes = {**self._system, "cronoq.epoch": epoch, "cronoq.batch.size": size}
+                with self._span("cronoq.store.commit", attributes):
+                    yield
+            else:  # the span's own context manager left out too: one per commit
                 yield
         except BaseException as exc:
             failed = exc

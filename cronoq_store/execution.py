@@ -688,7 +688,7 @@ def _copy_sql(conn: Connection, stmt: Insert, columns: Sequence[str]) -> str:
         target = f"{prep.quote_schema(schema)}.{target}"
     names = ", ".join(prep.quote(c) for c in columns)
     sql = f"COPY {target} ({names}) FROM STDIN"
-    if conn.dialect.paramstyle in ("format", "pyformat"):
+    if conn.dialect.paramstyle == "pyformat":
         sql = sql.replace("%%", "%")
     return sql
 
@@ -755,7 +755,7 @@ def _values_form(
     """`stmt` (an INSERT of one row) returning `column`, in three parts for rows with `keys`:
     the head up to VALUES, one row's VALUES group in `%s` placeholders, the RETURNING tail;
     and a row's values in the group's order. None unless the group holds exactly the rows'
-    own parameters, in a paramstyle of `%` placeholders.
+    own parameters, as pyformat's `%(name)s` (PyMySQL's paramstyle).
 
     Taken from SQLAlchemy's compiled SQL: the INSERT must end with its group, and the same
     INSERT with RETURNING extend it (a quoted name holding " VALUES (" stays in the head).
@@ -764,7 +764,7 @@ def _values_form(
     if cache_key in _VALUES:
         return _VALUES[cache_key]
     form = None
-    if conn.dialect.paramstyle in ("format", "pyformat"):
+    if conn.dialect.paramstyle == "pyformat":
         plain_sql, _ = driver_sql(conn, stmt, keys)
         full_sql, _ = driver_sql(conn, _returning(stmt, column), keys)
         head, found, group = plain_sql.rpartition(" VALUES (")

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Boolean,
     Connection,
     Integer,
+    Row,
     Select,
     Update,
     and_,
@@ -180,7 +181,10 @@ class _Quarantine:
             return None
 
     def set_aside(self, row: Any, exc: CorruptValue) -> None:
-        """Keep `row` for quarantine, with why it did not decode."""
+        """Keep `row` (a mapping, or a `Row` as the live tasks are read) for quarantine, with
+        why it did not decode."""
+        if isinstance(row, Row):
+            row = row._mapping
         log.error(
             "quarantining undecodable task row %r: %s",
             row["id"],
@@ -241,13 +245,10 @@ def recover(
             try:
                 keep(decode(base, live_row))
             except CorruptValue as exc:
-                bad.set_aside(live_row._mapping, exc)
+                bad.set_aside(live_row, exc)
     result.close()
     for odd_row in conn.execute(odd_flag_tasks_stmt()):
-        try:
-            codec.live_task_from_row(base, odd_row)
-        except CorruptValue as exc:  # always: the flag is damaged
-            bad.set_aside(odd_row._mapping, exc)
+        bad.decode(codec.live_task_from_row, base, odd_row)  # always refused: the flag is damaged
 
     cutoff = codec.saturate(now_unix_ns - retention // timedelta(microseconds=1) * 1000)
     terminal: list[RecoveredTerminal] = []

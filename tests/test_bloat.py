@@ -55,21 +55,55 @@ def test_live_transitions_are_heap_only_updates(db_url: URL, engine: Engine) -> 
     assert hot / updated >= 0.9, f"{hot} of {updated} live transitions were HOT"
 
 
+def _prune_plan(db_url: URL, engine: Engine) -> list[str]:
+    """The plan of one prune batch, with its values bound as the store binds them."""
+    from cronoq_store import dialects
+    from cronoq_store.repository import prune
+
+    with SqlStore.open(db_url):
+        pass
+    compiled = prune.prune_stmt(join=dialects.delete_joins(engine.dialect)).compile(
+        dialect=engine.dialect
+    )
+    params = compiled.construct_params({"cutoff": 10**18, "limit": 1000})
+    if compiled.positiontup is not None:
+        params = tuple(params[name] for name in compiled.positiontup)  # type: ignore[assignment]
+    explain = "EXPLAIN QUERY PLAN" if engine.dialect.name == "sqlite" else "EXPLAIN"
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(f"{explain} {compiled}", params).all()
+    return [" ".join(str(column) for column in row) for row in rows]
+
+
 @pytest.mark.parametrize("dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)])
 def test_prune_walks_the_finished_index_in_order(db_url: URL, engine: Engine) -> None:
     """Each prune batch reads the oldest finished tasks off `finished_unix_ns`'s index. Left
     to itself SQLite took the `(terminal, id)` index and sorted every finished task again for
     each batch of 1000: a prune of 100,000 ran at a tenth of its speed."""
-    from cronoq_store.repository import prune
-
-    with SqlStore.open(db_url):
-        pass
-    sql = str(prune.prune_stmt().compile(dialect=engine.dialect))
-    with engine.connect() as conn:
-        plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", (0, 1000, 0)).all()
-    steps = [row[-1] for row in plan]
+    steps = _prune_plan(db_url, engine)
     assert any("ix_cronoq_tasks_finished_unix_ns" in s for s in steps), steps
     assert not any("TEMP B-TREE" in s for s in steps), steps
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_prune_checks_each_dependency_as_an_anti_join(
+    db_url: URL, engine: Engine, dialect: str
+) -> None:
+    """A prunable task's two dependency checks stop at the first match (by id, by key). As a
+    LEFT JOIN filtered on a column outside the join, PostgreSQL joined every dependency to
+    every prunable task, hashed and sorted them for each batch of 1000: a prune of 100,000
+    beside 100,000 live tasks took 15 s, with the values bound (its custom plan)."""
+    plan = _prune_plan(db_url, engine)
+    if dialect == "postgresql":
+        assert sum("Anti Join" in step for step in plan) == 2, "\n".join(plan)
+    else:
+        checks = [step for step in plan if " by_id " in step or " by_key " in step]
+        assert len(checks) == 2 and all("Not exists" in step for step in checks), plan
 
 
 def _size(engine: Engine) -> int:

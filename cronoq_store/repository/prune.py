@@ -20,7 +20,10 @@ def _prunable(*columns: Any) -> Select[Any]:
 
     Anti-joins on the dependency indexes (a LEFT JOIN that finds no row), which MariaDB runs
     as one probe per candidate ("Not exists"), where it runs NOT EXISTS as a dependent
-    subquery. A NULL key joins no row, so a keyless task needs no "key IS NULL OR". SQLite
+    subquery. Each miss is tested twice, as each server needs: MariaDB probes only for an IS
+    NULL on a NOT NULL column (`task_id`), and PostgreSQL makes an anti-join only of an IS
+    NULL on the join column; with neither it joined and sorted every prunable task per batch.
+    A NULL key joins no row, so a keyless task needs no "key IS NULL OR". SQLite
     must not index `terminal`: it took `(terminal, id)` for the equality over the finished-time
     index, and sorted every finished task again for each batch.
     """
@@ -35,7 +38,9 @@ def _prunable(*columns: Any) -> Select[Any]:
         .where(
             dialects.unindexed(tasks.c.terminal) == True,  # noqa: E712
             tasks.c.finished_unix_ns < bindparam("cutoff"),
+            by_id.c.target_id.is_(None),
             by_id.c.task_id.is_(None),
+            by_key.c.target_key.is_(None),
             by_key.c.task_id.is_(None),
         )
     )

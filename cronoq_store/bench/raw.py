@@ -5,9 +5,9 @@ schema the store's migrations created, so both sides have the same tables and in
 no file, WAL, checkpoint or buffer pool. It runs the very Core statements the store runs,
 compiled once to the driver's own SQL: the same INSERTs, the same transition UPDATE (the live
 key released or kept, the message carried over), the same prune DELETE with its dependency
-checks by id and by key. It does what a careful hand-written store would do and no more: it
-encodes the same JSON, binds plain tuples, executemany's, and commits. It does not fence,
-fold, validate, or check idempotency.
+checks by id and by key and, on PostgreSQL, the VACUUM after it. It does what a careful
+hand-written store would do and no more: it encodes the same JSON, binds plain tuples,
+executemany's, and commits. It does not fence, fold, validate, or check idempotency.
 
 Submissions have more than one raw baseline: `json` encodes rows with the standard library
 inside the timed loop (what a hand-written store does), `pre-encoded` binds rows built before
@@ -139,6 +139,12 @@ class RawDriver:
         )
         self.prune_sql = str(self._prune)
         self._prune_keys = tuple(self._prune.positiontup or ())
+        # The store's VACUUM after a prune, compiled for the server's version (`dialect` is live).
+        self.vacuum_sql = (
+            str(dialects.Vacuum(tasks, task_deps).compile(dialect=dialect))
+            if dialects.vacuums(dialect)
+            else None
+        )
         self._in_lists: dict[int, str] = {}
 
     def sql(self, stmt: ClauseElement) -> tuple[str, tuple[str, ...]]:
@@ -354,7 +360,8 @@ class RawDriver:
 
     def prune(self, cutoff: int, limit: int) -> int:
         """The store's prune DELETE (dependency checks by id and by key), `limit` rows per
-        transaction, until a batch comes back short."""
+        transaction, until a batch comes back short; then, where the store vacuums after a
+        prune (PostgreSQL), the same VACUUM."""
         params = self._prune.construct_params({"cutoff": cutoff, "limit": limit})
         args = [params[k] for k in self._prune_keys]
         total = 0
@@ -364,4 +371,11 @@ class RawDriver:
                 count: int = cur.rowcount
             total += count
             if count < limit:
-                return total
+                break
+        if total and self.vacuum_sql is not None:
+            self.conn.autocommit = True
+            try:
+                self.conn.execute(self.vacuum_sql)
+            finally:
+                self.conn.autocommit = False
+        return total

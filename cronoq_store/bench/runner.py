@@ -341,9 +341,9 @@ class _Bench:
 
     def _vacuum(self) -> None:
         """PostgreSQL: both sides' task tables vacuumed, untimed, before a prune pair. A store's
-        prune vacuums after deleting (`dialects.vacuums`); on a server without autovacuum (the
-        shared development one) its first would otherwise clear every dead row the earlier
-        figures left, and the raw side's tables would grow with them."""
+        prune vacuums after deleting (`dialects.vacuums`), and so does the raw side's; on a
+        server without autovacuum (the shared development one) the first would otherwise clear
+        every dead row the earlier figures left."""
         if not dialects.vacuums(self.engine.dialect):
             return
         for engine in (self.engine, self.raw_engine):

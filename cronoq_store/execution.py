@@ -73,6 +73,7 @@ __all__ = [
     "ended",
     "insert_many",
     "insert_returning",
+    "inserted_id",
     "observed",
     "ping_when_idle",
     "pipelines",
@@ -193,6 +194,8 @@ class Ran(NamedTuple):
 
     rowcount: int | None
     rows: Sequence[Any]
+    lastrowid: int | None = None
+    """The key the driver says the statement's row got, where asked for (`inserted_id`)."""
 
 
 def counted(rowcount: int) -> int | None:
@@ -220,17 +223,20 @@ def observed(conn: Connection) -> bool:
     )
 
 
-def run(conn: Connection, sql: str, params: Any = None, *, many: bool = False) -> Ran:
+def run(
+    conn: Connection, sql: str, params: Any = None, *, many: bool = False, last: bool = False
+) -> Ran:
     """Run driver SQL in `conn`'s transaction: on its DB-API cursor, or through
     `exec_driver_sql` when `observed`. `many`: `params` is a list, run as the driver's
-    executemany.
+    executemany. `last`: keep the driver's `lastrowid` (not every driver has one).
 
     A driver error leaves as SQLAlchemy's `DBAPIError` either way (parameters hidden: they are
     task data), and a lost connection is invalidated as SQLAlchemy would (`compat.driver_error`).
     """
     if observed(conn):
         result = conn.exec_driver_sql(sql, params)
-        return Ran(counted(result.rowcount), result.all() if result.returns_rows else [])
+        rows = result.all() if result.returns_rows else []
+        return Ran(counted(result.rowcount), rows, result.lastrowid if last else None)
     dbapi_conn: Any = conn.connection.dbapi_connection
     cursor = dbapi_conn.cursor()
     try:
@@ -241,7 +247,7 @@ def run(conn: Connection, sql: str, params: Any = None, *, many: bool = False) -
         else:
             cursor.execute(sql, params)
         rows = cursor.fetchall() if cursor.description is not None else []
-        return Ran(counted(cursor.rowcount), rows)
+        return Ran(counted(cursor.rowcount), rows, cursor.lastrowid if last else None)
     except conn.dialect.loaded_dbapi.Error as exc:
         raise compat.driver_error(conn, exc, sql, cursor=cursor, many=many) from exc
     finally:
@@ -253,6 +259,17 @@ def run_stmt(conn: Connection, stmt: Statement, params: Mapping[str, Any] | None
     params = params or {}
     sql, getter = driver_sql(conn, stmt, tuple(params))
     return run(conn, sql, params if getter is None else getter(params))
+
+
+def inserted_id(conn: Connection, stmt: Statement, params: Mapping[str, Any]) -> int:
+    """Insert one row with `stmt` and return the key it got, as the driver's `lastrowid` tells
+    (where `dialects.says_lastrowid`). It comes with the statement's own answer, where
+    RETURNING sends a result set to read: on MariaDB a fifth of a one-row enqueue's CPU."""
+    sql, getter = driver_sql(conn, stmt, tuple(params))
+    ran = run(conn, sql, params if getter is None else getter(params), last=True)
+    if ran.lastrowid is None:
+        raise StoreError("the driver did not say which key the inserted row got")
+    return int(ran.lastrowid)
 
 
 def run_many(conn: Connection, stmt: Statement, rows: Sequence[Mapping[str, Any]]) -> Ran:

@@ -271,9 +271,11 @@ def _write(
         execution.run_many(conn, insert_into_stmt(_table(options)), rows)
         last = int(execution.run_stmt(conn, last_rowid_stmt()).rows[0][0])
         ids = list(range(last - len(rows) + 1, last + 1))
-    elif len(rows) == 1 and dialect.insert_returning:
+    elif len(rows) == 1 and dialects.says_lastrowid(dialect):
         # SQLAlchemy's execution is most of a small enqueue's CPU: the driver's cursor runs
         # the statement compiled once, unless something observes the connection's statements.
+        ids = [execution.inserted_id(conn, insert_into_stmt(_table(options)), rows[0])]
+    elif len(rows) == 1 and dialect.insert_returning:  # PostgreSQL: the notification with it
         stmt = insert_one_stmt(_table(options), notify=notify and postgresql)
         ran = execution.run_stmt(conn, stmt, rows[0])
         ids = [int(ran.rows[0][0])]

@@ -40,6 +40,7 @@ from .statements import insert_ignoring as insert_ignoring
 from .statements import mysql_collation as mysql_collation
 from .statements import name as name
 from .statements import read_only_sql as read_only_sql
+from .statements import says_lastrowid as says_lastrowid
 from .statements import server_role_stmt as server_role_stmt
 from .statements import unindexed as unindexed
 from .statements import vacuums as vacuums

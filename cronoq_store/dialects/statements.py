@@ -165,6 +165,13 @@ def _insert_ignoring(which: str, target: Table) -> Insert | None:
     return None
 
 
+def says_lastrowid(dialect: Dialect) -> bool:
+    """Whether the driver tells the key an INSERT's one row got with the statement's answer
+    (DB-API `lastrowid`: SQLite's rowid, MySQL's AUTO_INCREMENT value), so that a one-row
+    insert needs no RETURNING result set. psycopg has no `lastrowid`."""
+    return name(dialect) in ("sqlite", "mysql")
+
+
 def delete_joins(dialect: Dialect) -> bool:
     """Whether a DELETE of rows chosen by a subquery should join it rather than test IN.
 

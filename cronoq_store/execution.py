@@ -240,12 +240,10 @@ def run(
     dbapi_conn: Any = conn.connection.dbapi_connection
     cursor = dbapi_conn.cursor()
     try:
-        if many:
-            cursor.executemany(sql, params)
-        elif params is None:
+        if params is None:
             cursor.execute(sql)
         else:
-            cursor.execute(sql, params)
+            _executed(cursor, sql, params, many)
         rows = cursor.fetchall() if cursor.description is not None else []
         return Ran(counted(cursor.rowcount), rows, cursor.lastrowid if last else None)
     except conn.dialect.loaded_dbapi.Error as exc:
@@ -496,6 +494,18 @@ class Flight:
         sql, getter = driver_sql(self.conn, stmt, tuple(rows[0]))
         return self._add(sql, rows if getter is None else [getter(r) for r in rows], True)
 
+    def add_in(self, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]) -> int:
+        """Queue (or run) `stmt` with its IN list bound to `ids` (`run_in`); its index."""
+        if self.pipelined:  # psycopg: the list is one array parameter, as `run_in` binds it
+            return self.add(_in_as_any(stmt), {"ids": list(ids)})
+        index = len(self._ran)
+        try:
+            self._ran.append(run_in(self.conn, stmt, ids))
+        except sa_exc.DBAPIError:
+            self.failed = index
+            raise
+        return index
+
     def _add(self, sql: str, params: Any, many: bool) -> int:
         index = len(self._ran) + len(self._queue)
         if self.pipelined:
@@ -532,12 +542,14 @@ class Flight:
         # pipeline mode only, and a commit paused after its flight must still be cut off by
         # that bound (the lease TTL's). With the COMMIT in the flight nothing stays open.
         if commit:  # the driver's commit() would sync on its own: a second round trip
-            queue.append(("COMMIT", None, False))
+            queue.append(_COMMIT)
         head, last = (queue, None) if commit else (queue[:-1], queue[-1])
         # A transaction that is this one flight sends its BEGIN in it, too.
         whole = commit and dbapi_conn.info.transaction_status == _IDLE
         cursors: list[Any] = []
         alone = False
+        if head == [_COMMIT] and not whole:  # nothing to send with it: no pipeline to enter
+            head, last = [], _COMMIT
         try:
             if head:
                 begun = _begun_in_flight(conn) if whole else contextlib.nullcontext()
@@ -568,6 +580,10 @@ class Flight:
                 cursor.close()
 
 
+_COMMIT: Final = ("COMMIT", None, False)
+"""The COMMIT a flight ends with (`Flight.commit`)."""
+
+
 @contextlib.contextmanager
 def _begun_in_flight(conn: Connection) -> Iterator[None]:
     """A transaction that is one flight, BEGIN included: psycopg begins a transaction on its
@@ -588,7 +604,11 @@ def _begun_in_flight(conn: Connection) -> Iterator[None]:
 
 
 def _executed(cursor: Any, sql: str, params: Any, many: bool) -> Any:
-    if many:
+    """`cursor` having run `sql`: an executemany of one row as an execute, which psycopg
+    sends as it is, where it wraps an executemany in a pipeline of its own (60 µs of CPU)."""
+    if many and len(params) == 1:
+        cursor.execute(sql, params[0])
+    elif many:
         cursor.executemany(sql, params)
     else:
         cursor.execute(sql, params)

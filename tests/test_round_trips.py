@@ -245,3 +245,41 @@ def test_a_batch1_commit_of_a_new_task_is_one_round_trip(dialect: str, db_url: U
     finally:
         proxy.close()
     assert round_trips == 5
+
+
+def test_a_batch1_transition_costs_its_answers_and_no_more(dialect: str, db_url: URL) -> None:
+    """A live transition waits for the UPDATE's count (a revival needs more writes before
+    the COMMIT), so on PostgreSQL it costs the BEGIN, the bounds with the fence, the UPDATE
+    and the COMMIT; a finished task's dependency rows go with that COMMIT, not on their own.
+    Counted by the proxy, as above."""
+    if dialect != "postgresql":
+        pytest.skip("psycopg's pipeline mode: PostgreSQL only")
+    proxy = SyncCounter(db_url.host or "127.0.0.1", db_url.port or 5432)
+    url = db_url.set(host="127.0.0.1", port=proxy.port).update_query_dict(
+        {"sslmode": "disable", "gssencmode": "disable"}
+    )
+    config = StoreConfig(pool_size=1, lease_ttl=timedelta(minutes=1))
+    spec = TaskSpec(payload=b"x", deps=(Dep(target=ById(id=TaskId(0))),))
+    counts: dict[TaskStatus, list[int]] = {TaskStatus.RUNNING: [], TaskStatus.SUCCEEDED: []}
+    try:
+        with SqlStore.open(url, config) as store:
+            epoch = store.acquire_leadership()
+            subs = [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec) for i in range(1, 4)]
+            store.commit(epoch, BASE, subs)
+            for status, out in ((TaskStatus.RUNNING, ()), (TaskStatus.SUCCEEDED, (b"done",))):
+                for i in range(1, 4):
+                    before = proxy.syncs
+                    store.commit(
+                        epoch,
+                        BASE,
+                        [StatusChanged(id=TaskId(i), status=status, attempt=1, at=10)],
+                        [(TaskId(i), o) for o in out],
+                    )
+                    counts[status].append(proxy.syncs - before)
+            with store.engine.connect() as conn:
+                deps = conn.execute(text("SELECT count(*) FROM cronoq_task_deps")).scalar_one()
+            store.release_leadership()
+    finally:
+        proxy.close()
+    assert counts == {TaskStatus.RUNNING: [4, 4, 4], TaskStatus.SUCCEEDED: [4, 4, 4]}
+    assert deps == 0  # the finished tasks' dependency rows went with their COMMIT

@@ -298,7 +298,7 @@ def _write_updates(
             log.warning("status updates for %d tasks missing from the store (pruned?)", missing)
     finished = [i for i, st in updates.items() if folding.IS_TERMINAL[st.status]]
     for chunk in execution.chunks(finished):
-        execution.run_in(conn, delete_deps_stmt(), chunk)
+        flight.add_in(delete_deps_stmt(), chunk)
     return revived
 
 

@@ -470,18 +470,29 @@ class Flight:
     raised it.
 
     `commit` ends the transaction: pipelined, the COMMIT leaves with what is queued, and a
-    transaction whose statements all fit in its last flight costs one round trip.
+    transaction whose statements all fit in its last flight costs one round trip. An answer
+    needed only after the fact (a count to log) is read by a `then` check, so that its
+    statement can wait for that flight.
     """
 
-    __slots__ = ("_queue", "_ran", "conn", "failed", "pipelined")
+    __slots__ = ("_queue", "_ran", "_then", "conn", "failed", "pipelined")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.pipelined = pipelines(conn)
         self._queue: list[tuple[str, Any, bool]] = []
         self._ran: list[Ran] = []
+        self._then: list[Callable[[Sequence[Ran]], None]] = []
         self.failed: int | None = None
         """The index of the statement whose error `send` raised."""
+
+    def then(self, check: Callable[[Sequence[Ran]], None]) -> None:
+        """Call `check` with every result so far once what is queued is answered: at once
+        where statements run as they are added, else after the next `send` or `commit`."""
+        if self._queue:
+            self._then.append(check)
+        else:
+            check(self._ran)
 
     def add(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Queue (or run) `stmt` once with `params`; its index in `send`'s results."""
@@ -506,6 +517,13 @@ class Flight:
             raise
         return index
 
+    def insert_many(self, stmt: Insert, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert `rows` on their own (`insert_many`: COPY cannot ride in a pipeline), after
+        what is queued: a bulk insert must not overtake the statements added before it (a
+        new task takes the key a transition before it released)."""
+        self.send()
+        insert_many(self.conn, stmt, rows)
+
     def _add(self, sql: str, params: Any, many: bool) -> int:
         index = len(self._ran) + len(self._queue)
         if self.pipelined:
@@ -522,6 +540,7 @@ class Flight:
         """Send what is queued and wait for the answers; every result so far, by index."""
         if self._queue:
             self._send(commit=False)
+            self._checked()
         return self._ran
 
     def commit(self) -> Sequence[Ran]:
@@ -531,7 +550,13 @@ class Flight:
         commits, as always."""
         if self.pipelined:
             self._send(commit=True)
+            self._checked()
         return self._ran
+
+    def _checked(self) -> None:
+        checks, self._then = self._then, []
+        for check in checks:
+            check(self._ran)
 
     def _send(self, *, commit: bool) -> None:
         conn = self.conn

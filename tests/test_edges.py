@@ -311,6 +311,20 @@ def test_a_status_before_its_submission_has_no_effect(
     assert "missing from the store" in caplog.text
 
 
+def test_a_finished_task_not_stored_is_told_beside_one_that_is(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finished transition's count is read after its flight (on PostgreSQL, with the
+    COMMIT): the warning still counts exactly the tasks that were not there."""
+    epoch = lead(store)
+    store.commit(epoch, BASE, [submit(1)])
+    batch = [status(i, TaskStatus.SUCCEEDED) for i in (1, 2, 3)]
+    with caplog.at_level(logging.WARNING, logger="cronoq_store.repository.commit"):
+        store.commit(epoch, BASE, batch, [(TaskId(1), b"out")])
+    assert state(store, 1) is TaskStatus.SUCCEEDED
+    assert "status updates for 2 tasks missing from the store" in caplog.text
+
+
 # 7. Prune's delete re-checks, beside a leader's commits.
 
 

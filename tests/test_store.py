@@ -240,6 +240,18 @@ def test_key_released_earlier_in_the_batch_is_reusable(store: SqlStore) -> None:
     assert [t.id for t in store.recover(BASE).tasks] == [3]
 
 
+def test_key_released_in_the_batch_is_reusable_by_a_bulk_insert(store: SqlStore) -> None:
+    """More than one new task go in one bulk statement (COPY on PostgreSQL), after the
+    batch's transitions of stored tasks, whose released keys they may take."""
+    epoch = store.acquire_leadership()
+    store.commit(epoch, BASE, [submit(1, key="k"), submit(2, key="j")])
+    finished = [status(1, TaskStatus.SUCCEEDED), status(2, TaskStatus.FAILED)]
+    store.commit(epoch, BASE, [*finished, submit(3, key="k"), submit(4, key="j"), submit(5)])
+    assert [t.id for t in store.recover(BASE).tasks] == [3, 4, 5]
+    newest = store.get_task(ByKey(key="k"))
+    assert newest is not None and newest.id == 3
+
+
 def test_over_long_pool_refused(store: SqlStore) -> None:
     epoch = store.acquire_leadership()
     long_pool = Submitted(

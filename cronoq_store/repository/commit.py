@@ -289,13 +289,14 @@ def _write_updates(
         for stmt, rows in ((status_update_stmt(), plain), (status_output_stmt(), with_output))
         if rows
     ]
-    if sent:
-        ran = flight.send()
-        counts.extend(ran[i].rowcount for i in sent)
-    if None not in counts:
-        missing = len(updates) - sum(c for c in counts if c is not None)
-        if missing > 0:
+
+    def warn_missing(ran: Sequence[execution.Ran]) -> None:
+        matched = [*counts, *(ran[i].rowcount for i in sent)]
+        missing = len(updates) - sum(c for c in matched if c is not None)
+        if None not in matched and missing > 0:
             log.warning("status updates for %d tasks missing from the store (pruned?)", missing)
+
+    flight.then(warn_missing)  # only a log line: the statements need not wait for it
     finished = [i for i, st in updates.items() if folding.IS_TERMINAL[st.status]]
     for chunk in execution.chunks(finished):
         flight.add_in(delete_deps_stmt(), chunk)
@@ -322,7 +323,7 @@ def _write_inserts(
         new_deps = [] if not inserted or flight.pipelined else deps
     else:
         if inserts:
-            execution.insert_many(conn, insert_tasks_stmt(), list(inserts.values()))
+            flight.insert_many(insert_tasks_stmt(), list(inserts.values()))
         new_deps = [
             d
             for i, rows in folded.deps.items()
@@ -335,8 +336,7 @@ def _write_inserts(
     if flight.pipelined and len(new_deps) <= FLIGHT_ROWS:
         flight.add_many(insert_deps_stmt(), new_deps)
         return
-    flight.send()
-    execution.insert_many(conn, insert_deps_stmt(), new_deps)
+    flight.insert_many(insert_deps_stmt(), new_deps)
 
 
 def _insert_one(

@@ -75,6 +75,8 @@ def _on_connect(
 
 _FAILED: Final = (7, 11)
 """libpq's PGRES_FATAL_ERROR and PGRES_PIPELINE_ABORTED (`psycopg.pq.ExecStatus`)."""
+_INERROR: Final = 3
+"""libpq's PQTRANS_INERROR (`psycopg.pq.TransactionStatus`): a statement failed."""
 
 
 def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
@@ -83,6 +85,7 @@ def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
     class Hooked(base):  # type: ignore[misc]
         _many = False
         _pending: str | None = None
+        _pending_many = False
 
         def _ran(self, statement: Any) -> None:
             # In psycopg's pipeline mode `execute` only queues the statement: its answer (and
@@ -90,6 +93,7 @@ def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
             pgconn = getattr(getattr(self, "connection", None), "pgconn", None)
             if pgconn is not None and pgconn.pipeline_status:
                 self._pending = str(statement)
+                self._pending_many = self._many
             else:
                 hook(self, str(statement))
 
@@ -98,7 +102,12 @@ def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
                 return
             statement, self._pending = self._pending, None
             result = getattr(self, "pgresult", None)
-            if result is not None and result.status not in _FAILED:
+            if result is not None:
+                answered = result.status not in _FAILED
+            else:  # a pipelined executemany keeps no result: it ran unless the flight failed
+                status = self.connection.pgconn.transaction_status
+                answered = self._pending_many and status != _INERROR
+            if answered:
                 hook(self, statement)
 
         def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
@@ -111,9 +120,9 @@ def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
             self._many = True
             try:
                 result = super().executemany(statement, *args, **kwargs)
+                self._ran(statement)
             finally:
                 self._many = False
-            self._ran(statement)
             return result
 
         def fetchall(self) -> Any:

@@ -13,6 +13,7 @@ import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -220,11 +221,9 @@ class SyncCounter:
         self.listener.close()
 
 
-def test_a_batch1_commit_of_a_new_task_is_one_round_trip(dialect: str, db_url: URL) -> None:
-    """On PostgreSQL the transaction's bounds, the fence, the task with its dependency rows
-    and the COMMIT leave in one pipelined flight: one round trip per commit (a fenced one
-    still writes nothing: `test_lease`). Counted by a proxy between the store and the
-    server, over commits back to back (no ping: the connection was used a moment ago)."""
+@contextlib.contextmanager
+def _through_counter(dialect: str, db_url: URL) -> Iterator[tuple[SqlStore, SyncCounter]]:
+    """A store (one pooled connection) whose every message to PostgreSQL passes the proxy."""
     if dialect != "postgresql":
         pytest.skip("psycopg's pipeline mode: PostgreSQL only")
     proxy = SyncCounter(db_url.host or "127.0.0.1", db_url.port or 5432)
@@ -234,16 +233,25 @@ def test_a_batch1_commit_of_a_new_task_is_one_round_trip(dialect: str, db_url: U
     config = StoreConfig(pool_size=1, lease_ttl=timedelta(minutes=1))
     try:
         with SqlStore.open(url, config) as store:
-            epoch = store.acquire_leadership()
-            spec = TaskSpec(payload=b"x", deps=(Dep(target=ById(id=TaskId(0))),))
-            store.commit(epoch, BASE, [Submitted(id=TaskId(0), seq=0, arrival=0, spec=spec)])
-            before = proxy.syncs
-            for i in range(1, 6):
-                store.commit(epoch, BASE, [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)])
-            round_trips = proxy.syncs - before
-            store.release_leadership()
+            yield store, proxy
     finally:
         proxy.close()
+
+
+def test_a_batch1_commit_of_a_new_task_is_one_round_trip(dialect: str, db_url: URL) -> None:
+    """On PostgreSQL the transaction's bounds, the fence, the task with its dependency rows
+    and the COMMIT leave in one pipelined flight: one round trip per commit (a fenced one
+    still writes nothing: `test_lease`). Counted by a proxy between the store and the
+    server, over commits back to back (no ping: the connection was used a moment ago)."""
+    with _through_counter(dialect, db_url) as (store, proxy):
+        epoch = store.acquire_leadership()
+        spec = TaskSpec(payload=b"x", deps=(Dep(target=ById(id=TaskId(0))),))
+        store.commit(epoch, BASE, [Submitted(id=TaskId(0), seq=0, arrival=0, spec=spec)])
+        before = proxy.syncs
+        for i in range(1, 6):
+            store.commit(epoch, BASE, [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)])
+        round_trips = proxy.syncs - before
+        store.release_leadership()
     assert round_trips == 5
 
 
@@ -252,34 +260,24 @@ def test_a_batch1_transition_costs_its_answers_and_no_more(dialect: str, db_url:
     the COMMIT), so on PostgreSQL it costs the BEGIN, the bounds with the fence, the UPDATE
     and the COMMIT; a finished task's dependency rows go with that COMMIT, not on their own.
     Counted by the proxy, as above."""
-    if dialect != "postgresql":
-        pytest.skip("psycopg's pipeline mode: PostgreSQL only")
-    proxy = SyncCounter(db_url.host or "127.0.0.1", db_url.port or 5432)
-    url = db_url.set(host="127.0.0.1", port=proxy.port).update_query_dict(
-        {"sslmode": "disable", "gssencmode": "disable"}
-    )
-    config = StoreConfig(pool_size=1, lease_ttl=timedelta(minutes=1))
     spec = TaskSpec(payload=b"x", deps=(Dep(target=ById(id=TaskId(0))),))
     counts: dict[TaskStatus, list[int]] = {TaskStatus.RUNNING: [], TaskStatus.SUCCEEDED: []}
-    try:
-        with SqlStore.open(url, config) as store:
-            epoch = store.acquire_leadership()
-            subs = [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec) for i in range(1, 4)]
-            store.commit(epoch, BASE, subs)
-            for status, out in ((TaskStatus.RUNNING, ()), (TaskStatus.SUCCEEDED, (b"done",))):
-                for i in range(1, 4):
-                    before = proxy.syncs
-                    store.commit(
-                        epoch,
-                        BASE,
-                        [StatusChanged(id=TaskId(i), status=status, attempt=1, at=10)],
-                        [(TaskId(i), o) for o in out],
-                    )
-                    counts[status].append(proxy.syncs - before)
-            with store.engine.connect() as conn:
-                deps = conn.execute(text("SELECT count(*) FROM cronoq_task_deps")).scalar_one()
-            store.release_leadership()
-    finally:
-        proxy.close()
+    with _through_counter(dialect, db_url) as (store, proxy):
+        epoch = store.acquire_leadership()
+        subs = [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec) for i in range(1, 4)]
+        store.commit(epoch, BASE, subs)
+        for status, out in ((TaskStatus.RUNNING, ()), (TaskStatus.SUCCEEDED, (b"done",))):
+            for i in range(1, 4):
+                before = proxy.syncs
+                store.commit(
+                    epoch,
+                    BASE,
+                    [StatusChanged(id=TaskId(i), status=status, attempt=1, at=10)],
+                    [(TaskId(i), o) for o in out],
+                )
+                counts[status].append(proxy.syncs - before)
+        with store.engine.connect() as conn:
+            deps = conn.execute(text("SELECT count(*) FROM cronoq_task_deps")).scalar_one()
+        store.release_leadership()
     assert counts == {TaskStatus.RUNNING: [4, 4, 4], TaskStatus.SUCCEEDED: [1, 1, 1]}
     assert deps == 0  # the finished tasks' dependency rows went with their COMMIT

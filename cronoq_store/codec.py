@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache, wraps
 from itertools import accumulate
 from operator import itemgetter
-from typing import Any, Final, ParamSpec, TypeVar, get_args
+from typing import Any, Final, TypeVar, get_args
 
 from . import jsontext
 from .errors import CorruptValue, InvalidValue
@@ -202,9 +202,17 @@ def _builder(cls: type[_T]) -> Callable[..., _T]:
     return build
 
 
-_by_id = _builder(ById)
-_by_key = _builder(ByKey)
-_dep = _builder(Dep)
+def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """The setter of slot `name` of `cls` (a frozen dataclass's own setattr refuses)."""
+    setter: Callable[[Any, Any], None] = getattr(cls, name).__set__
+    return setter
+
+
+_new: Final = object.__new__
+_set_by_id: Final = _slot_setter(ById, "id")
+_set_by_key: Final = _slot_setter(ByKey, "key")
+_set_dep_target: Final = _slot_setter(Dep, "target")
+_set_dep_on: Final = _slot_setter(Dep, "on")
 _spec = _builder(TaskSpec)
 _recovered_task = _builder(RecoveredTask)
 _ABSENT: Final = object()
@@ -219,8 +227,14 @@ def _loads_plain(column: str, text: object) -> Any:
     """
     if _fast_loads is not None:
         try:
-            if type(text) is str and len(text) <= _SHALLOW:
-                return _fast_loads(text)  # within every bound: skip measuring
+            if type(text) is str and (
+                len(text) <= _SHALLOW
+                or (
+                    text.count("[") + text.count("{") <= JSON_MAX_DEPTH
+                    and len(text) <= JSON_MAX_CHARS
+                )
+            ):
+                return _fast_loads(text)  # within every bound: no depth to measure
             return _fast_loads(_bounded(column, text))
         except ValueError:
             pass
@@ -276,9 +290,13 @@ def _deps_list(deps: tuple[Dep, ...], field: str) -> list[dict[str, Any]]:
 
 
 def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
-    """Dependencies, checked here as `Dep`, `ById` and `ByKey` would check them."""
+    """Dependencies, checked here as `Dep`, `ById` and `ByKey` would check them.
+
+    Each object is made by its slots' setters, inline: a recovery decodes a dependency or two
+    per task, and a builder's call apiece was a tenth of it."""
+    items: list[Any] = obj if type(obj) is list else _expect(column, obj, list)
     deps = []
-    for item in _expect(column, obj, list):
+    for item in items:
         if type(item) is not dict:
             _expect(column, item, dict)
         on = item.get("on")
@@ -289,15 +307,20 @@ def _deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
         if task_id is not _ABSENT:
             if type(task_id) is not int or not INT64_MIN <= task_id <= INT64_MAX:
                 raise CorruptValue(f"{column}: a dependency id must be a 64-bit int")
-            target = _by_id(id=task_id)
+            target = _new(ById)
+            _set_by_id(target, task_id)
         else:
             key = item.get("key")
             if type(key) is not str or not key:
                 if "key" not in item:
                     raise CorruptValue(f"{column}: a dependency needs id or key, and on")
                 raise CorruptValue(f"{column}: a dependency key must be a non-empty str")
-            target = _by_key(key=key)
-        deps.append(_dep(target=target, on=on))
+            target = _new(ByKey)
+            _set_by_key(target, key)
+        dep = _new(Dep)
+        _set_dep_target(dep, target)
+        _set_dep_on(dep, on)
+        deps.append(dep)
     return tuple(deps)
 
 
@@ -741,18 +764,21 @@ def decode_recurring(base: TimeBase, name: str, text: str, payload: bytes | None
 # value of any shape (text in an integer column on SQLite, an out-of-range flag, a status name
 # this build does not know) is one `CorruptValue` for recovery to quarantine, never a crash.
 
-_P = ParamSpec("_P")
+_Row = TypeVar("_Row")
 _R = TypeVar("_R")
 
 
-def _row_decoder(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-    """Turn any failure to decode a row into `CorruptValue` naming `what` was read."""
+def _row_decoder(
+    what: str,
+) -> Callable[[Callable[[TimeBase, _Row], _R]], Callable[[TimeBase, _Row], _R]]:
+    """Turn any failure to decode a row into `CorruptValue` naming `what` was read. The
+    wrapper takes the decoders' two arguments as they are: a recovery calls one per row."""
 
-    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    def decorate(fn: Callable[[TimeBase, _Row], _R]) -> Callable[[TimeBase, _Row], _R]:
         @wraps(fn)
-        def decode(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        def decode(base: TimeBase, row: _Row) -> _R:
             try:
-                return fn(*args, **kwargs)
+                return fn(base, row)
             except CorruptValue:
                 raise
             except (TypeError, ValueError, KeyError, OverflowError, RecursionError) as exc:

@@ -84,6 +84,10 @@ def notify_stmt() -> Select[Any]:
     return select(notify_call())
 
 
+_EMPTY: Final = {"deps": "[]", "resources": "{}", "tags": "[]", "labels": "{}"}
+"""The JSON columns' empty values, which `insert_many_stmt` writes for a NULL."""
+
+
 @cache
 def insert_many_stmt(*, notify: bool, table: Table = inbox) -> Insert:
     """PostgreSQL: any number of inbox rows in one statement, each column bound as one array
@@ -98,7 +102,11 @@ def insert_many_stmt(*, notify: bool, table: Table = inbox) -> Insert:
         .table_valued(*codec.SPEC_COLUMNS, with_ordinality="ordinal")
         .render_derived(name="spec")
     )
-    rows = select(dialects.db_now_ns(), *(source.c[name] for name in codec.SPEC_COLUMNS))
+    values = (
+        source.c[name] if name not in _EMPTY else func.coalesce(source.c[name], _EMPTY[name])
+        for name in codec.SPEC_COLUMNS
+    )
+    rows = select(dialects.db_now_ns(), *values)
     if notify:
         # A CTE scanned once: one notification for the statement, not one per row.
         woken = select(notify_call().label("woken")).cte("cronoq_woken")
@@ -237,6 +245,18 @@ def _rows(specs: Iterable[TaskSpec]) -> list[dict[str, Any]]:
     return rows
 
 
+def _arrays(rows: list[dict[str, Any]]) -> dict[str, list[Any] | None]:
+    """The arrays `insert_many_stmt` unnests, one per column. A column NULL (or, for a JSON
+    one, empty) in every row is sent as one NULL, which `unnest` pads to the rows' length:
+    most specs leave most fields unset, and psycopg dumps an array element by element."""
+    arrays: dict[str, list[Any] | None] = {}
+    for name in codec.SPEC_COLUMNS:
+        values = [row[name] for row in rows]
+        unset = values.count(_EMPTY.get(name))
+        arrays[f"a_{name}"] = None if unset == len(values) else values
+    return arrays
+
+
 def _options(schema: str | None) -> Mapping[str, Any]:
     if schema is None:
         return {}
@@ -255,7 +275,7 @@ def _write(
     dialect = conn.dialect
     postgresql = dialects.name(dialect) == "postgresql"
     if len(rows) > 1 and postgresql:
-        arrays = {f"a_{name}": [row[name] for row in rows] for name in codec.SPEC_COLUMNS}
+        arrays = _arrays(rows)
         if dialect.driver == "psycopg":
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
             result = conn.exec_driver_sql(sql, {**params, **arrays})

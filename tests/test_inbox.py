@@ -8,6 +8,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -540,6 +541,30 @@ def test_enqueue_many_numbers_items_in_order_in_one_statement(
     assert [i.spec for i in got] == specs
 
 
+@pytest.mark.parametrize("rich_at", [None, 0, 2])
+def test_a_column_unset_in_every_spec_is_sent_as_one_null(
+    dialect: str, store: SqlStore, engine: Engine, rich_at: int | None
+) -> None:
+    """A column that no spec of the batch sets (NULL, or a JSON column's empty value) goes to
+    PostgreSQL as one NULL for the statement to pad, not an array of them; a column that one
+    spec sets goes whole. Either way every spec drains as given."""
+    specs = [TaskSpec(payload=b"%d" % i) for i in range(3)]
+    if rich_at is not None:
+        specs[rich_at] = rich_spec(rich_at)
+    sent: list[Any] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: sent.append(a[3]))
+    with engine.begin() as conn:
+        ids = enqueue_many(conn, specs)
+    assert [(i.inbox_id, i.spec) for i in store.read_inbox()] == list(zip(ids, specs, strict=True))
+    if dialect == "postgresql":
+        [params] = [p for p in sent if isinstance(p, dict) and "a_deps" in p]
+        always = ("pool", "kind", "priority", "payload")
+        optional = [f"a_{c}" for c in codec.SPEC_COLUMNS if c not in always]
+        unset = [name for name in optional if params[name] is None]
+        assert unset == (optional if rich_at is None else [])
+        assert params["a_payload"] == [s.payload for s in specs]
+
+
 def test_postgresql_core_statement_for_other_drivers(
     dialect: str, store: SqlStore, engine: Engine
 ) -> None:
@@ -547,15 +572,18 @@ def test_postgresql_core_statement_for_other_drivers(
     the same rows, ids in order, whether or not it notifies."""
     if dialect != "postgresql":
         pytest.skip("PostgreSQL's statement")
-    specs = [rich_spec(1), TaskSpec(payload=b"plain"), rich_spec(2)]
-    rows = [codec.spec_columns(inbox_module.UNIX, s) for s in specs]
-    arrays = {f"a_{c}": [r[c] for r in rows] for c in codec.SPEC_COLUMNS}
+    mixed = [rich_spec(1), TaskSpec(payload=b"plain"), rich_spec(2)]
+    plain = [TaskSpec(payload=b"%d" % i) for i in range(3)]  # unset columns sent as NULL
     with engine.begin() as conn:
-        for notify in (True, False):
-            ids = conn.execute(inbox_module.insert_many_stmt(notify=notify), arrays).scalars()
-            assert len(sorted(ids)) == 3
+        for specs in (mixed, plain):
+            rows = [codec.spec_columns(inbox_module.UNIX, s) for s in specs]
+            for notify in (True, False):
+                stmt = inbox_module.insert_many_stmt(notify=notify)
+                ids = conn.execute(stmt, inbox_module._arrays(rows)).scalars()
+                assert len(sorted(ids)) == 3
         stored = conn.execute(select(inbox).order_by(inbox.c.id)).mappings().all()
-    assert [codec.spec_from_columns(inbox_module.UNIX, r) for r in stored] == specs * 2
+    expected = mixed * 2 + plain * 2
+    assert [codec.spec_from_columns(inbox_module.UNIX, r) for r in stored] == expected
 
 
 def test_enqueue_many_on_an_autocommit_connection(store: SqlStore, engine: Engine) -> None:

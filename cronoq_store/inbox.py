@@ -578,13 +578,13 @@ def read(
     if after is not None:
         params["after"] = after
     rows = execution.run_stmt(conn, oldest_stmt(after=after is not None), params).rows
-    names = codec.SPEC_COLUMNS
+    spec_dict, item = codec.spec_dict, codec.inbox_item
     # Plain tuples from the driver (SQLAlchemy's rows and psycopg's fetchone per row cost as
     # much as decoding the spec), the spec's columns made a dict once.
     with execution.collection_paused():  # what is decoded is kept: no garbage to find
         for inbox_id, enqueued, *values in rows:
             last = inbox_id
-            columns = dict(zip(names, values, strict=True))
+            columns = spec_dict(values)
             try:
                 spec = codec.spec_from_values(base, *values)
             except CorruptValue as exc:
@@ -593,7 +593,7 @@ def read(
                 continue
             if stored is not None:
                 stored.add(spec, columns)
-            items.append(InboxItem(inbox_id=inbox_id, spec=spec, enqueued_unix_ns=enqueued))
+            items.append(item(inbox_id=inbox_id, spec=spec, enqueued_unix_ns=enqueued))
     return Read(items=items, bad=bad, last_id=last)
 
 

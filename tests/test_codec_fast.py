@@ -160,6 +160,9 @@ def test_spec_read_back_is_one_post_init_accepts(spec: TaskSpec, data: st.DataOb
 @example('{"a":1180591620717411303424}')  # 2**70: an int to the stdlib, a float to orjson
 @example('[{"id":-9223372036854775809,"on":"success"}]')
 @example('["a","\\ud800"]')
+@example('[{"id":12345,"on":"success"},{"key":"bench-12344","on":"success"}]')  # past _SHALLOW
+@example("[" * 40 + "]" * 40)  # past _SHALLOW, nested too deep
+@example('[{"key":"' + "k" * 60 + '","on":"success"}]' + " " * 3)
 def test_plain_columns_decode_alike_with_and_without_orjson(text: Any) -> None:
     """Each plain column's decoder gives the same value, or refuses, on either path."""
     from cronoq_store import codec
@@ -177,3 +180,16 @@ def test_plain_columns_decode_alike_with_and_without_orjson(text: Any) -> None:
             finally:
                 codec._fast_loads = saved
         assert outcomes[0] == outcomes[1], (fn.__name__, text)
+
+
+@given(st.lists(_scalars, min_size=17, max_size=17))
+def test_generated_builders_make_what_the_plain_constructors_make(values: list[Any]) -> None:
+    """A drain's read builds each row's column dict and item by generated functions."""
+    from cronoq_store import codec
+    from cronoq_store.model import InboxItem
+
+    assert codec.spec_dict(values) == dict(zip(codec.SPEC_COLUMNS, values, strict=True))
+    spec = TaskSpec(payload=b"x")
+    made = codec.inbox_item(inbox_id=7, spec=spec, enqueued_unix_ns=9)
+    assert made == InboxItem(inbox_id=7, spec=spec, enqueued_unix_ns=9)
+    assert type(made) is InboxItem

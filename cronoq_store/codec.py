@@ -455,6 +455,17 @@ SPEC_COLUMNS: Final = (
 )
 """The columns `spec_columns` fills and `spec_from_columns` reads."""
 
+LIVE_COLUMNS: Final = (
+    "id",
+    "seq",
+    "arrival_unix_ns",
+    "attempt",
+    "status",
+    "terminal",
+    *SPEC_COLUMNS,
+)
+"""What `live_task_from_row` reads, in order."""
+
 
 def _spec_dict() -> Callable[[Sequence[Any]], dict[str, Any]]:
     namespace: dict[str, Any] = {}
@@ -467,16 +478,6 @@ def _spec_dict() -> Callable[[Sequence[Any]], dict[str, Any]]:
 spec_dict: Final = _spec_dict()
 """The `SPEC_COLUMNS` dict of their values in that order: a dict display, generated, at half
 the cost of `dict(zip(...))` (a drain makes one per item)."""
-LIVE_COLUMNS: Final = (
-    "id",
-    "seq",
-    "arrival_unix_ns",
-    "attempt",
-    "status",
-    "terminal",
-    *SPEC_COLUMNS,
-)
-"""What `live_task_from_row` reads, in order."""
 
 
 def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:

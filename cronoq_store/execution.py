@@ -18,7 +18,6 @@ Every compile cache of the store lives here, and so does the bulk work: IN lists
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import heapq
 import itertools
@@ -460,10 +459,10 @@ class Flight:
     """Statements of one transaction sent to the server together, answered in one round trip.
 
     On sync psycopg (`pipelines`) `add` queues a statement and `send` sends every queued one
-    but the last in pipeline mode, then the last on its own: a transaction's leading
-    statements cost two round trips instead of one each. Elsewhere `add` runs the statement
-    at once (`run`) and `send` only hands the results back, so the caller's code is the same
-    on every dialect.
+    but the last in pipeline mode (driven on its libpq connection: `wire`), then the last on
+    its own: a transaction's leading statements cost two round trips instead of one each.
+    Elsewhere `add` runs the statement at once (`run`) and `send` only hands the results
+    back, so the caller's code is the same on every dialect.
 
     On the server, an error aborts the statements after it (the transaction is failed):
     `send` raises it as `run` would, with `failed` set to the index of the statement that
@@ -559,6 +558,8 @@ class Flight:
             check(self._ran)
 
     def _send(self, *, commit: bool) -> None:
+        from . import wire  # psycopg's: only a pipelined connection comes here
+
         conn = self.conn
         dbapi_conn: Any = conn.connection.dbapi_connection
         queue, self._queue = self._queue, []
@@ -569,63 +570,42 @@ class Flight:
         if commit:  # the driver's commit() would sync on its own: a second round trip
             queue.append(_COMMIT)
         head, last = (queue, None) if commit else (queue[:-1], queue[-1])
-        # A transaction that is this one flight sends its BEGIN in it, too.
-        whole = commit and dbapi_conn.info.transaction_status == _IDLE
-        cursors: list[Any] = []
-        alone = False
-        if head == [_COMMIT] and not whole:  # nothing to send with it: no pipeline to enter
+        # The flight that opens the transaction sends its BEGIN (psycopg's own would be a
+        # round trip of its own before the flight); one that is the whole transaction does
+        # even on an autocommit connection, as its COMMIT says it is one.
+        idle = dbapi_conn.info.transaction_status == _IDLE
+        begin = idle and (commit or not dbapi_conn.autocommit)
+        answered = 0
+        if head == [_COMMIT] and not begin:  # nothing to send with it: no pipeline to enter
             head, last = [], _COMMIT
         try:
             if head:
-                begun = _begun_in_flight(conn) if whole else contextlib.nullcontext()
-                with begun, dbapi_conn.pipeline():
-                    if whole:
-                        with dbapi_conn.cursor() as begin:
-                            begin.execute("BEGIN")
-                    for sql, params, many in head:
-                        cursors.append(_executed(dbapi_conn.cursor(), sql, params, many))
-            if last is not None:
-                alone = True
-                cursors.append(_executed(dbapi_conn.cursor(), *last))
-            for cursor in cursors:
-                rows = cursor.fetchall() if cursor.description is not None else []
-                self._ran.append(Ran(counted(cursor.rowcount), rows))
-        except conn.dialect.loaded_dbapi.Error as exc:
-            if alone:
-                answered = len(head)
-            else:  # the answers before the error arrived; the failed statement has none
-                answered = 0
-                while answered < len(cursors) and cursors[answered].pgresult is not None:
+                try:
+                    answers = wire.run(dbapi_conn, [_BEGIN, *head] if begin else head)
+                except wire.Failed as failed:
+                    answered = max(0, failed.index - begin)
+                    raise failed.error from None
+                for count, rows in answers[begin:]:
+                    self._ran.append(Ran(counted(count), rows))
                     answered += 1
-            self.failed = len(self._ran) + answered
+            if last is not None:
+                sql, params, many = last  # an executemany still pipelines its rows, as psycopg's
+                alone = not many or len(params) == 1
+                try:
+                    [(count, rows)] = wire.run(dbapi_conn, [last], pipeline=not alone)
+                except wire.Failed as failed:
+                    raise failed.error from None
+                self._ran.append(Ran(counted(count), rows))
+        except conn.dialect.loaded_dbapi.Error as exc:
+            self.failed = len(self._ran) if answered == len(head) else len(self._ran) + answered
             sql, _, many = queue[min(answered, len(queue) - 1)]
             raise compat.driver_error(conn, exc, sql, many=many) from exc
-        finally:
-            for cursor in cursors:
-                cursor.close()
 
 
 _COMMIT: Final = ("COMMIT", None, False)
 """The COMMIT a flight ends with (`Flight.commit`)."""
-
-
-@contextlib.contextmanager
-def _begun_in_flight(conn: Connection) -> Iterator[None]:
-    """A transaction that is one flight, BEGIN included: psycopg begins a transaction on its
-    own, and in pipeline mode waits for that BEGIN's answer before anything else (a round
-    trip), so meanwhile it is in autocommit mode, where it begins nothing. Afterwards it is
-    not: an aborted flight is rolled back first. Should that fail, the connection goes."""
-    dbapi_conn: Any = conn.connection.dbapi_connection
-    dbapi_conn.autocommit = True
-    try:
-        yield
-    finally:
-        try:
-            if dbapi_conn.info.transaction_status != _IDLE:
-                dbapi_conn.rollback()
-            dbapi_conn.autocommit = False
-        except conn.dialect.loaded_dbapi.Error:
-            conn.invalidate()  # never back to the pool in autocommit mode
+_BEGIN: Final = ("BEGIN", None, False)
+"""The BEGIN of the flight that opens a transaction."""
 
 
 def _executed(cursor: Any, sql: str, params: Any, many: bool) -> Any:

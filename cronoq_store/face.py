@@ -32,7 +32,7 @@ from typing import (
     TypeVar,
 )
 
-from sqlalchemy import URL, Connection, Engine, make_url
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
@@ -112,6 +112,15 @@ def driver_options(url: URL, config: StoreConfig) -> tuple[URL, dict[str, Any]]:
     return url, connect_args
 
 
+def _flights_prepare(url: URL, config: StoreConfig, connect_args: Mapping[str, Any]) -> bool:
+    """Whether the store's flights on a sync psycopg engine prepare their statements
+    (`wire.prepare_on`): unless a transaction pooler stands in front, or the URL says to
+    prepare nothing (`?prepare_threshold=`, as behind one)."""
+    if url.get_driver_name() != "psycopg" or config.transaction_pooler:
+        return False
+    return connect_args.get(dialects.PREPARE_THRESHOLD, 0) is not None
+
+
 def target_url(target: str | os.PathLike[str] | URL, sqlite_driver: str) -> URL:
     """The URL `open` was given: a bare path means a SQLite file (with `sqlite_driver`)."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and "://" not in target):
@@ -158,6 +167,7 @@ def new_engine(
             )
             return engine
         url, connect_args = driver_options(url, config)
+        prepares = create is create_engine and _flights_prepare(url, config, connect_args)
         engine = create(
             url,
             pool_size=config.pool_size,
@@ -165,6 +175,10 @@ def new_engine(
             connect_args=connect_args,
             **dialects.pool_options(url),
         )
+        if prepares:
+            from . import wire  # psycopg's
+
+            event.listen(sync(engine), "connect", lambda conn, _record: wire.prepare_on(conn))
     except sa_exc.InvalidRequestError as exc:  # a sync driver asyncio cannot drive
         raise StoreError(
             dialects.redact(f"{url.drivername!r} is not an async driver: {exc}")

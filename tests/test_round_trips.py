@@ -257,16 +257,19 @@ def test_a_batch1_commit_of_a_new_task_is_one_round_trip(dialect: str, db_url: U
 
 def test_a_batch1_transition_costs_its_answers_and_no_more(dialect: str, db_url: URL) -> None:
     """A live transition waits for the UPDATE's count (a revival needs more writes before
-    the COMMIT), so on PostgreSQL it costs the BEGIN, the bounds with the fence, the UPDATE
-    and the COMMIT; a finished task's dependency rows go with that COMMIT, not on their own.
-    Counted by the proxy, as above."""
+    the COMMIT), so on PostgreSQL it costs the BEGIN with the bounds and the fence, the
+    UPDATE and the COMMIT (the BEGIN is no round trip of its own: psycopg's would be); a
+    finished task's dependency rows go with that COMMIT, not on their own. Counted by the
+    proxy, as above, after one transition of each kind (a statement is prepared on its
+    connection's first use of it)."""
     spec = TaskSpec(payload=b"x", deps=(Dep(target=ById(id=TaskId(0))),))
     counts: dict[TaskStatus, list[int]] = {TaskStatus.RUNNING: [], TaskStatus.SUCCEEDED: []}
     with _through_counter(dialect, db_url) as (store, proxy):
         epoch = store.acquire_leadership()
-        subs = [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec) for i in range(1, 4)]
+        subs = [Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec) for i in range(1, 5)]
         store.commit(epoch, BASE, subs)
         for status, out in ((TaskStatus.RUNNING, ()), (TaskStatus.SUCCEEDED, (b"done",))):
+            store.commit(epoch, BASE, [StatusChanged(id=TaskId(4), status=status, attempt=1, at=9)])
             for i in range(1, 4):
                 before = proxy.syncs
                 store.commit(
@@ -279,5 +282,5 @@ def test_a_batch1_transition_costs_its_answers_and_no_more(dialect: str, db_url:
         with store.engine.connect() as conn:
             deps = conn.execute(text("SELECT count(*) FROM cronoq_task_deps")).scalar_one()
         store.release_leadership()
-    assert counts == {TaskStatus.RUNNING: [4, 4, 4], TaskStatus.SUCCEEDED: [1, 1, 1]}
+    assert counts == {TaskStatus.RUNNING: [3, 3, 3], TaskStatus.SUCCEEDED: [1, 1, 1]}
     assert deps == 0  # the finished tasks' dependency rows went with their COMMIT

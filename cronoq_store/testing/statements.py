@@ -83,6 +83,8 @@ def _hooked(base: type[Any], hook: StatementHook) -> type[Any]:
     """A subclass of the cursor class `base` that reports its statements to `hook`."""
 
     class Hooked(base):  # type: ignore[misc]
+        statement_hook = staticmethod(hook)
+        """For statements sent without a cursor (`cronoq_store.wire`, psycopg's pipelines)."""
         _many = False
         _pending: str | None = None
         _pending_many = False

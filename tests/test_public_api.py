@@ -46,6 +46,7 @@ INTERNAL = (
     "ddl",
     "galera",
     "execution",
+    "wire",  # how `execution` sends a PostgreSQL flight
     "compat",
     "jsontext",
     "cli",

@@ -194,7 +194,7 @@ def _builder(cls: type[_T]) -> Callable[..., _T]:
     dataclasses generates `__init__`, and calls each slot's own setter.
     """
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    setters = {f"_set_{name}": getattr(cls, name).__set__ for name in names}
+    setters = {f"_set_{name}": _slot_setter(cls, name) for name in names}
     body = "".join(f"    _set_{name}(obj, {name})\n" for name in names)
     source = f"def build(*, {', '.join(names)}):\n    obj = _new(_cls)\n{body}    return obj\n"
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **setters}

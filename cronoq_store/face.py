@@ -32,7 +32,7 @@ from typing import (
     TypeVar,
 )
 
-from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Connection, Engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
@@ -167,7 +167,6 @@ def new_engine(
             )
             return engine
         url, connect_args = driver_options(url, config)
-        prepares = create is create_engine and _flights_prepare(url, config, connect_args)
         engine = create(
             url,
             pool_size=config.pool_size,
@@ -175,7 +174,7 @@ def new_engine(
             connect_args=connect_args,
             **dialects.pool_options(url),
         )
-        if prepares:
+        if _flights_prepare(url, config, connect_args) and not sync(engine).dialect.is_async:
             from . import wire  # psycopg's
 
             event.listen(sync(engine), "connect", lambda conn, _record: wire.prepare_on(conn))

@@ -384,7 +384,8 @@ def encode_tags(tags: frozenset[str]) -> str:
 
 
 SHARED_TAGS_MAX: Final = 256
-"""Tag sets stored as JSON text up to this long are decoded once and shared (`decode_tags`)."""
+"""Tag and label sets stored as JSON text up to this long are decoded once (`decode_tags`,
+`decode_labels`)."""
 
 
 def decode_tags(text: str) -> frozenset[str]:
@@ -419,7 +420,19 @@ def encode_labels(labels: Mapping[str, str]) -> str:
 
 
 def decode_labels(text: str) -> dict[str, str]:
+    """The stored labels. Like tag sets, label sets repeat, so short texts decode once (as
+    `decode_tags`); a dict cannot be shared, so each task gets its own copy, at a fifth of a
+    parse and a check."""
+    if type(text) is str and len(text) <= SHARED_TAGS_MAX:
+        return dict(_shared_labels(text))
+    return _decode_labels(text)
+
+
+def _decode_labels(text: str) -> dict[str, str]:
     return {} if text == "{}" else _str_map("labels", _loads_plain("labels", text), str)
+
+
+_shared_labels = lru_cache(maxsize=4096)(_decode_labels)
 
 
 _PRIORITIES: Final = {int(p): p for p in Priority}

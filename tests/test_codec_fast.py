@@ -168,7 +168,10 @@ def test_plain_columns_decode_alike_with_and_without_orjson(text: Any) -> None:
     from cronoq_store import codec
     from cronoq_store.errors import CorruptValue
 
-    for fn in (codec.decode_deps, codec.decode_tags, codec.decode_labels, codec.decode_resources):
+    # The uncached tag and label decoders: a cached one would answer the second path from
+    # what the first decoded.
+    decoders = (codec.decode_deps, codec._decode_tags, codec._decode_labels, codec.decode_resources)
+    for fn in decoders:
         outcomes = []
         for fast in (codec._fast_loads, None):
             saved = codec._fast_loads
@@ -193,3 +196,27 @@ def test_generated_builders_make_what_the_plain_constructors_make(values: list[A
     made = codec.inbox_item(inbox_id=7, spec=spec, enqueued_unix_ns=9)
     assert made == InboxItem(inbox_id=7, spec=spec, enqueued_unix_ns=9)
     assert type(made) is InboxItem
+
+
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=4),
+    st.booleans(),
+)
+def test_shared_label_and_tag_texts_decode_alike_and_labels_stay_private(
+    labels: dict[str, str], long: bool
+) -> None:
+    """Short label and tag texts decode once (a cache): every decode equals the uncached one,
+    and each task gets a labels dict of its own, so changing one changes no other task's."""
+    from cronoq_store import codec
+
+    if long:  # past the cache's bound: decoded each time
+        labels = {**labels, "pad": "p" * (codec.SHARED_TAGS_MAX + 1)}
+    text = codec.encode_labels(labels)
+    stored = codec._decode_labels(text)  # as written: the encoder cleans what it must
+    first, second = codec.decode_labels(text), codec.decode_labels(text)
+    assert first == second == stored
+    assert type(first) is dict
+    first["changed"] = "yes"
+    assert codec.decode_labels(text) == stored
+    tags = codec.encode_tags(frozenset(labels))
+    assert codec.decode_tags(tags) == codec.decode_tags(tags) == codec._decode_tags(tags)

@@ -26,7 +26,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from functools import cache
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
@@ -82,6 +82,7 @@ __all__ = [
     "run_many",
     "run_stmt",
     "still_there",
+    "stream",
 ]
 
 
@@ -273,6 +274,52 @@ def run_many(conn: Connection, stmt: Statement, rows: Sequence[Mapping[str, Any]
     """Run `stmt` once per row (all rows share one key set) as one driver executemany."""
     sql, getter = driver_sql(conn, stmt, tuple(rows[0]))
     return run(conn, sql, rows if getter is None else [getter(r) for r in rows], many=True)
+
+
+def stream(conn: Connection, stmt: Select[Any], size: int) -> Generator[Sequence[Any], None, None]:
+    """The rows of `stmt` (no parameters), `size` at a time, read from a cursor that holds
+    no more than a chunk: a server-side cursor on psycopg and PyMySQL, SQLite's own (which
+    steps through the result as it is fetched). Close the iterator when done with it early.
+
+    On the DB-API cursor, as `run` runs statements: a recovery reads 100,000 rows this way,
+    and SQLAlchemy's result (`yield_per`) cost 0.25-0.4 us more per row, a twentieth of a
+    recovery. An observed connection (`observed`), or a driver with no such cursor known
+    here, streams through SQLAlchemy's result.
+    """
+    cursor = None if observed(conn) else _streaming_cursor(conn)
+    if cursor is None:
+        result = conn.execute(stmt.execution_options(yield_per=size))
+        try:
+            yield from result.partitions()
+        finally:
+            result.close()
+        return
+    sql, getter = driver_sql(conn, stmt, ())
+    try:
+        cursor.execute(sql, {} if getter is None else getter({}))  # parameters: `%%` is `%`
+        while chunk := cursor.fetchmany(size):
+            yield chunk
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise compat.driver_error(conn, exc, sql, cursor=cursor) from exc
+    finally:
+        cursor.close()
+
+
+_cursor_names = itertools.count()
+
+
+def _streaming_cursor(conn: Connection) -> Any:
+    """A DB-API cursor of `conn` that fetches a chunk at a time (None where none is known):
+    psycopg's named (server-side) cursor, PyMySQL's unbuffered one, SQLite's plain one."""
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    dialect = conn.dialect
+    if dialect.name == "sqlite" and dialect.driver == "pysqlite":
+        return dbapi_conn.cursor()
+    if _can_copy(conn):  # sync psycopg
+        return dbapi_conn.cursor(name=f"cronoq_stream_{next(_cursor_names)}")
+    if dialect.name in ("mysql", "mariadb") and dialect.driver == "pymysql":
+        return dbapi_conn.cursor(dialect.loaded_dbapi.cursors.SSCursor)
+    return None
 
 
 PING_IDLE: Final = 1.0

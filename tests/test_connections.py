@@ -329,3 +329,35 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         store.commit(epoch, BASE, [keyed(4)])
         assert stored(admin) == {1, 4, 5}
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["cursor", "observed"])
+def test_a_stream_reads_every_row_a_chunk_at_a_time(
+    dialect: str, db_url: URL, observed: bool
+) -> None:
+    """`execution.stream`, a recovery's read, gives the rows SQLAlchemy's execution gives, a
+    chunk at a time, on the DB-API cursor or (observed) through SQLAlchemy. PostgreSQL reads
+    them from a server-side cursor, never the whole result; a stream closed early leaves the
+    connection ready for its next statement (PyMySQL's unbuffered cursor must be drained)."""
+    from contextlib import closing
+
+    from cronoq_store.repository.recovery import live_tasks_stmt
+
+    with SqlStore.open(db_url, QUIET) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [submit(i, key=f"k{i}") for i in range(25)])
+        stmt = live_tasks_stmt()
+        with store.engine.connect() as conn, conn.begin():
+            conn.execution_options(**{execution.OBSERVED: observed})
+            expected = [tuple(r) for r in conn.execute(stmt)]
+            assert len(expected) == 25
+            with closing(execution.stream(conn, stmt, 10)) as chunks:
+                got = [[tuple(r) for r in chunk] for chunk in chunks]
+            assert [len(c) for c in got] == [10, 10, 5]
+            assert [r for c in got for r in c] == expected
+            with closing(execution.stream(conn, stmt, 10)) as chunks:
+                assert len(next(chunks)) == 10
+                if dialect == "postgresql":
+                    declared = conn.exec_driver_sql("SELECT count(*) FROM pg_cursors").scalar()
+                    assert declared == 1
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1

@@ -7,7 +7,8 @@ Functions take a `Connection` and never commit: the caller owns the transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -17,7 +18,6 @@ from sqlalchemy import (
     Boolean,
     Connection,
     Integer,
-    Row,
     Select,
     Update,
     and_,
@@ -181,10 +181,10 @@ class _Quarantine:
             return None
 
     def set_aside(self, row: Any, exc: CorruptValue) -> None:
-        """Keep `row` (a mapping, or a `Row` as the live tasks are read) for quarantine, with
-        why it did not decode."""
-        if isinstance(row, Row):
-            row = row._mapping
+        """Keep `row` (a mapping, or a sequence of `codec.LIVE_COLUMNS` as the live tasks are
+        read) for quarantine, with why it did not decode."""
+        if not isinstance(row, Mapping):
+            row = dict(zip(codec.LIVE_COLUMNS, row, strict=True))
         log.error(
             "quarantining undecodable task row %r: %s",
             row["id"],
@@ -238,15 +238,17 @@ def recover(
 
     bad = _Quarantine()
     live: list[RecoveredTask] = []
-    result = conn.execute(live_tasks_stmt().execution_options(yield_per=STREAM_ROWS))
     decode, keep = codec.live_task_from_row, live.append  # the hot loop of a recovery
-    with execution.collection_paused():  # every object decoded is kept: no garbage to find
-        for live_row in result:
-            try:
-                keep(decode(base, live_row))
-            except CorruptValue as exc:
-                bad.set_aside(live_row, exc)
-    result.close()
+    with (
+        execution.collection_paused(),  # every object decoded is kept: no garbage to find
+        closing(execution.stream(conn, live_tasks_stmt(), STREAM_ROWS)) as chunks,
+    ):
+        for chunk in chunks:
+            for live_row in chunk:
+                try:
+                    keep(decode(base, live_row))
+                except CorruptValue as exc:
+                    bad.set_aside(live_row, exc)
     for odd_row in conn.execute(odd_flag_tasks_stmt()):
         bad.decode(codec.live_task_from_row, base, odd_row)  # always refused: the flag is damaged
 

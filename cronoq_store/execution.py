@@ -302,7 +302,19 @@ def stream(conn: Connection, stmt: Select[Any], size: int) -> Generator[Sequence
     except conn.dialect.loaded_dbapi.Error as exc:
         raise compat.driver_error(conn, exc, sql, cursor=cursor) from exc
     finally:
+        if conn.invalidated:  # lost: nothing is left to read or close on the server
+            _abandon(cursor)
         cursor.close()
+
+
+def _abandon(cursor: Any) -> None:
+    """Mark a PyMySQL unbuffered result of a lost connection finished. Closed, or collected,
+    it would read the rest of the result from the closed socket and fail (an AttributeError,
+    "Exception ignored" when collected: PyMySQL pull request #810, open); any other cursor
+    closes without the server."""
+    result = getattr(cursor, "_result", None)
+    if getattr(result, "unbuffered_active", False):
+        result.unbuffered_active = False  # type: ignore[union-attr]
 
 
 _cursor_names = itertools.count()

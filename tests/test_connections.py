@@ -9,6 +9,7 @@ engine asks for it or logs statements (`execution.observed`), whoever listens.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from collections.abc import Iterator
@@ -361,3 +362,32 @@ def test_a_stream_reads_every_row_a_chunk_at_a_time(
                     declared = conn.exec_driver_sql("SELECT count(*) FROM pg_cursors").scalar()
                     assert declared == 1
             assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+
+
+@pytest.mark.parametrize("dialect", SERVERS, indirect=True)
+def test_a_stream_whose_session_ends_midway_fails_as_a_lost_connection(
+    dialect: str, db_url: URL, admin: Engine
+) -> None:
+    """A session ended while a stream reads (a server restart mid-recovery) fails the stream
+    as SQLAlchemy would, the connection invalidated, and leaves nothing that fails later:
+    PyMySQL's unbuffered result would read what is left when closed and when collected, and
+    fail on the closed socket ("Exception ignored", which pytest reports)."""
+    from contextlib import closing
+
+    from cronoq_store.repository.recovery import live_tasks_stmt
+
+    big = b"x" * 2000  # a result far past the socket's buffers: the server is still sending
+    with SqlStore.open(db_url, QUIET) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [submit(i, big) for i in range(4000)])
+        with store.engine.connect() as conn:
+            conn.begin()
+            with closing(execution.stream(conn, live_tasks_stmt(), 10)) as chunks:
+                assert len(next(chunks)) == 10
+                assert kill_other_sessions(admin, dialect) >= 1
+                with pytest.raises(sa_exc.DBAPIError) as caught:
+                    for _ in chunks:
+                        pass
+            assert caught.value.connection_invalidated
+            assert conn.invalidated
+    gc.collect()  # a result left reading would fail here

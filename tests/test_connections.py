@@ -371,7 +371,9 @@ def test_a_stream_whose_session_ends_midway_fails_as_a_lost_connection(
     """A session ended while a stream reads (a server restart mid-recovery) fails the stream
     as SQLAlchemy would, the connection invalidated, and leaves nothing that fails later:
     PyMySQL's unbuffered result would read what is left when closed and when collected, and
-    fail on the closed socket ("Exception ignored", which pytest reports)."""
+    fail on the closed socket ("Exception ignored", which pytest reports). It also proves the
+    stream never holds the whole result: a buffered cursor (client-side on PostgreSQL, PyMySQL's
+    default) would have read all 8 MB at once, and the kill would fail nothing."""
     from contextlib import closing
 
     from cronoq_store.repository.recovery import live_tasks_stmt

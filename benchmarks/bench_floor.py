@@ -67,19 +67,9 @@ def leader(tmp: Path, commits: int, rounds: int) -> dict[str, list[float]]:
 
     def sqlalchemy(batch: Sequence[Submitted]) -> None:
         rows, dep_rows = b.raw.encode(b.base, batch)
-        client.seq += 1
-        values = {
-            **client._consts,
-            "b_epoch": 1,
-            "b_holder": "cronoq-bench-raw",
-            "b_acked": client.seq - 1,
-            "b_next_id": batch[-1].id + 1,
-            "b_ttl": client.ttl_ns,
-            "b_seq": client.seq,
-            "b_host_now": time.time_ns(),
-        }
+        fence_params = client.fence_params(batch)
         with conn.begin():
-            execution.run(conn, client.fence_sql, tuple(values[k] for k in client._order))
+            execution.run(conn, client.fence_sql, fence_params)
             execution.run(conn, b.raw.insert_tasks, rows[0])
             if dep_rows:
                 execution.run(conn, b.raw.insert_deps, dep_rows, many=True)

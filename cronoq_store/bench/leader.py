@@ -50,9 +50,8 @@ class RawLeader:
         with raw.transaction() as cur:
             cur.execute(sql, tuple(values.get(k, 1) for k in order))  # id_1: the row's
 
-    def commit(self, base: TimeBase, batch: Sequence[Submitted]) -> None:
-        """One fenced commit of new tasks."""
-        rows, dep_rows = self.raw.encode(base, batch)
+    def fence_params(self, batch: Sequence[Submitted]) -> tuple[Any, ...]:
+        """The next commit's fence parameters (its sequence number taken), for `fence_sql`."""
         self.seq += 1
         values = {
             **self._consts,
@@ -64,7 +63,12 @@ class RawLeader:
             "b_seq": self.seq,
             "b_host_now": time.time_ns(),
         }
-        fence_params = tuple(values[k] for k in self._order)
+        return tuple(values[k] for k in self._order)
+
+    def commit(self, base: TimeBase, batch: Sequence[Submitted]) -> None:
+        """One fenced commit of new tasks."""
+        rows, dep_rows = self.raw.encode(base, batch)
+        fence_params = self.fence_params(batch)
         with self.raw.transaction() as cur:
             cur.execute(self.fence_sql, fence_params)
             if cur.rowcount != 1:

@@ -151,6 +151,22 @@ def check_url(url: URL) -> URL:
     return url
 
 
+def require_database(url: URL, schema: str | None) -> URL:
+    """`url`, or `InvalidValue` when it names no MySQL database and no `schema` names one.
+
+    MySQL has no default database: a connection to `.../` has none selected, and Alembic's
+    and SQLAlchemy's reflection then fail on an internal assertion (`AssertionError:`, no
+    words). PostgreSQL falls back to the user's database, SQLite needs a file: only MySQL.
+    """
+    if url.get_backend_name() in ("mysql", "mariadb") and not url.database and not schema:
+        raise InvalidValue(
+            f"bad database URL {safe_url(url)}: no database name after the host; write "
+            f"{safe_url(url.set(database='DB'))} (or name one with --schema, "
+            "StoreConfig.schema)"
+        )
+    return url
+
+
 _DRIVERS: Final = {
     "postgresql": ("postgresql+psycopg", "postgresql", "psycopg"),
     "postgres": ("postgresql+psycopg", "postgresql", "psycopg"),

@@ -1,0 +1,115 @@
+"""What a newcomer meets first (issue 42): each error through the CLI or the public API as a
+user calls it, worded so the next step is plain."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from builders import BASE
+from conftest import SERVER_URLS, _admin_engine
+from sqlalchemy import URL, Engine, make_url, text
+from test_cli import cli_url, one_error, run
+
+from cronoq_store import (
+    InboxTaken,
+    InvalidValue,
+    SqlStore,
+    StoreConfig,
+    StoreError,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    enqueue_many,
+)
+
+CLI = [sys.executable, "-m", "cronoq_store.cli"]
+NO_DATABASE = make_url(SERVER_URLS["mysql"]).set(database="").render_as_string(hide_password=False)
+
+
+def test_a_mysql_url_without_a_database_names_what_is_missing() -> None:
+    """Refused before any connection, naming the missing database and both ways to give one."""
+    line = one_error(run(NO_DATABASE, "status", code=1))
+    assert "AssertionError" not in line
+    assert "no database name" in line and "/DB" in line and "--schema" in line, line
+    with pytest.raises(InvalidValue, match="no database name") as caught:
+        SqlStore.open(NO_DATABASE)
+    assert "StoreConfig.schema" in str(caught.value)
+
+
+def test_upgrade_to_an_unknown_revision_points_at_history(db_url: URL) -> None:
+    line = one_error(run(cli_url(db_url), "upgrade", "0099_nope", code=1))
+    assert "0099_nope" in line and "cronoq-store history" in line, line
+    assert "Can't locate" not in line
+
+
+def test_two_items_with_one_key_in_one_drain_say_the_conflict_is_in_the_batch(
+    store: SqlStore, engine: Engine
+) -> None:
+    with engine.begin() as conn:
+        enqueue_many(conn, [TaskSpec(payload=b"a", key="k"), TaskSpec(payload=b"b", key="k")])
+    epoch = store.acquire_leadership()
+    batch: list[Submitted | InboxTaken] = []
+    for n, item in enumerate(store.read_inbox(base=BASE)):
+        batch += [Submitted(id=TaskId(10 + n), seq=n, arrival=0, spec=item.spec)]
+        batch += [InboxTaken(inbox_id=item.inbox_id)]
+    with pytest.raises(InvalidValue) as caught:
+        store.commit(epoch, BASE, batch)
+    message = str(caught.value)
+    assert "within the batch" in message and "'k'" in message and "10" in message, message
+    assert "stored tasks" not in message
+    assert len(store.read_inbox()) == 2  # nothing written
+    store.commit(epoch, BASE, batch[:2])  # the first; then the second conflicts with it, stored
+    with pytest.raises(StoreError, match="conflicts with stored tasks"):
+        store.commit(epoch, BASE, batch[2:])
+
+
+def _listening() -> tuple[socket.socket, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("where", ["port in use", "unresolvable host"])
+def test_web_that_cannot_listen_is_one_error_line_and_status_1(where: str, tmp_path: Path) -> None:
+    """Checked before the banner: nothing on stdout, one `Error:` line, status 1."""
+    pytest.importorskip("uvicorn")
+    db = tmp_path / "cronoq.db"
+    run(str(db), "upgrade")
+    sock, port = _listening()
+    host = "127.0.0.1" if where == "port in use" else "no-such-host.invalid"
+    token = [] if where == "port in use" else ["--token", "t0k3n"]
+    try:
+        done = subprocess.run(
+            [*CLI, "--url", str(db), "web", "--host", host, "--port", str(port), *token],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        sock.close()
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
+    assert (str(port) if where == "port in use" else "no-such-host.invalid") in lines[0]
+
+
+@pytest.mark.mysql
+def test_store_config_schema_still_opens_a_mysql_url_without_a_database() -> None:
+    """The refusal is only for a URL that names no database at all: `schema` names one."""
+    admin = _admin_engine("mysql")
+    name = "cq_newc_nodb"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
+        with SqlStore.open(NO_DATABASE, StoreConfig(schema=name)) as store:
+            assert store.epoch is None and store.check_schema() is None
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()

@@ -113,3 +113,50 @@ def test_store_config_schema_still_opens_a_mysql_url_without_a_database() -> Non
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("mysql", marks=pytest.mark.mysql)])
+def test_async_open_on_a_fresh_mariadb_writes_nothing_to_stderr(db_url: URL) -> None:
+    """asyncmy logs every server warning (`Name 'pk_cronoq_tasks' ignored for PRIMARY key.`,
+    one per table), which Python prints to stderr where the app configured no logging; the
+    migration gives the server nothing to warn about. A process of its own: pytest's logging
+    capture would hide what a user's program prints."""
+    pytest.importorskip("asyncmy")
+    program = (
+        "import asyncio, sys\n"
+        "from cronoq_store.aio import AsyncSqlStore\n"
+        "async def main():\n"
+        "    store = await AsyncSqlStore.open(sys.argv[1])\n"
+        "    await store.close()\n"
+        "asyncio.run(main())\n"
+    )
+    url = db_url.render_as_string(hide_password=False)
+    done = subprocess.run(
+        [sys.executable, "-c", program, url], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done.stderr
+
+
+INHERITED = ("is_leader", "on_leadership_lost", "epoch", "engine", "config", "holder")
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("path", ["store.SqlStore", "aio.AsyncSqlStore"])
+def test_the_reference_shows_what_the_stores_inherit(path: str) -> None:
+    """The reference's own extensions applied (mkdocs.yml): the members a store takes from its
+    private base are on its page, and the base itself is not."""
+    griffe = pytest.importorskip("griffe")  # the docs extra
+    from test_ux import ROOT
+
+    names = [
+        f"{ROOT / 'scripts' / 'griffe_reference.py'}:{name}"
+        for name in ("HideUndocumentedHooks", "HideInternals")
+    ]
+    pkg = griffe.load(
+        "cronoq_store", search_paths=[str(ROOT)], extensions=griffe.load_extensions(*names)
+    )
+    cls = pkg[path]
+    shown = set(cls.all_members)
+    assert set(INHERITED) | {"inbox_rejected"} <= shown, sorted(shown)
+    assert not [str(b) for b in cls.bases if str(b).lstrip(".").startswith("_")]
+    assert cls.all_members["is_leader"].docstring is not None

@@ -3,11 +3,18 @@ user calls it, worded so the next step is plain."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import json
+import re
+import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from builders import BASE
 from conftest import SERVER_URLS, _admin_engine
@@ -25,6 +32,7 @@ from cronoq_store import (
     TaskSpec,
     enqueue_many,
 )
+from cronoq_store.cli import main
 
 CLI = [sys.executable, "-m", "cronoq_store.cli"]
 NO_DATABASE = make_url(SERVER_URLS["mysql"]).set(database="").render_as_string(hide_password=False)
@@ -160,3 +168,100 @@ def test_the_reference_shows_what_the_stores_inherit(path: str) -> None:
     assert set(INHERITED) | {"inbox_rejected"} <= shown, sorted(shown)
     assert not [str(b) for b in cls.bases if str(b).lstrip(".").startswith("_")]
     assert cls.all_members["is_leader"].docstring is not None
+
+
+def _commands(group: click.Group, ctx: click.Context, prefix: str = "") -> Iterator[click.Command]:
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        if isinstance(command, click.Group):
+            yield from _commands(command, ctx, f"{prefix}{name} ")
+        else:
+            command.name = f"{prefix}{name}"
+            yield command
+
+
+def test_cli_md_shows_every_option_of_every_command() -> None:
+    """Each command's heading in docs/cli.md (`### \\`status [--format ...]\\``) names each of
+    its long options and arguments, read from the commands themselves: a new option that the
+    page leaves out fails here instead of drifting."""
+    from test_ux import ROOT
+
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    headings = {
+        m.group(1).split(" ")[0] if m.group(1) != "lease release" else "lease release": m.group(0)
+        for m in re.finditer(r"^### `((?:lease )?[a-z]+)[^`]*`", page, re.MULTILINE)
+    }
+    missing = {}
+    ctx = click.Context(main)
+    for command in _commands(main, ctx):
+        name = str(command.name)
+        heading = headings.get(name)
+        if heading is None:
+            missing[name] = ["no `### ` heading"]
+            continue
+        words = [
+            opt
+            for param in command.params
+            for opt in (
+                param.opts if isinstance(param, click.Option) else [str(param.name).upper()]
+            )
+            if opt.startswith("--") or isinstance(param, click.Argument)
+        ]
+        absent = [w for w in words if not re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", heading)]
+        if absent:
+            missing[name] = absent
+    assert missing == {}
+
+
+def test_cli_md_status_json_example_has_every_key(tmp_path: Path) -> None:
+    """The page's `status --json` example has the keys the command prints."""
+    from test_ux import ROOT
+
+    db = tmp_path / "x.db"
+    run(str(db), "upgrade")
+    printed = json.loads(run(str(db), "status", "--json").stdout)
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = page[page.index("### `status") :]
+    start = section.index("```json") + len("```json")
+    example = json.loads(section[start : section.index("```", start)])
+    assert set(example) == set(printed)
+    assert set(example["prune_backlog"]) == set(printed["prune_backlog"])
+
+
+def _owner(module: str) -> str | None:
+    """The distribution that installs `module`'s file (None: the standard library)."""
+    spec = importlib.util.find_spec(module)
+    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+    if origin is None or "site-packages" not in origin.parts:
+        return None
+    for dist in importlib.metadata.distributions():
+        for file in dist.files or ():
+            if file.name == origin.name and Path(str(dist.locate_file(file))).resolve() == origin:
+                return str(dist.metadata["Name"]).lower()
+    return None
+
+
+def test_observability_md_says_to_install_what_its_example_imports() -> None:
+    """The example imports `opentelemetry.sdk`, which the `otel` extra (the API only) does not
+    install: the page's `pip install` line must name every distribution the example's imports
+    come from (the example itself runs in test_readme's `test_docs_examples_run`)."""
+    from test_readme import ROOT, python_blocks
+
+    page = ROOT / "docs" / "observability.md"
+    text_ = page.read_text(encoding="utf-8")
+    installed: set[str] = set()
+    for line in re.findall(r"pip install ([^`\n]+)", text_):
+        for word in shlex.split(line):
+            name, _, extras = word.partition("[")
+            installed.add(name.lower())
+            for extra in extras.rstrip("]").split(","):
+                for req in importlib.metadata.requires(name) or ():
+                    if extra and re.search(rf"extra == [\"']{extra}[\"']", req):
+                        installed.add(re.split(r"[<>=\[; ]", req, maxsplit=1)[0].lower())
+    code = "\n".join(python_blocks(page))
+    modules = re.findall(r"^(?:from|import) ([\w.]+)", code, re.MULTILINE)
+    needed = {owner for m in modules if (owner := _owner(m)) is not None}
+    needed.discard("cronoq-store")
+    assert "opentelemetry-sdk" in needed  # what the check is about
+    assert needed <= installed, (needed - installed, installed)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 import pytest
-from builders import BASE
+from builders import BASE, status, submit
 from conftest import SERVER_URLS, _admin_engine
 from sqlalchemy import URL, Engine, make_url, text
 from test_cli import cli_url, one_error, run
@@ -30,6 +30,7 @@ from cronoq_store import (
     Submitted,
     TaskId,
     TaskSpec,
+    TaskStatus,
     enqueue_many,
 )
 from cronoq_store.cli import main
@@ -265,3 +266,81 @@ def test_observability_md_says_to_install_what_its_example_imports() -> None:
     needed.discard("cronoq-store")
     assert "opentelemetry-sdk" in needed  # what the check is about
     assert needed <= installed, (needed - installed, installed)
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_status_shows_a_multi_host_url_as_written(db_url: URL) -> None:
+    """`?host=h:p&host=h:p` is shown as written (not `h%3Ap`), the password still masked, and
+    the hint it prints pastes as a working command line."""
+    host = f"{db_url.host}:{db_url.port or 5432}"
+    url = (
+        f"postgresql+psycopg://{db_url.username}:s3cr3t-pw@/{db_url.database}"
+        f"?host={host}&host={host}&target_session_attrs=read-write"
+    )
+    line = one_error(run(url, "status", code=1))  # not migrated yet: a hint to paste
+    assert f"?host={host}&host={host}&target_session_attrs" in line, line
+    assert "%3A" not in line and "postgres:***@" in line
+    hint = line[line.index("`") + 1 : line.rindex("`")]
+    _, _, pasted, *command = shlex.split(hint)  # the server trusts: `***` is accepted
+    assert command == ["upgrade"]
+    run(pasted, *command)  # the hint's URL, as printed, reaches the same database
+    shown = run(url, "status").stdout.splitlines()[0]
+    assert f"host={host}&host={host}" in shown and "%" not in shown, shown
+
+
+def test_tasks_shows_why_each_task_failed_cut_short(store: SqlStore, db_url: URL) -> None:
+    """A message column, each cut to one short line, so `tasks --status failed` says why
+    without a `show` per task."""
+    epoch = store.acquire_leadership()
+    long = "connection refused by smtp.example.com:25 after 3 tries; giving up on this one"
+    store.commit(
+        epoch,
+        BASE,
+        [
+            submit(1, pool="mail"),
+            status(1, TaskStatus.FAILED, message=long),
+            submit(2, pool="mail"),
+            status(2, TaskStatus.FAILED, message="bad address\nsecond line"),
+            submit(3, pool="mail"),
+        ],
+    )
+    store.release_leadership()
+    lines = run(cli_url(db_url), "tasks", "--pool", "mail").stdout.splitlines()
+    assert lines[0].split()[-1] == "message", lines[0]
+    by_id = {line.split()[0]: line for line in lines[2:]}
+    assert by_id["1"].endswith("connection refused by smtp.example.com:…"), by_id["1"]
+    assert by_id["2"].endswith("bad address …"), by_id["2"]
+    assert by_id["3"].split()[-1] != "…" and "second" not in "".join(lines)
+
+
+def test_docs_index_lists_every_guide() -> None:
+    """docs/index.md links every page of docs/ (a page it leaves out is one nobody finds)."""
+    from test_ux import ROOT
+
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert {p for p in pages if f"]({p})" not in index} == set()
+
+
+def test_readme_says_nothing_twice() -> None:
+    """No run of eight words appears twice in README.md's prose, nor one of four twice in one
+    sentence ("What each figure measures ...: [...] has what each figure measures.")."""
+    from test_ux import ROOT
+
+    text_ = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    prose = "\n".join(line for line in text_.splitlines() if not line.startswith("|"))
+    prose = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", prose)
+
+    def repeats(words: list[str], n: int) -> list[str]:
+        seen: dict[tuple[str, ...], int] = {}
+        found = []
+        for i in range(len(words) - n + 1):
+            run_ = tuple(w.lower().strip(".,:;()") for w in words[i : i + n])
+            if run_ in seen and i - seen[run_] >= n:
+                found.append(" ".join(run_))
+            seen.setdefault(run_, i)
+        return found
+
+    assert repeats(prose.split(), 8) == []
+    sentences = re.split(r"(?<=[.!?])\s+", " ".join(prose.split()))
+    assert [r for s in sentences for r in repeats(s.split(), 4)] == []

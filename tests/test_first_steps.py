@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import re
 import shlex
 import socket
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -344,3 +346,39 @@ def test_readme_says_nothing_twice() -> None:
     assert repeats(prose.split(), 8) == []
     sentences = re.split(r"(?<=[.!?])\s+", " ".join(prose.split()))
     assert [r for s in sentences for r in repeats(s.split(), 4)] == []
+
+
+@pytest.mark.sqlite
+def test_the_sdists_own_tests_run_from_it(dist: Path, tmp_path: Path) -> None:
+    """The sdist ships its tests and what they read (docs/, scripts/, mkdocs.yml): unpacked,
+    tests that read the docs and the reference checks pass there, on the unpacked code."""
+    (sdist,) = dist.glob("cronoq_store-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path, filter="data")
+    (root,) = tmp_path.glob("cronoq_store-*")
+    for needed in ("docs/index.md", "docs/img", "scripts/griffe_reference.py", "mkdocs.yml"):
+        assert (root / needed).exists(), needed
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH"}}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "sqlite or not (postgresql or mysql or galera or browser or slow or pooler)",
+            "tests/test_first_steps.py::test_docs_index_lists_every_guide",
+            "tests/test_first_steps.py::test_cli_md_shows_every_option_of_every_command",
+            "tests/test_readme.py::test_every_cli_transcript_is_run",
+            "tests/test_ux.py::test_the_reference_check_names_what_a_docstring_leaves_out",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "4 passed" in done.stdout, done.stdout[-3000:]

@@ -169,8 +169,12 @@ def finished_by_status_stmt() -> Select[Any]:
 
 @cache
 def id_bounds_stmt() -> Select[Any]:
-    """The lowest and highest task id: both ends of the primary key."""
-    return select(func.min(tasks.c.id), func.max(tasks.c.id))
+    """The lowest and highest task id: both ends of the primary key, each its own subquery
+    (SQLite reads a lone MIN or MAX off the index's end, but scans for the two together)."""
+    return select(
+        select(func.min(tasks.c.id)).scalar_subquery(),
+        select(func.max(tasks.c.id)).scalar_subquery(),
+    )
 
 
 @cache

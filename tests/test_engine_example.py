@@ -3,7 +3,9 @@ inbox drain, dispatch, retries with backoff, a recurring schedule, prune, steppi
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -174,3 +176,73 @@ def test_next_fire_of_intervals_and_calendars() -> None:
     assert summer is not None and july.to_unix(summer) == (1_782_864_000 + 7 * 3600) * 10**9
     bounded = RecurringSpec(name="e", template=TaskSpec(payload=b""), interval_ns=10, end=15)
     assert next_fire(bounded, base, 10) is None
+
+
+def test_the_asyncio_engine_runs_the_same_loop(
+    db_url: URL, engine: Engine, store: SqlStore
+) -> None:
+    """`AsyncEngine`: the same core on `AsyncSqlStore`, attempts as asyncio tasks."""
+    from cronoq_store.aio import AsyncSqlStore
+    from cronoq_store.examples.aio_engine import AsyncEngine
+
+    with engine.begin() as conn:
+        enqueue_many(
+            conn,
+            [
+                TaskSpec(payload=b"hello", kind="echo", key="a-greet"),
+                TaskSpec(payload=b"retry me", kind="flaky", retry=FAST),
+            ],
+        )
+    failures: list[bytes] = []
+
+    async def flaky(payload: bytes) -> bytes:
+        if len(failures) < 2:
+            failures.append(payload)
+            raise ConnectionError(f"attempt {len(failures)} refused")
+        return payload.upper()
+
+    async def echo(payload: bytes) -> bytes:
+        return payload
+
+    every = RecurringSpec(
+        name="a-tick", template=TaskSpec(payload=b"tick", kind="echo"), interval_ns=100_000_000
+    )
+
+    async def main() -> Stats:
+        store = await AsyncSqlStore.open(db_url, CONFIG)
+        try:
+            scheduler = AsyncEngine(
+                store, {"echo": echo, "flaky": flaky}, idle_wait=0.05, schedules=[every]
+            )
+            stop = asyncio.Event()
+            run = asyncio.create_task(scheduler.run(stop, lead_timeout=30))
+            deadline = time.monotonic() + 60
+            while not (scheduler.stats.retried >= 2 and scheduler.stats.fired >= 2):
+                assert time.monotonic() < deadline and not run.done(), scheduler.stats
+                await asyncio.sleep(0.02)
+
+            def flaky_live() -> bool:
+                return any(t.spec.kind == "flaky" for t in list(scheduler.live.values()))
+
+            while flaky_live() or scheduler.pending:
+                assert time.monotonic() < deadline, scheduler.stats
+                await asyncio.sleep(0.02)
+            stop.set()
+            return await asyncio.wait_for(run, 30)
+        finally:
+            await store.close()
+
+    stats = asyncio.run(main())
+    assert stats.lost is None and stats.drained == 2 and stats.retried == 2
+    greet = store.get_task(ByKey("a-greet"))  # `store` (migrated it) only reads
+    assert greet is not None and greet.status is TaskStatus.SUCCEEDED
+    flaky_task = next(
+        t
+        for i in stats.finished_ids
+        if (t := store.get_task(ById(TaskId(i)))) is not None and t.kind == "flaky"
+    )
+    assert (flaky_task.status, flaky_task.attempt, flaky_task.output) == (
+        TaskStatus.SUCCEEDED, 3, b"RETRY ME"
+    )  # fmt: skip
+    (tick,) = store.recover(TimeBase(0)).recurring
+    assert tick.last is not None and store.get_task(ById(tick.last)) is not None

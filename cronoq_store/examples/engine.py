@@ -24,11 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from cronoq_store import (
     Fenced,
+    InboxItem,
     InboxTaken,
     Mutation,
+    Recovered,
     RecurringNext,
     RecurringSpec,
     RecurringUpsert,
@@ -51,6 +54,8 @@ exception fails the attempt."""
 
 SECOND_NS = 1_000_000_000
 NO_RETRY = RetryPolicy(max_attempts=1)
+INBOX_BATCH = 500
+"""Inbox items one step drains at most."""
 
 
 @dataclass(slots=True)
@@ -84,13 +89,14 @@ class Stats:
     finished_ids: list[int] = field(default_factory=list)
 
 
-class Engine:
-    """One scheduler engine: leads, recovers, and runs the loop until stopped or fenced."""
+class EngineCore:
+    """What an engine decides, without I/O: the state a term rebuilds from `recover`, and
+    the batch each step commits. `Engine` (threads) and `AsyncEngine` (asyncio) are the thin
+    shells that read, commit, run attempts and wait around it."""
 
     def __init__(
         self,
-        store: SqlStore,
-        handlers: Mapping[str, Handler],
+        handlers: Mapping[str, Callable[[bytes], Any]],
         *,
         workers: int = 4,
         idle_wait: float = 0.2,
@@ -99,7 +105,6 @@ class Engine:
         schedules: Sequence[RecurringSpec] = (),
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.store = store
         self.wanted = {spec.name: spec for spec in schedules}
         self.handlers = dict(handlers)
         self.workers = workers
@@ -108,49 +113,18 @@ class Engine:
         self.retention = retention
         self.clock = clock
         self.stats = Stats()
+        self.base = TimeBase(unix_ns=clock())  # each term sets its own (`_begin`)
+        self.done: list[tuple[Task, bytes | None, BaseException | None, int]] = []
+        self.finished = threading.Condition()
 
-    # The term of leadership: lead, recover, loop, step down.
-
-    def run(self, stop: threading.Event, *, lead_timeout: float | None = None) -> Stats:
-        """Lead (blocking until this instance does), then run the loop until `stop` is set or
-        leadership is lost; releases the lease when stopped. Returns what the term did."""
-        lost = threading.Event()
-        self.store.on_leadership_lost(lost.set)  # called from the keeper thread: just a flag
-        epoch = self.store.acquire_leadership(timeout=lead_timeout)
+    def _begin(self, epoch: int) -> None:
+        """A new term: its stats, and engine time 0 at now."""
         self.stats = Stats(epoch=epoch)
-        self.base = TimeBase(unix_ns=self.clock())  # engine time 0 is now, for this term
-        self._recover()
-        done: list[tuple[Task, bytes | None, BaseException | None, int]] = []
-        finished = threading.Condition()
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="engine-worker") as pool:
-            self.pool, self.done, self.finished = pool, done, finished
-            last_prune = time.monotonic()
-            while not stop.is_set() and not lost.is_set():
-                try:
-                    self._step(epoch)
-                    if time.monotonic() - last_prune > self.prune_every.total_seconds():
-                        self.stats.pruned += self.store.prune(self.retention)
-                        last_prune = time.monotonic()
-                except Fenced as exc:  # another instance leads: stop at once, write nothing
-                    self.stats.lost = f"fenced: {exc}"
-                    break
-                except StoreUnavailable as exc:  # the batch is idempotent: the next step
-                    log.warning("commit not known to have landed, retrying: %s", exc)
-                    time.sleep(0.1)  # recommits it, with whatever came meanwhile
-                    continue
-                self._wait(stop, lost)
-            if lost.is_set() and self.stats.lost is None:
-                self.stats.lost = "leadership lost"
-            # Stepping down: running attempts finish (their results are not committed: the
-            # next leader recovers these tasks as live and runs them again).
-            pool.shutdown(wait=True, cancel_futures=True)
-        if self.store.is_leader:
-            self.store.release_leadership()  # a standby takes over at once
-        return self.stats
+        self.base = TimeBase(unix_ns=self.clock())
 
-    def _recover(self) -> None:
-        """Rebuild the in-memory state from the store: live tasks, keys, schedules, ids."""
-        state = self.store.recover(self.base)
+    def _recover(self, state: Recovered) -> None:
+        """Rebuild the in-memory state from what `recover` returned: live tasks, keys,
+        schedules, ids."""
         self.next_id = int(state.next_id)
         self.seq = 0
         self.live: dict[int, Task] = {}
@@ -179,30 +153,18 @@ class Engine:
         self.outputs: list[tuple[TaskId, bytes]] = []
         self.to_dispatch: list[Task] = []
 
-    # One step: gather a batch, commit it, then act on it.
+    def _gather(self, now: int, items: Sequence[InboxItem]) -> None:
+        """One step's batch, into `pending`: the inbox items read, the schedules due, the
+        attempts that finished, the tasks that start now."""
+        self._drain_inbox(now, items)
+        self._fire_schedules(now)
+        self._collect_results()
+        self._start_ready(now)
 
-    def _step(self, epoch: int) -> None:
-        """Gather what changed into one batch, commit it, and only then dispatch: a task
-        runs only once its RUNNING transition is durable, and an inbox item becomes a task
-        exactly once (its `InboxTaken` commits with its `Submitted`)."""
-        now = self.now()
-        if not self.pending:  # after StoreUnavailable the same batch is committed again
-            self._drain_inbox(now)
-            self._fire_schedules(now)
-            self._collect_results()
-            self._start_ready(now)
-        if self.pending or self.outputs:
-            self.store.commit(epoch, self.base, self.pending, self.outputs)
-            self.stats.commits += 1
-            self.pending, self.outputs = [], []
-        for task in self.to_dispatch:
-            self.pool.submit(self._attempt, task).add_done_callback(self._wake)
-        self.to_dispatch = []
-
-    def _drain_inbox(self, now: int) -> None:
+    def _drain_inbox(self, now: int, items: Sequence[InboxItem]) -> None:
         """Inbox items become tasks; an item whose key is live is dropped (its InboxTaken
         alone), which is also how two items with one key in one drain are told apart."""
-        for item in self.store.read_inbox(limit=500, base=self.base):
+        for item in items:
             self.pending.append(InboxTaken(inbox_id=item.inbox_id))
             key = item.spec.key
             if key is not None and key in self.keys:
@@ -303,6 +265,88 @@ class Engine:
         busy = sum(t.running for t in self.live.values())  # to_dispatch: running too
         return max(0, self.workers * 2 - busy)
 
+    def _next_wait(self) -> float:
+        """Seconds until something comes due (a retry, a firing), at most `idle_wait`."""
+        wait = self.idle_wait
+        upcoming = [due for _, due, _ in self.schedules.values() if due is not None]
+        if self._free() > 0:  # else only a finished attempt lets a due task start
+            upcoming += [t.due for t in self.live.values() if not t.running]
+        if upcoming:
+            wait = min(wait, max(0.0, (min(upcoming) - self.now()) / SECOND_NS))
+        return wait
+
+    def _record(self, task: Task, output: bytes | None, error: BaseException | None) -> None:
+        """An attempt's outcome, from whichever thread or task ran it, for the next step."""
+        with self.finished:
+            self.done.append((task, output, error, self.now()))
+            self.finished.notify_all()
+
+    def now(self) -> int:
+        """Engine time: nanoseconds since this term's `TimeBase`."""
+        return self.clock() - self.base.unix_ns
+
+
+class Engine(EngineCore):
+    """One scheduler engine on threads: leads, recovers, and runs the loop until stopped or
+    fenced; attempts run on a thread pool."""
+
+    def __init__(self, store: SqlStore, handlers: Mapping[str, Handler], **options: Any) -> None:
+        super().__init__(handlers, **options)
+        self.store = store
+
+    # The term of leadership: lead, recover, loop, step down.
+
+    def run(self, stop: threading.Event, *, lead_timeout: float | None = None) -> Stats:
+        """Lead (blocking until this instance does), then run the loop until `stop` is set or
+        leadership is lost; releases the lease when stopped. Returns what the term did."""
+        lost = threading.Event()
+        self.store.on_leadership_lost(lost.set)  # called from the keeper thread: just a flag
+        epoch = self.store.acquire_leadership(timeout=lead_timeout)
+        self._begin(epoch)  # engine time 0 is now, for this term
+        self._recover(self.store.recover(self.base))
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="engine-worker") as pool:
+            self.pool = pool
+            last_prune = time.monotonic()
+            while not stop.is_set() and not lost.is_set():
+                try:
+                    self._step(epoch)
+                    if time.monotonic() - last_prune > self.prune_every.total_seconds():
+                        self.stats.pruned += self.store.prune(self.retention)
+                        last_prune = time.monotonic()
+                except Fenced as exc:  # another instance leads: stop at once, write nothing
+                    self.stats.lost = f"fenced: {exc}"
+                    break
+                except StoreUnavailable as exc:  # the batch is idempotent: the next step
+                    log.warning("commit not known to have landed, retrying: %s", exc)
+                    time.sleep(0.1)  # recommits it, with whatever came meanwhile
+                    continue
+                self._wait(stop, lost)
+            if lost.is_set() and self.stats.lost is None:
+                self.stats.lost = "leadership lost"
+            # Stepping down: running attempts finish (their results are not committed: the
+            # next leader recovers these tasks as live and runs them again).
+            pool.shutdown(wait=True, cancel_futures=True)
+        if self.store.is_leader:
+            self.store.release_leadership()  # a standby takes over at once
+        return self.stats
+
+    # One step: gather a batch, commit it, then act on it.
+
+    def _step(self, epoch: int) -> None:
+        """Gather what changed into one batch, commit it, and only then dispatch: a task
+        runs only once its RUNNING transition is durable, and an inbox item becomes a task
+        exactly once (its `InboxTaken` commits with its `Submitted`)."""
+        now = self.now()
+        if not self.pending:  # after StoreUnavailable the same batch is committed again
+            self._gather(now, self.store.read_inbox(limit=INBOX_BATCH, base=self.base))
+        if self.pending or self.outputs:
+            self.store.commit(epoch, self.base, self.pending, self.outputs)
+            self.stats.commits += 1
+            self.pending, self.outputs = [], []
+        for task in self.to_dispatch:
+            self.pool.submit(self._attempt, task).add_done_callback(self._wake)
+        self.to_dispatch = []
+
     # The workers and the wake-ups.
 
     def _attempt(self, task: Task) -> None:
@@ -313,9 +357,7 @@ class Engine:
             output = self.handlers[task.spec.kind](task.spec.payload)
         except Exception as exc:
             error = exc
-        with self.finished:
-            self.done.append((task, output, error, self.now()))
-            self.finished.notify_all()
+        self._record(task, output, error)
 
     def _wake(self, _: Future[None]) -> None:
         with self.finished:
@@ -328,22 +370,13 @@ class Engine:
         with self.finished:
             if self.done:
                 return
-        wait = self.idle_wait
-        upcoming = [due for _, due, _ in self.schedules.values() if due is not None]
-        if self._free() > 0:  # else only a finished attempt lets a due task start
-            upcoming += [t.due for t in self.live.values() if not t.running]
-        if upcoming:
-            wait = min(wait, max(0.0, (min(upcoming) - self.now()) / SECOND_NS))
+        wait = self._next_wait()
         if wait <= 0 or stop.is_set() or lost.is_set():
             return
         if not self.store.wait_inbox(timeout=wait / 2):
             with self.finished:
                 if not self.done:
                     self.finished.wait(timeout=wait / 2)
-
-    def now(self) -> int:
-        """Engine time: nanoseconds since this term's `TimeBase`."""
-        return self.clock() - self.base.unix_ns
 
 
 def backoff_ns(policy: RetryPolicy, attempt: int) -> int:

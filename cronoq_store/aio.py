@@ -501,7 +501,8 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
                 (`DatabaseBehind` when the database lost acknowledged commits).
             StoreUnavailable: The database could not be reached or the commit timed out;
                 retry the same batch.
-            InvalidValue: A mutation or value the store cannot hold.
+            InvalidValue: A mutation or value the store cannot hold, or two new tasks of
+                the batch that live under one key (nothing written).
             StoreError: Anything else the database refused; nothing was written.
         """
         with self._telemetry.commit(epoch, batch):

@@ -24,6 +24,7 @@ import os
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,9 @@ class DemoReport:
     """Inbox items the app process enqueued and then rolled back (none may become a task)."""
     inbox_tasks: int = 0
     """Tasks the leaders made from inbox items."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """What the example engine loop (docs/engine.md) did in its term at the end: `epoch`,
+    `drained`, `succeeded`, `retried`, `fired`, `failed`, `lost`."""
 
     @property
     def inbox_exactly_once(self) -> bool:
@@ -102,6 +106,20 @@ class DemoReport:
             and self.fenced_commits >= 1
             and self.integrity == "ok"
             and bool(self.check.get("ok"))
+            and self.engine_ran
+        )
+
+    @property
+    def engine_ran(self) -> bool:
+        """The engine loop drained, retried, succeeded and fired its schedule, and stopped
+        by itself (not fenced)."""
+        e = self.engine
+        return (
+            e.get("drained", 0) >= len(ENGINE_TASKS)
+            and e.get("retried", 0) >= 1
+            and e.get("succeeded", 0) >= len(ENGINE_TASKS)
+            and e.get("fired", 0) >= 2
+            and e.get("lost") is None
         )
 
 
@@ -290,6 +308,7 @@ def run(
     finally:
         conn.close()
     acked_tasks = sum(len(e["ids"]) for p in procs for e in p.since(0, "ack"))
+    engine = _engine_term(db, timeout)
     return DemoReport(
         path=str(db),
         ttl_s=ttl,
@@ -297,7 +316,7 @@ def run(
         tasks_committed=acked_tasks,
         batches_committed=report.acked_batches,
         acked_mutations=report.acked_mutations,
-        epochs=[int(lead1["epoch"]), int(lead2["epoch"]), int(lead3["epoch"])],
+        epochs=[int(lead1["epoch"]), int(lead2["epoch"]), int(lead3["epoch"]), engine["epoch"]],
         takeover_s=round(takeover, 3),
         tasks_recovered=int(lead2["recovered_tasks"]),
         finished_recovered=int(lead2["recovered_terminal"]),
@@ -312,7 +331,62 @@ def run(
         enqueues_committed=report.enqueued_committed,
         enqueues_rolled_back=report.enqueued_rolled_back,
         inbox_tasks=report.inbox_tasks,
+        engine=engine,
     )
+
+
+ENGINE_TASKS: Final = (b"resize 1.png", b"resize 2.png", b"flaky upload")
+"""What an app enqueues for the engine loop's term; the upload fails once, then succeeds."""
+
+
+def _engine_term(db: Path, timeout: float) -> dict[str, Any]:
+    """One term of the example engine loop (`cronoq_store.examples.engine`, the code of
+    docs/engine.md) on the demo's database, once the failover drill is checked: an app
+    enqueues three tasks, the engine drains them, retries the one that fails once, fires a
+    schedule every 100 ms, and releases the lease when stopped."""
+    from .examples.engine import Engine
+    from .inbox import enqueue_many
+    from .model import RecurringSpec, RetryPolicy, TaskSpec
+
+    failed_once: set[bytes] = set()
+
+    def upload(payload: bytes) -> bytes:
+        if payload not in failed_once:
+            failed_once.add(payload)
+            raise ConnectionError("upload refused; retried after a backoff")
+        return b"stored " + payload
+
+    retry = RetryPolicy(max_attempts=3, initial_backoff_ns=50_000_000)
+    tick = RecurringSpec(
+        name="demo-tick", template=TaskSpec(payload=b"tick", kind="echo"), interval_ns=10**8
+    )
+    with SqlStore.open(db, StoreConfig(migrate=False)) as store:
+        with store.engine.begin() as conn:  # the app's own transaction
+            enqueue_many(
+                conn,
+                [
+                    TaskSpec(payload=p, kind="upload" if b"upload" in p else "echo", retry=retry)
+                    for p in ENGINE_TASKS
+                ],
+            )
+        engine = Engine(
+            store, {"echo": lambda p: p, "upload": upload}, schedules=[tick], idle_wait=0.05
+        )
+        stop = threading.Event()
+        stats: list[Any] = []
+        thread = threading.Thread(target=lambda: stats.append(engine.run(stop)), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and thread.is_alive():
+            s = engine.stats
+            if s.succeeded >= len(ENGINE_TASKS) and s.fired >= 2 and s.retried >= 1:
+                break
+            time.sleep(0.02)
+        stop.set()
+        thread.join(timeout)
+    done = stats[0] if stats else engine.stats
+    keys = ("epoch", "drained", "succeeded", "retried", "fired", "failed", "lost")
+    return {k: getattr(done, k) for k in keys}
 
 
 def format_report(report: DemoReport) -> str:
@@ -347,6 +421,10 @@ def format_report(report: DemoReport) -> str:
             if report.inbox_exactly_once
             else f"NOT exactly once: {report.check}"
         ),
+        f"  engine loop      the example engine (docs/engine.md) led epoch "
+        f"{report.engine.get('epoch')}: drained {report.engine.get('drained')} inbox items, "
+        f"{report.engine.get('succeeded')} tasks succeeded ({report.engine.get('retried')} "
+        f"retried after a backoff), schedule fired {report.engine.get('fired')} times",
         f"  checked          {report.acked_mutations_lost} acknowledged mutations lost, "
         f"{report.partial_batches} partial batches, integrity {report.integrity}",
         f"  result           {'OK' if report.ok else 'FAILED'} in {report.elapsed_s:g} s",

@@ -147,6 +147,7 @@ def new_engine(
     (SQLite): the file is not created, and its connections cannot write nor take the write
     lock (`dialects.configure_sqlite`)."""
     dialects.check_url(url)
+    dialects.require_database(url, config.schema)
     try:
         if url.get_backend_name() == "sqlite":
             path = sqlite_file(url)  # refuses a path SQLite would not lock, before anything
@@ -678,11 +679,17 @@ class Face(Generic[E, K, C, H]):
             # The bounds (`plan`: the lease TTL's idle bound, the commit timeout) ride in the
             # fence's flight, before the fence (`Tx.bounds_in_fn`).
             first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True)
-            with execution.collection_paused(), lease.fencing(
-                conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq,
-                acked=acked, first=first,
-            ) as flight:  # fmt: skip
-                commit.write(conn, base, folded, checked, flight)
+            try:
+                with execution.collection_paused(), lease.fencing(
+                    conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq,
+                    acked=acked, first=first,
+                ) as flight:  # fmt: skip
+                    commit.write(conn, base, folded, checked, flight)
+            except sa_exc.IntegrityError as exc:
+                inside = folding.same_live_key(folded)  # else: `translated` says "stored tasks"
+                if inside is None:
+                    raise
+                raise inside from exc
 
         return Commit(work, partial(self._fence_renewed, epoch, time.monotonic(), seq))
 

@@ -32,6 +32,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import ResolutionError
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.schema import CreateSchema
@@ -205,10 +206,23 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
     except StoreError:
         raise
     except CommandError as exc:
-        raise SchemaError(str(exc)) from exc
+        raise _schema_error(exc) from exc
     except Exception as exc:
         raise dialects.translate(exc) from exc
     return restored
+
+
+def _schema_error(exc: CommandError) -> SchemaError:
+    """Alembic's refusal in the store's words: the one place a migration command's errors are
+    translated, so the CLI and the API say the same. A revision asked for that this build does
+    not ship (Alembic: "Can't locate revision ...") names where the known ones are listed."""
+    cause = exc.__cause__
+    if isinstance(cause, ResolutionError):
+        return SchemaError(
+            f"this build of cronoq-store has no schema revision {cause.argument!r} (its newest "
+            f"is {head_revision()!r}): `cronoq-store history` lists the revisions it knows"
+        )
+    return SchemaError(str(exc))
 
 
 def _log_migrated(

@@ -359,7 +359,8 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
                 the database lost commits this leader had made durable.
             StoreUnavailable: The database could not be reached, or the commit took longer
                 than `StoreConfig.commit_timeout`; retry the same batch.
-            InvalidValue: A mutation or value the store cannot hold (checked before writing).
+            InvalidValue: A mutation or value the store cannot hold (checked before writing),
+                or two new tasks of the batch that live under one key (nothing written).
             StoreError: Anything else the database refused; nothing was written.
         """
         with self._telemetry.commit(epoch, batch):

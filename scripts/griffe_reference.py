@@ -171,10 +171,7 @@ class HideInternals(griffe.Extension):
     whose docstrings say what they are."""
 
     def on_class(self, *, cls: griffe.Class, **kwargs: Any) -> None:
-        """Runs once the object tree is complete."""
-        cls.bases = [
-            b for b in cls.bases if not str(b).split("[")[0].split(".")[-1].startswith("_")
-        ]
+        """Runs once the class is loaded (its bases may not be yet: see `on_package`)."""
         for member in cls.members.values():
             if (
                 not member.is_alias
@@ -182,3 +179,32 @@ class HideInternals(griffe.Extension):
                 and "instance-attribute" in member.labels
             ):
                 member.value = None
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """Runs once every module is loaded, so private bases resolve: what a class inherits
+        from one (`SqlStore`'s `is_leader`, `epoch`... from `_Face`) becomes the class's own
+        member on its page, and only then is the base dropped (Griffe finds inherited members
+        through the bases, so dropping it first hid them)."""
+        for module in _modules(pkg):
+            for cls in _classes(module):
+                private = [b for b in cls.bases if _private(b)]
+                if not private:
+                    continue
+                for name, member in cls.inherited_members.items():
+                    if name not in cls.members:
+                        cls.set_member(name, member)
+                cls.bases = [b for b in cls.bases if not _private(b)]
+
+
+def _private(base: object) -> bool:
+    """Whether a base class expression names a private class (`_Face[Engine, ...]`)."""
+    return str(base).split("[")[0].split(".")[-1].startswith("_")
+
+
+def _classes(module: griffe.Module) -> Iterator[griffe.Class]:
+    """The classes `module` defines (not those it imports), nested ones included."""
+    todo = [m for m in module.members.values() if not m.is_alias and m.is_class]
+    while todo:
+        cls = todo.pop()
+        yield cls
+        todo += [m for m in cls.members.values() if not m.is_alias and m.is_class]

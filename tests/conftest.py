@@ -161,6 +161,27 @@ def new_database(dialect: str, tmp_path: Path) -> Iterator[URL]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built once per run as a user's `python -m build` builds it: the sdist, then
+    the wheel from that sdist (so the wheel proves the sdist is complete). Its folder holds
+    both; the tests about what ships read them rather than build again."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("dist")
+    build = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr
+    return out
+
+
 @pytest.fixture(params=[pytest.param(d, marks=getattr(pytest.mark, d)) for d in DIALECTS])
 def dialect(request: pytest.FixtureRequest) -> str:
     """The dialect under test: sqlite, postgresql or mysql (MariaDB here)."""

@@ -503,6 +503,7 @@ def test_demo(tmp_path: Path) -> None:
     assert report.takeover_s <= TAKEOVER_BOUND
     assert report.elapsed_s < 30
     assert "0 acknowledged mutations lost" in text
+    assert report.engine_ran and "the example engine (docs/engine.md) led epoch" in text
     assert report.enqueues_committed > 0 and report.enqueues_rolled_back > 0
     assert "every committed enqueue became exactly one task; 0 from rolled-back" in text
     with pytest.raises(FileExistsError):
@@ -690,7 +691,7 @@ def test_demo_from_the_cli_writes_its_own_file_and_status_agrees(
     assert is_demo_database(tmp_path / "cronoq-demo.db")
     assert (tmp_path / "cronoq.db").read_bytes() == before
     epochs = [int(e) for e in result.output.split("epochs")[1].splitlines()[0].split("->")]
-    assert epochs == sorted(set(epochs)) and len(epochs) == 3
+    assert epochs == sorted(set(epochs)) and len(epochs) == 4  # the last: the engine loop
     status = runner.invoke(main, ["--url", "cronoq-demo.db", "status", "--json"])
     assert status.exit_code == 0, status.output
     lease = json.loads(status.output)["lease"]

@@ -54,6 +54,7 @@ INTERNAL = (
     "telemetry",  # its instrument names are the contract (docs/observability.md), not its code
     "bench",
     "web",
+    "examples",  # the engine loop docs/engine.md shows whole: code to copy, not an API
 )
 # A public package's modules: its parts, no promise to users on their own. The package's
 # `__all__` names what of them is public, and its reference page documents it.

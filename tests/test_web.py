@@ -481,19 +481,10 @@ def test_command_needs_a_token_beyond_loopback(tmp_path: Path) -> None:
         server.wait(timeout=30)
 
 
-def test_wheel_ships_templates_and_static_files(tmp_path: Path) -> None:
+def test_wheel_ships_templates_and_static_files(dist: Path) -> None:
     """The wheel carries every template and static file (no front-end build step)."""
     root = Path(__file__).resolve().parent.parent
-    build = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert build.returncode == 0, build.stderr
-    (wheel,) = tmp_path.glob("cronoq_store-*.whl")
+    (wheel,) = dist.glob("cronoq_store-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = set(archive.namelist())
     web = root / "cronoq_store" / "web"

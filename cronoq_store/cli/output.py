@@ -47,6 +47,22 @@ def cells(*values: object) -> list[Text]:
     return [Text("" if v is None else str(v)) for v in values]
 
 
+MESSAGE_WIDTH: Final = 40
+"""A message in a table of many tasks: its start, enough to tell failures apart (`show` has
+the whole)."""
+
+
+def short(text: str | None, width: int = MESSAGE_WIDTH) -> str | None:
+    """`text` cut to one line of at most `width` characters, ending in "…" where it was cut."""
+    if text is None:
+        return None
+    first, newline, _ = text.strip().partition("\n")
+    first = first.rstrip()
+    if len(first) > width:
+        return first[: width - 1] + "…"
+    return f"{first} …" if newline else first
+
+
 # Durations on the command line: 30s, 15m, 2h, 7d, 1w, or sums like 1h30m.
 
 _DURATION: Final = re.compile(r"(\d+)([smhdw])")

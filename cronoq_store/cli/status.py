@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .. import inspection
 from ..model import INT64_MAX, INT64_MIN, TaskStatus
-from .output import cells, console, duration_option, echo_json, print_table
+from .output import cells, console, duration_option, echo_json, print_table, short
 from .target import Target, open_database
 
 
@@ -233,8 +233,10 @@ def tasks_cmd(
         click.echo("no tasks match")
         return
     grid = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
-    for name in ("id", "key", "pool", "kind", "status", "attempt", "tenant", "updated"):
-        grid.add_column(name, no_wrap=name in ("id", "status", "updated"), overflow="fold")
+    for name in ("id", "key", "pool", "kind", "status", "attempt", "tenant", "updated", "message"):
+        grid.add_column(
+            name, no_wrap=name in ("id", "status", "updated", "message"), overflow="fold"
+        )
     for r in rows:
         grid.add_row(
             *cells(
@@ -246,6 +248,7 @@ def tasks_cmd(
                 r["attempt"],
                 r["tenant"],
                 r["updated"],
+                short(r["message"]),
             )
         )
     print_table(console(), grid)

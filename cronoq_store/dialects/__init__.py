@@ -56,5 +56,6 @@ from .urls import check_url as check_url
 from .urls import connect_options as connect_options
 from .urls import parse_url as parse_url
 from .urls import redact as redact
+from .urls import require_database as require_database
 from .urls import safe_url as safe_url
 from .urls import url_advice as url_advice

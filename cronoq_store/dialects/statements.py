@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import time
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
@@ -27,9 +27,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import CreateSchema
+from sqlalchemy.schema import CreateSchema, PrimaryKeyConstraint
 from sqlalchemy.sql.base import Executable
-from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -42,6 +42,23 @@ def name(dialect: Dialect) -> str:
 def mysql_collation(dialect: Dialect) -> str:
     """A binary collation without trailing-space padding, so "a" and "a " are distinct keys."""
     return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+
+
+TABLE_PREFIX: Final = "cronoq_"
+"""Every table the store creates (and Alembic's version table for it) is named so."""
+
+
+@compiles(PrimaryKeyConstraint, "mysql", "mariadb")
+def _unnamed_primary_key(element: PrimaryKeyConstraint, compiler: DDLCompiler, **kw: Any) -> str:
+    """MySQL names every primary key PRIMARY and warns at a `CONSTRAINT name` (1280: "Name
+    'pk_cronoq_tasks' ignored for PRIMARY key."), which asyncmy logs, one line per table on
+    stderr where the app set no logging: the store's tables leave the name out on MySQL, as
+    MySQL does anyway. Other tables (an app's own) compile as SQLAlchemy compiles them."""
+    text: str = compiler.visit_primary_key_constraint(element, **kw)
+    table = getattr(element, "table", None)
+    if table is None or not str(table.name).startswith(TABLE_PREFIX):
+        return text
+    return text[text.index("PRIMARY KEY") :] if text.startswith("CONSTRAINT ") else text
 
 
 class db_now_ns(FunctionElement[int]):

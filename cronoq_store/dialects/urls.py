@@ -34,10 +34,27 @@ def redact(text: str) -> str:
 
 
 def safe_url(url: URL) -> str:
-    """`url` as it may be printed: its password and any password query option masked."""
+    """`url` as it may be printed: its password and any password query option masked, and its
+    query readable (`?host=db1:5432`, not SQLAlchemy's `db1%3A5432`; `_readable_query`)."""
     query = {k: ("***" if k.lower() in SECRET_QUERY_KEYS else v) for k, v in url.query.items()}
     text = url.set(query=query).render_as_string(hide_password=True)
-    return redact(text.replace("%2A%2A%2A", "***"))
+    return redact(_readable_query(text.replace("%2A%2A%2A", "***")))
+
+
+_QUERY_ESCAPES: Final = {"%3A": ":", "%5B": "[", "%5D": "]", "%2C": ",", "%2F": "/"}
+"""What SQLAlchemy escapes in a query value that reads (and parses back) the same unescaped:
+a host list's ports, IPv6 brackets, commas, socket directories."""
+
+
+def _readable_query(text: str) -> str:
+    """`text` with `_QUERY_ESCAPES` undone in its query part (only there: a user name or
+    database name keeps its escapes, and no escaped '@', '&' or '=' is ever undone)."""
+    head, mark, query = text.partition("?")
+    if not mark:
+        return text
+    for escaped, plain in _QUERY_ESCAPES.items():
+        query = query.replace(escaped, plain).replace(escaped.lower(), plain)
+    return f"{head}?{query}"
 
 
 def parse_url(text: str) -> URL:
@@ -148,6 +165,22 @@ def check_url(url: URL) -> URL:
         count, ports = len(hosts[0].split(",")), len(port.split(","))
         if ports not in (1, count):
             raise InvalidValue(f"bad database URL: {ports} ports for {count} hosts; write {forms}")
+    return url
+
+
+def require_database(url: URL, schema: str | None) -> URL:
+    """`url`, or `InvalidValue` when it names no MySQL database and no `schema` names one.
+
+    MySQL has no default database: a connection to `.../` has none selected, and Alembic's
+    and SQLAlchemy's reflection then fail on an internal assertion (`AssertionError:`, no
+    words). PostgreSQL falls back to the user's database, SQLite needs a file: only MySQL.
+    """
+    if url.get_backend_name() in ("mysql", "mariadb") and not url.database and not schema:
+        raise InvalidValue(
+            f"bad database URL {safe_url(url)}: no database name after the host; write "
+            f"{safe_url(url.set(database='DB'))} (or name one with --schema, "
+            "StoreConfig.schema)"
+        )
     return url
 
 

@@ -146,6 +146,28 @@ def fold(
     return out
 
 
+def same_live_key(folded: Folded) -> InvalidValue | None:
+    """Why a commit the live-key index refused was refused, when the batch itself holds the
+    conflict: two of its new tasks live under one key (two inbox items with one key, drained
+    together). None when its keys are distinct (the conflict is then with a stored task).
+
+    Asked only after the database refused the batch, so a commit pays nothing for it.
+    """
+    live: dict[str, int] = {}
+    for task_id, row in folded.inserts.items():
+        key = row["live_key"]
+        if key is None:
+            continue
+        if key in live:
+            return InvalidValue(
+                f"two tasks within the batch hold live key {key!r} (tasks {live[key]} and "
+                f"{task_id}): a key is unique among live tasks; submit the second once the "
+                "first has finished, or drop it (an inbox item: commit its InboxTaken alone)"
+            )
+        live[key] = task_id
+    return None
+
+
 def checked_outputs(outputs: Iterable[tuple[TaskId, bytes]]) -> list[tuple[TaskId, bytes]]:
     """`outputs` as (id, bytes) pairs; refuses (`InvalidValue`) what no task could hold."""
     checked: list[tuple[TaskId, bytes]] = []

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any, Final
 
-from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy import BigInteger, Select, bindparam, func, literal_column, select
 
 from .. import codec
 from ..schema import recurring, tasks
@@ -134,3 +134,68 @@ def prunable_count_stmt() -> Select[Any]:
     """What `prune` would delete now, counted: its batch statement without order or LIMIT."""
     victims = prune.prunable_stmt().order_by(None).limit(None)
     return select(func.count()).select_from(victims.subquery())
+
+
+# The dashboard's activity over time: per-minute counts read through existing indexes only.
+
+MINUTE_NS: Final = 60 * 1_000_000_000
+_MINUTE: Final = literal_column(str(MINUTE_NS), BigInteger)
+"""Inline, not bound: a bound divisor is a new parameter in GROUP BY, which PostgreSQL then
+does not see as the selected expression."""
+
+
+@cache
+def finished_per_minute_stmt() -> Select[Any]:
+    """Tasks finished at or after `since`, per minute (`finished_unix_ns // MINUTE_NS`) and
+    status: a range of the finished-time index, each row's status read beside it."""
+    minute = (tasks.c.finished_unix_ns // _MINUTE).label("minute")
+    return (
+        select(minute, tasks.c.status, func.count().label("n"))
+        .where(tasks.c.finished_unix_ns >= bindparam("since"))
+        .group_by(minute, tasks.c.status)
+    )
+
+
+@cache
+def finished_by_status_stmt() -> Select[Any]:
+    """Tasks finished at or after `since`, by status (the overview's finished counts): the
+    same index range as `finished_per_minute_stmt`."""
+    return (
+        select(tasks.c.status, func.count().label("n"))
+        .where(tasks.c.finished_unix_ns >= bindparam("since"))
+        .group_by(tasks.c.status)
+    )
+
+
+@cache
+def id_bounds_stmt() -> Select[Any]:
+    """The lowest and highest task id: both ends of the primary key, each its own subquery
+    (SQLite reads a lone MIN or MAX off the index's end, but scans for the two together)."""
+    return select(
+        select(func.min(tasks.c.id)).scalar_subquery(),
+        select(func.max(tasks.c.id)).scalar_subquery(),
+    )
+
+
+@cache
+def first_at_or_above_stmt() -> Select[Any]:
+    """The first task at or above id `id`, with its arrival: one primary-key seek."""
+    return (
+        select(tasks.c.id, tasks.c.arrival_unix_ns)
+        .where(tasks.c.id >= bindparam("id"))
+        .order_by(tasks.c.id)
+        .limit(1)
+    )
+
+
+@cache
+def submitted_per_minute_stmt() -> Select[Any]:
+    """Tasks at or above id `from_id` that arrived at or after `since`, per minute of
+    arrival: a primary-key range (arrival has no index; engines hand out ids in submission
+    order, so the ids of the window's tasks are one range, found by `first_at_or_above_stmt`)."""
+    minute = (tasks.c.arrival_unix_ns // _MINUTE).label("minute")
+    return (
+        select(minute, func.count().label("n"))
+        .where(tasks.c.id >= bindparam("from_id"), tasks.c.arrival_unix_ns >= bindparam("since"))
+        .group_by(minute)
+    )

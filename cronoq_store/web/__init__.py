@@ -7,6 +7,7 @@ the app (`cronoq_store.web.app`) imports Starlette, Jinja2 and uvicorn when the 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from datetime import timedelta
 from typing import Final
 
@@ -93,6 +94,39 @@ def web_cmd(
             refresh_s=refresh,
             database=cli.shown(target.parsed()),
         )
+        sock = listening_socket(host, port)
+        port = sock.getsockname()[1]  # the one the system chose for --port 0
         where = f"[{host}]" if ":" in host else host
         click.echo(f"cronoq-store web: http://{where}:{port}/ (read-only; Ctrl-C stops it)")
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        try:
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on `host`:`port`, or one `click` error line (exit status 1).
+
+    Bound here, before the banner, and handed to uvicorn: uvicorn binds only once it runs, so
+    a port in use or a host that does not resolve came out after the banner as its own log
+    line, with exit status 3.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise click.ClickException(f"cannot listen on --host {host}: {exc}") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn sets it
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(
+            f"cannot listen on {host} port {port}: {exc.strerror or exc}"
+        ) from exc
+    sock.set_inheritable(True)
+    return sock

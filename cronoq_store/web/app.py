@@ -228,7 +228,9 @@ def create_app(
         return views.overview(conn, schema=schema, retention=retention)
 
     def overview(request: Request) -> Response:
-        return page("overview.html", o=reader.read(overview_data))
+        # The charts first: the overview reads the server's role last (`views.overview`).
+        a, o = reader.read(lambda conn: (views.activity_charts(conn), overview_data(conn)))
+        return page("overview.html", o=o, a=a)
 
     def overview_part(request: Request) -> Response:
         return page("overview_part.html", o=reader.read(overview_data))

@@ -46,6 +46,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .face import Face as _Face  # private here: the reference shows no internal base
+from .durability import Durability
 from .face import Op, Outputs, Steps
 from .leadership import GiveUp, KeeperShell, Retry, Wait
 from .model import ById, ByKey, InboxItem
@@ -242,10 +243,12 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             StoreError: A URL whose async driver is not installed.
             StoreUnavailable: The database cannot be reached.
             SchemaError: The schema is newer than this build, or (migration off) not at head.
+            NotDurable: As `SqlStore.open`, with `StoreConfig.require_durable`.
         """
         config = config or StoreConfig()
         store = cls._owning(create_engine_for(url_or_path, config), config)
         try:
+            face.judge_durability(await store.read_durability(), config)
             if config.migrate:
                 await store.migrate()
             elif check_schema:
@@ -254,6 +257,15 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             await store._raw_engine.dispose()
             raise
         return store
+
+    async def read_durability(self) -> Durability:
+        """As `SqlStore.read_durability`: what the server does with a commit (one round trip).
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
+        self.durability = await self._run("durability", face.read_durability)
+        return self.durability
 
     async def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes).

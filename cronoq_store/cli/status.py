@@ -49,6 +49,15 @@ def _server_text(server: Mapping[str, Any]) -> str:
     )
 
 
+def _durability_text(view: Mapping[str, Any]) -> str:
+    """`status`'s durability line: safe, or which settings can lose acknowledged commits."""
+    if view["safe"]:
+        known = ", ".join(f"{k}={v}" for k, v in view["settings"].items() if v is not None)
+        return f"safe ({known}): an acknowledged commit survives a crash"
+    unsafe = "; ".join(f"{u['setting']}={u['value']} ({u['why']})" for u in view["unsafe"])
+    return f"NOT SAFE: a crash can lose acknowledged commits: {unsafe}"
+
+
 def _prometheus(data: Mapping[str, Any]) -> str:
     """`status`'s figures in the Prometheus text exposition format (gauges, `cronoq_` names,
     units in the names, the schema revision as a label)."""
@@ -159,6 +168,8 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
     click.echo(f"size       {inspection.size_text(data['size_bytes'])}")
     if "server" in data:
         click.echo(f"server     {_server_text(data['server'])}")
+    if "durability" in data:
+        click.echo(f"durable    {_durability_text(data['durability'])}")
     click.echo(f"lease      {lease_text(data['lease'])}")
     if "lost_commits" in data:
         click.echo(f"lost       {_lost_text(data['lost_commits'])}")

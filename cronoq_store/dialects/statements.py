@@ -273,9 +273,7 @@ def durability_settings(conn: Connection) -> dict[str, str | None]:
         return {s: str(v) for s, v in zip(PG_DURABILITY, row, strict=True)}
     if which == "mysql":
         names = ", ".join(f"'{s}'" for s in MYSQL_DURABILITY)  # constants, no input
-        rows = conn.exec_driver_sql(
-            f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})"
-        ).all()
+        rows = conn.exec_driver_sql(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})").all()
         found = {str(k).lower(): str(v) for k, v in rows}
         return {s: found.get(s) for s in MYSQL_DURABILITY}
     journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar()

@@ -37,6 +37,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, execution, face, inbox, lease, migrate
 from .config import StoreConfig
+from .durability import Durability
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -46,7 +47,6 @@ from .errors import (
     StoreUnavailable,
 )
 from .face import Face as _Face  # private here: the reference shows no internal base
-from .durability import Durability
 from .face import Op, Outputs, Steps
 from .leadership import GiveUp, KeeperShell, Retry, Wait
 from .model import ById, ByKey, InboxItem

@@ -112,28 +112,46 @@ def classify(dialect: str, settings: Mapping[str, str | None]) -> Durability:
 
     if dialect == "postgresql":
         if _on(settings.get("fsync")) is False:
-            flag("fsync", "nothing is flushed to disk: a crash of the machine loses commits "
-                 "and can corrupt the whole cluster")  # fmt: skip
+            flag(
+                "fsync",
+                "nothing is flushed to disk: a crash of the machine loses commits "
+                "and can corrupt the whole cluster",
+            )
         if norm("synchronous_commit") == "off":
-            flag("synchronous_commit", "a commit is acknowledged before its WAL is flushed: "
-                 "a crash loses up to 3 x wal_writer_delay of acknowledged commits")  # fmt: skip
+            flag(
+                "synchronous_commit",
+                "a commit is acknowledged before its WAL is flushed: "
+                "a crash loses up to 3 x wal_writer_delay of acknowledged commits",
+            )
         if _on(settings.get("full_page_writes")) is False:
-            flag("full_page_writes", "a page torn by a power loss cannot be repaired from the "
-                 "WAL: committed rows can be lost or the database corrupted")  # fmt: skip
+            flag(
+                "full_page_writes",
+                "a page torn by a power loss cannot be repaired from the "
+                "WAL: committed rows can be lost or the database corrupted",
+            )
     elif dialect == "mysql":
         flush = norm("innodb_flush_log_at_trx_commit")
         if flush is not None and flush != "1":
-            flag("innodb_flush_log_at_trx_commit", "the redo log is not flushed at each "
-                 "commit: a crash (of the machine with 2, of the server with 0) loses up to a "
-                 "second of acknowledged commits")  # fmt: skip
+            flag(
+                "innodb_flush_log_at_trx_commit",
+                "the redo log is not flushed at each "
+                "commit: a crash (of the machine with 2, of the server with 0) loses up to a "
+                "second of acknowledged commits",
+            )
         if norm("innodb_doublewrite") in ("off", "0"):
-            flag("innodb_doublewrite", "a page torn by a power loss cannot be repaired: "
-                 "committed rows can be lost or the tablespace corrupted")  # fmt: skip
+            flag(
+                "innodb_doublewrite",
+                "a page torn by a power loss cannot be repaired: "
+                "committed rows can be lost or the tablespace corrupted",
+            )
         sync_binlog = norm("sync_binlog")
         if _on(settings.get("log_bin")) and sync_binlog is not None and sync_binlog != "1":
-            flag("sync_binlog", "the binary log is not flushed at each commit: after a crash "
-                 "of the machine, replicas and point-in-time recovery miss acknowledged "
-                 "commits")  # fmt: skip
+            flag(
+                "sync_binlog",
+                "the binary log is not flushed at each commit: after a crash "
+                "of the machine, replicas and point-in-time recovery miss acknowledged "
+                "commits",
+            )
         if _on(settings.get("wsrep_on")):
             flag("wsrep_on", f"a Galera node: {JEPSEN_GALERA}")
     elif dialect == "sqlite":
@@ -141,14 +159,19 @@ def classify(dialect: str, settings: Mapping[str, str | None]) -> Durability:
         sync = norm("synchronous")
         sync = {"0": "off", "1": "normal", "2": "full", "3": "extra"}.get(sync or "", sync)
         if journal in ("memory", "off"):
-            flag("journal_mode", "no journal on disk: a crash mid-commit can corrupt the "
-                 "database")  # fmt: skip
+            flag("journal_mode", "no journal on disk: a crash mid-commit can corrupt the database")
         if sync == "off":
-            flag("synchronous", "SQLite never fsyncs: a power loss or OS crash loses "
-                 "acknowledged commits and can corrupt the database")  # fmt: skip
+            flag(
+                "synchronous",
+                "SQLite never fsyncs: a power loss or OS crash loses "
+                "acknowledged commits and can corrupt the database",
+            )
         elif sync == "normal":
-            flag("synchronous", "SQLite does not fsync each commit (StoreConfig.full_sync "
-                 "off): a power loss or OS crash loses the last acknowledged commits")  # fmt: skip
+            flag(
+                "synchronous",
+                "SQLite does not fsync each commit (StoreConfig.full_sync "
+                "off): a power loss or OS crash loses the last acknowledged commits",
+            )
     shown = {name: (None if v is None else str(v)) for name, v in settings.items()}
     return Durability(
         dialect=dialect,

@@ -28,6 +28,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine
 
 from . import execution, face, inbox, leadership, lease, migrate
 from .config import MAX_WAIT, StoreConfig
+from .durability import Durability
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -37,7 +38,6 @@ from .errors import (
     StoreUnavailable,
 )
 from .face import Face as _Face  # private here: the reference shows no internal base
-from .durability import Durability
 from .face import Op, Outputs, Steps
 from .model import (
     ById,

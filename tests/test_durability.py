@@ -30,8 +30,9 @@ WARNING = "can lose acknowledged commits on a crash"
 on_off = st.sampled_from(["on", "off", "ON", "OFF", None])
 
 
-@given(fsync=on_off, commit=st.sampled_from(["on", "off", "local", "remote_write", None]),
-       fpw=on_off)  # fmt: skip
+@given(
+    fsync=on_off, commit=st.sampled_from(["on", "off", "local", "remote_write", None]), fpw=on_off
+)
 def test_postgresql_classification(fsync: str | None, commit: str | None, fpw: str | None) -> None:
     found = classify(
         "postgresql", {"fsync": fsync, "synchronous_commit": commit, "full_page_writes": fpw}
@@ -42,7 +43,7 @@ def test_postgresql_classification(fsync: str | None, commit: str | None, fpw: s
             ("fsync", fsync),
             ("synchronous_commit", commit),
             ("full_page_writes", fpw),
-        )  # fmt: skip
+        )
         if value is not None and value.lower() == "off"
     }
     assert {u.setting for u in found.unsafe} == off

@@ -55,6 +55,14 @@ def is_loopback(host: str) -> bool:
     show_default=True,
     help="Seconds between the overview's refreshes.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this Host name (repeatable); the --host address and "
+    "localhost always are, any other name is refused (421: DNS rebinding).",
+)
 @click.pass_obj
 def web_cmd(
     target: cli.Target,
@@ -63,6 +71,7 @@ def web_cmd(
     token: str | None,
     retention: timedelta,
     refresh: float,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve a read-only dashboard of the database (overview, tasks, schedules, inbox).
 
@@ -92,6 +101,8 @@ def web_cmd(
             retention=retention,
             refresh_s=refresh,
             database=cli.shown(target.parsed()),
+            bound=host,
+            allowed_hosts=allowed_hosts,
         )
         where = f"[{host}]" if ":" in host else host
         click.echo(f"cronoq-store web: http://{where}:{port}/ (read-only; Ctrl-C stops it)")

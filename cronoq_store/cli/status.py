@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .. import inspection
 from ..model import INT64_MAX, INT64_MIN, TaskStatus
-from .output import cells, console, duration_option, echo_json, print_table
+from .output import cells, console, duration_option, echo_json, field_lines, print_table
 from .target import Target, open_database
 
 
@@ -312,6 +312,5 @@ def show(target: Target, ref: str, by_key: bool, as_json: bool) -> None:
             for name, value in spec.items()
             if value
         ]
-    width = max(len(name) for name, _ in lines)
-    for name, value in lines:
-        click.echo(f"{name:<{width}}  {'-' if value is None else value}")
+    for line in field_lines(lines):
+        click.echo(line)

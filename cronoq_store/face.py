@@ -702,7 +702,13 @@ class Face(Generic[E, K, C, H]):
             seq, acked = self._leadership.next_commit()
         # A batch's rows are all kept until written: collector passes meanwhile find no garbage.
         with execution.collection_paused():
-            folded = folding.fold(base, self._now(), batch, self._inbox_specs)
+            folded = folding.fold(
+                base,
+                self._now(),
+                batch,
+                self._inbox_specs,
+                max_payload=self.config.max_payload_bytes,
+            )
         checked = folding.checked_outputs(outputs)
         # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
         # that as "no id left below 2**63").
@@ -778,14 +784,24 @@ class Face(Generic[E, K, C, H]):
         # The commit that drains these items copies their columns instead of encoding them
         # again; only the last read's are kept.
         self._inbox_specs = stored = codec.StoredSpecs(base)
+        budget = self.config.inbox_batch_bytes
         while True:
             n = limit - len(items)
             got: inbox.Read = yield Step(
                 "read_inbox",
-                partial(inbox.read, base=base, limit=n, after=after, stored=stored),
+                partial(
+                    inbox.read,
+                    base=base,
+                    limit=n,
+                    after=after,
+                    stored=stored,
+                    budget=budget,
+                    max_payload=self.config.max_payload_bytes,
+                ),
             )
             items += got.items
-            if not got.bad:
+            budget -= sum(len(item.spec.payload) for item in got.items)
+            if not got.bad or budget <= 0:
                 return items
             now = self._now()
             self._set_aside(

@@ -261,6 +261,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     async def read_durability(self) -> Durability:
         """As `SqlStore.read_durability`: what the server does with a commit (one round trip).
 
+        Returns:
+            The settings read, whether they are `safe`, and those that are not.
+
         Raises:
             StoreUnavailable: The database cannot be reached.
         """

@@ -76,11 +76,20 @@ class Durability:
         return not self.unsafe
 
     def summary(self) -> str:
-        """The unsafe settings in a line: "synchronous_commit=off (why); ..."."""
+        """The unsafe settings in a line.
+
+        Returns:
+            "synchronous_commit=off (why); ...", empty when safe.
+        """
         return "; ".join(f"{u.setting}={u.value} ({u.why})" for u in self.unsafe)
 
     def as_dict(self) -> dict[str, Any]:
-        """The `durability` object of `status --json`."""
+        """This as JSON-ready data.
+
+        Returns:
+            The `durability` object of `status --json`: safe, settings, unsafe (setting,
+            value, why), acknowledged.
+        """
         return {
             "safe": self.safe,
             "settings": dict(self.settings),
@@ -96,10 +105,18 @@ def _on(value: str | None) -> bool | None:
 
 
 def classify(dialect: str, settings: Mapping[str, str | None]) -> Durability:
-    """The durability `settings` (as `dialects.durability_settings` reads them) give.
+    """The durability `settings` give; no I/O.
 
     A setting that is missing or None is not known from here (a SQLite reader cannot see the
     `synchronous` of the leader's connections) and makes nothing unsafe.
+
+    Args:
+        dialect: "postgresql", "mysql" (MariaDB too) or "sqlite".
+        settings: The server's settings by name, as `dialects.durability_settings` reads
+            them (values as the server prints them: "on", "2", "wal", ...).
+
+    Returns:
+        The settings, whether they are safe, and the ones that are not, with why.
     """
     unsafe: list[Unsafe] = []
 

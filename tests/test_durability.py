@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from faces import FACES, open_face
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import URL, create_engine, inspect, text
+from sqlalchemy import URL, create_engine, inspect, make_url, text
+from sqlalchemy.exc import OperationalError
 
 from cronoq_store import NotDurable, SqlStore, StoreConfig
 from cronoq_store.cli import main
@@ -189,3 +196,73 @@ def test_postgresql_synchronous_commit_off(
     argv = ["--url", url.render_as_string(hide_password=False), "status"]
     text_out = CliRunner().invoke(main, argv, catch_exceptions=False).stdout
     assert "NOT SAFE" in text_out and "synchronous_commit=off" in text_out
+
+
+LOSSY_MARIADB_PORT = 3361
+"""This suite's own MariaDB (ports 3361-3362 are its to use)."""
+
+
+@pytest.fixture(scope="module")
+def lossy_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[URL]:
+    """A MariaDB of the test's own with `innodb_flush_log_at_trx_commit = 2` (which the shared
+    server must keep at 1): a datadir under /var/tmp, run as the mysql user, removed after.
+    About 5 s to install and start here."""
+    mariadbd, install = shutil.which("mariadbd"), shutil.which("mariadb-install-db")
+    if mariadbd is None or install is None or shutil.which("runuser") is None or os.getuid():
+        pytest.skip("needs mariadbd, mariadb-install-db and root (to run it as mysql)")
+    root = Path(tempfile.mkdtemp(prefix="cq_hard_mariadb_", dir="/var/tmp"))
+    shutil.chown(root, "mysql", "mysql")
+    data, log = root / "data", root / "err.log"
+    as_mysql = ["runuser", "-u", "mysql", "--"]
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        subprocess.run(
+            [*as_mysql, install, "--no-defaults", f"--datadir={data}", "--skip-test-db",
+             "--auth-root-authentication-method=normal"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        server = subprocess.Popen(
+            [*as_mysql, mariadbd, "--no-defaults", f"--datadir={data}",
+             f"--socket={root / 'sock'}", f"--port={LOSSY_MARIADB_PORT}",
+             "--bind-address=127.0.0.1", f"--log-error={log}", "--skip-log-bin",
+             "--innodb-buffer-pool-size=16M", "--innodb-flush-log-at-trx-commit=2"],
+        )  # fmt: skip
+        url = make_url(f"mysql+pymysql://root@127.0.0.1:{LOSSY_MARIADB_PORT}/")
+        admin = create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with admin.connect() as conn:
+                        conn.execute(text("CREATE DATABASE cq_hard_lossy"))
+                    break
+                except OperationalError:
+                    assert server.poll() is None, log.read_text()
+                    assert time.monotonic() < deadline, "the own MariaDB did not start in 60 s"
+                    time.sleep(0.1)
+        finally:
+            admin.dispose()
+        yield url.set(database="cq_hard_lossy")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.mysql
+def test_mariadb_flushing_once_a_second(
+    lossy_mariadb: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real server with innodb_flush_log_at_trx_commit = 2: refused, warned, NOT SAFE."""
+    caplog.set_level(logging.WARNING, logger="cronoq_store")
+    with pytest.raises(NotDurable, match=r"innodb_flush_log_at_trx_commit=2"):
+        SqlStore.open(lossy_mariadb, StoreConfig(require_durable=True))
+    with SqlStore.open(lossy_mariadb) as store:
+        assert store.durability is not None
+        assert [u.setting for u in store.durability.unsafe] == ["innodb_flush_log_at_trx_commit"]
+    warned = [r for r in caplog.records if WARNING in r.getMessage()]
+    assert len(warned) == 1
+    view = status_json(lossy_mariadb)["durability"]
+    assert isinstance(view, dict) and view["safe"] is False
+    assert view["settings"]["innodb_flush_log_at_trx_commit"] == "2"

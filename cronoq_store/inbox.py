@@ -25,6 +25,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import (
+    BigInteger,
     BindParameter,
     Connection,
     Delete,
@@ -204,7 +205,7 @@ def oldest_stmt(*, after: bool, budget: bool = False) -> Select[Any]:
     return (
         select(*columns)
         .join_from(inbox, sized, sized.c.id == inbox.c.id)
-        .where(sized.c.before < bindparam("budget"))
+        .where(sized.c.before < bindparam("budget", type_=BigInteger()))
         .order_by(inbox.c.id)
     )
 

@@ -124,3 +124,12 @@ def test_a_drain_is_bounded_by_bytes(db_url: URL) -> None:
             store.commit(epoch, BASE, [InboxTaken(inbox_id=i.inbox_id) for i in items])
         assert sizes == [[3000] * 4, [3000] * 4, [3000, 3000, 20_000], [1]]
         assert store.read_inbox(limit=2) == []
+
+
+def test_a_budget_past_32_bits(db_url: URL) -> None:
+    """A budget of a TiB is a 64-bit parameter on every dialect (not PostgreSQL's INTEGER)."""
+    with SqlStore.open(db_url, StoreConfig(inbox_batch_bytes=2**40)) as store:
+        with store.engine.begin() as conn:
+            enqueue_many(conn, [TaskSpec(payload=b"x"), TaskSpec(payload=b"y")])
+        store.acquire_leadership()
+        assert [i.spec.payload for i in store.read_inbox()] == [b"x", b"y"]

@@ -8,8 +8,11 @@ The shield does not depend on the dialect: the app reads a SQLite file here.
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -237,3 +240,34 @@ def test_wrong_tokens_slow_the_client_down(db: cli_module.Target) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             assert answer.status_code == 303
+
+
+def test_the_command_serves_allowed_hosts(tmp_path: Path, db: cli_module.Target) -> None:
+    """`cronoq-store web --allowed-host`, the real command in a process of its own: its bound
+    address and the name given are served, a forged Host is not."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    argv = [sys.executable, "-m", "cronoq_store.cli", "--url", db.url, "web", "--port", str(port),
+            "--allowed-host", "dash.example"]  # fmt: skip
+    log = tmp_path / "web.log"
+    env = {k: v for k, v in os.environ.items() if k != "CRONOQ_WEB_TOKEN"}
+    with log.open("wb") as out:
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(base, timeout=5)
+                break
+            except httpx.TransportError:
+                assert server.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the dashboard did not come up in 30 s"
+                time.sleep(0.1)
+        for host, code in (("dash.example", 200), (f"127.0.0.1:{port}", 200),
+                           ("rebound.example", 421)):  # fmt: skip
+            assert httpx.get(base, headers={"Host": host}, timeout=30).status_code == code, host
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 
 import builders
 import pytest
@@ -17,7 +18,13 @@ from sqlalchemy import URL
 
 from cronoq_store import SqlStore, StatusChanged, TaskSpec, TaskStatus, enqueue
 from cronoq_store.cli import main
-from cronoq_store.cli.output import VisibleWriter, visible
+from cronoq_store.cli.output import (
+    VisibleWriter,
+    console,
+    progress_console,
+    visible,
+    visible_streams,
+)
 
 OSC8 = "\x1b]8;;https://evil.example/\x1b\\click me\x1b]8;;\x1b\\"
 """A hyperlink whose text hides where it goes."""
@@ -110,3 +117,14 @@ def test_the_gate_escapes_whatever_is_written() -> None:
     assert visible("a\nb\x1b") == "a\\nb\\x1b"
     with pytest.raises(TypeError):
         writer.write(b"x")  # type: ignore[arg-type]
+
+
+def test_progress_bar_is_the_clis_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prune`'s progress bar writes past the gate (its redraws are control codes of the
+    CLI's own, counts only), and nothing else does."""
+    inner = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", inner)
+    with visible_streams():
+        assert isinstance(sys.stderr, VisibleWriter)
+        assert progress_console().file is inner
+        assert console(stderr=True).file is sys.stderr

@@ -114,6 +114,14 @@ def console(*, stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, color_system=None, width=None if wide else 160)
 
 
+def progress_console() -> Console:
+    """A console on stderr past `visible_streams`' gate, for a progress bar: it redraws with
+    control codes, and shows only the CLI's own text (counts, never a task's field)."""
+    stream = sys.stderr
+    inner: TextIO = stream.inner if isinstance(stream, VisibleWriter) else stream
+    return Console(file=inner, highlight=False)
+
+
 def print_table(out: Console, grid: Table) -> None:
     """`grid` without the spaces rich pads its last column with (lines end in text)."""
     with out.capture() as captured:

@@ -248,7 +248,12 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         config = config or StoreConfig()
         store = cls._owning(create_engine_for(url_or_path, config), config)
         try:
-            face.judge_durability(await store.read_durability(), config)
+            found: Durability | StoreError
+            try:
+                found = await store.read_durability()
+            except StoreError as exc:
+                found = exc
+            face.judge_durability(found, config)
             if config.migrate:
                 await store.migrate()
             elif check_schema:

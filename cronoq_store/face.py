@@ -335,9 +335,16 @@ def read_durability(conn: Connection) -> durability.Durability:
     return durability.classify(dialects.name(conn.dialect), dialects.durability_settings(conn))
 
 
-def judge_durability(found: durability.Durability, config: StoreConfig) -> None:
+def judge_durability(found: durability.Durability | StoreError, config: StoreConfig) -> None:
     """At `open`: refuse an unsafe server when `config.require_durable`, else say so once (a
-    WARNING naming the settings)."""
+    WARNING naming the settings). `found` is the error when the settings could not be read
+    (a server that refuses to show them): raised with `require_durable` (nothing vouches for
+    the server), else a WARNING; an unreachable server (`StoreUnavailable`) is raised."""
+    if isinstance(found, StoreError):
+        if config.require_durable or isinstance(found, StoreUnavailable):
+            raise found
+        log.warning("could not read what the server does with a commit: %s", found)
+        return
     if found.safe:
         return
     what = found.summary()

@@ -115,7 +115,12 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         config = config or StoreConfig()
         store = cls._owning(engine_for(url_or_path, config), config)
         try:
-            face.judge_durability(store.read_durability(), config)
+            found: Durability | StoreError
+            try:
+                found = store.read_durability()
+            except StoreError as exc:
+                found = exc
+            face.judge_durability(found, config)
             if config.migrate:
                 store.migrate()
             elif check_schema:

@@ -28,9 +28,10 @@ from hypothesis import strategies as st
 from sqlalchemy import URL, create_engine, inspect, make_url, text
 from sqlalchemy.exc import OperationalError
 
-from cronoq_store import NotDurable, SqlStore, StoreConfig
+from cronoq_store import NotDurable, SqlStore, StoreConfig, StoreError, StoreUnavailable
 from cronoq_store.cli import main
 from cronoq_store.durability import classify
+from cronoq_store.face import judge_durability
 
 WARNING = "can lose acknowledged commits on a crash"
 
@@ -266,3 +267,16 @@ def test_mariadb_flushing_once_a_second(
     view = status_json(lossy_mariadb)["durability"]
     assert isinstance(view, dict) and view["safe"] is False
     assert view["settings"]["innodb_flush_log_at_trx_commit"] == "2"
+
+
+def test_settings_that_cannot_be_read(caplog: pytest.LogCaptureFixture) -> None:
+    """A server that refuses to show its settings: a WARNING, or with `require_durable` the
+    error itself (nothing vouches for the server); an unreachable one is raised either way."""
+    caplog.set_level(logging.WARNING, logger="cronoq_store")
+    refused = StoreError("permission denied to read fsync")
+    judge_durability(refused, StoreConfig())
+    assert "could not read what the server does with a commit" in caplog.text
+    with pytest.raises(StoreError, match="permission denied"):
+        judge_durability(refused, StoreConfig(require_durable=True))
+    with pytest.raises(StoreUnavailable):
+        judge_durability(StoreUnavailable("down"), StoreConfig())

@@ -101,6 +101,13 @@ def test_hosts_bound_to_every_address(db: cli_module.Target) -> None:
                 assert client.get("/", headers={"Host": host}).status_code == code, host
 
 
+def test_bound_to_localhost_answers_its_addresses() -> None:
+    hosts = shield.AllowedHosts(lambda *a: None, bound="localhost")  # type: ignore[arg-type]
+    assert hosts.allows("127.0.0.1:8426") and hosts.allows("[::1]:8426")
+    assert hosts.allows("localhost") and not hosts.allows("evil.example")
+    assert not hosts.allows(None)
+
+
 @pytest.mark.parametrize(
     ("header", "name"),
     [("LocalHost:80", "localhost"), ("[::1]:8426", "::1"), ("::1", "::1"), ("a.b.", "a.b")],

@@ -27,6 +27,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 LOOPBACK_NAMES: Final = frozenset({"localhost"})
 """Names answered whatever the bound address."""
+LOCALHOST_ADDRESSES: Final = frozenset({"127.0.0.1", "::1"})
+"""What `localhost` resolves to: answered too when the server is bound to that name."""
 WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
 """Bound to one of these, the server answers on every address of the machine."""
 SESSION_TTL_S: Final = 12 * 3600.0
@@ -75,7 +77,10 @@ class AllowedHosts:
     ) -> None:
         self.app = app
         self.headers = dict(headers or {})
-        self.names = frozenset({host_name(bound), *LOOPBACK_NAMES, *(host_name(n) for n in names)})
+        served = {host_name(bound)}
+        if served & LOOPBACK_NAMES:  # bound to "localhost": reached by its addresses too
+            served |= LOCALHOST_ADDRESSES
+        self.names = frozenset({*served, *LOOPBACK_NAMES, *(host_name(n) for n in names)})
         self.any_ip = host_name(bound) in WILDCARDS
 
     def allows(self, header: str | None) -> bool:

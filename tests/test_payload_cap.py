@@ -6,10 +6,12 @@ every dialect: refused before anything is written, set aside when an app wrote p
 from __future__ import annotations
 
 import asyncio
+import json
 
 import builders
 import pytest
 from builders import BASE
+from click.testing import CliRunner
 from sqlalchemy import URL, func, select
 
 from cronoq_store import (
@@ -23,7 +25,10 @@ from cronoq_store import (
     enqueue,
     enqueue_many,
 )
+from cronoq_store import inbox as inbox_mod
 from cronoq_store.aio import create_engine_for
+from cronoq_store.cli import inbox as cli_inbox
+from cronoq_store.cli import main
 from cronoq_store.config import DEFAULT_MAX_PAYLOAD
 from cronoq_store.inbox import enqueue_async
 from cronoq_store.schema import inbox, inbox_rejects, tasks
@@ -105,6 +110,12 @@ def test_an_item_over_the_stores_cap_is_set_aside(db_url: URL) -> None:
         with store.engine.connect() as conn:
             reason = conn.execute(select(inbox_rejects.c.reason)).scalar_one()
         assert "StoreConfig.max_payload_bytes" in reason
+    # The operator's listing shows sizes, which the database computes (no payload is read).
+    argv = ["--url", db_url.render_as_string(hide_password=False), "inbox", "--json"]
+    listing = json.loads(CliRunner().invoke(main, argv, catch_exceptions=False).stdout)
+    assert [r["payload_size"] for r in listing["rejects"]] == [CAP + 1]
+    statement = str(cli_inbox._sized(inbox_mod.rejects_stmt(), inbox_rejects.c.payload))
+    assert "length(" in statement.lower() and ".payload," not in statement
 
 
 def test_a_drain_is_bounded_by_bytes(db_url: URL) -> None:

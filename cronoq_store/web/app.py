@@ -58,8 +58,9 @@ def _same(given: str, expected: str) -> bool:
 
 
 class Guard:
-    """The outermost layer: security headers on every response, 405 for every method but GET
-    and HEAD (the login POST aside), and the token check when a token is set."""
+    """The layer inside the Host check (`shield.AllowedHosts`): security headers on every
+    response, 405 for every method but GET and HEAD (the login POST aside), and the token
+    check when a token is set (a live session's cookie, or the bearer token)."""
 
     def __init__(
         self,

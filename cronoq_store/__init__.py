@@ -19,6 +19,7 @@ __all__ = [
     "LeaderRowMissing",
     "LostCommits",
     "Mutation",
+    "NotDurable",
     "Priority",
     "Recovered",
     "RecoveredRecurring",
@@ -54,6 +55,7 @@ from .errors import DatabaseBehind as DatabaseBehind
 from .errors import Fenced as Fenced
 from .errors import InvalidValue as InvalidValue
 from .errors import LeaderRowMissing as LeaderRowMissing
+from .errors import NotDurable as NotDurable
 from .errors import SchemaError as SchemaError
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailable as StoreUnavailable

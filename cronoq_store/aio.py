@@ -37,6 +37,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from . import dialects, execution, face, inbox, lease, migrate
 from .config import StoreConfig
+from .durability import Durability
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -242,10 +243,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             StoreError: A URL whose async driver is not installed.
             StoreUnavailable: The database cannot be reached.
             SchemaError: The schema is newer than this build, or (migration off) not at head.
+            NotDurable: As `SqlStore.open`, with `StoreConfig.require_durable`.
         """
         config = config or StoreConfig()
         store = cls._owning(create_engine_for(url_or_path, config), config)
         try:
+            found: Durability | StoreError
+            try:
+                found = await store.read_durability()
+            except StoreError as exc:
+                found = exc
+            face.judge_durability(found, config)
             if config.migrate:
                 await store.migrate()
             elif check_schema:
@@ -254,6 +262,18 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             await store._raw_engine.dispose()
             raise
         return store
+
+    async def read_durability(self) -> Durability:
+        """As `SqlStore.read_durability`: what the server does with a commit (one round trip).
+
+        Returns:
+            The settings read, whether they are `safe`, and those that are not.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
+        self.durability = await self._run("durability", face.read_durability)
+        return self.durability
 
     async def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes).

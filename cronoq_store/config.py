@@ -16,6 +16,13 @@ MAX_WAIT: Final = timedelta(milliseconds=2**31 - 1)
 """Longest lease, poll or timeout: what every dialect enforces (PostgreSQL's statement_timeout
 and SQLite's busy_timeout are 32-bit milliseconds), about 24.8 days."""
 
+DEFAULT_MAX_PAYLOAD: Final = 16 * 1024 * 1024
+"""16 MiB: the largest value every dialect's payload column is proven to hold (tests of the
+columns), and what MariaDB's default `max_allowed_packet` about carries; a payload describes
+work, the data it works on belongs in the app's own storage."""
+DEFAULT_INBOX_BATCH_BYTES: Final = 64 * 1024 * 1024
+"""64 MiB of payloads per `read_inbox`: a thousand small items as before, four of the largest."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreConfig:
@@ -35,6 +42,16 @@ class StoreConfig:
     """Longest a commit may take; past it the commit rolls back with `StoreUnavailable`."""
     full_sync: bool = True
     """SQLite: fsync every commit (synchronous=FULL); off, a power loss may drop the last ones."""
+    require_durable: bool = False
+    """`open` refuses (`NotDurable`) a database whose settings let a crash lose an acknowledged
+    commit (PostgreSQL `fsync`/`synchronous_commit` off, InnoDB not flushing each commit, a
+    Galera node, SQLite without `full_sync`); off, `open` logs one WARNING naming them."""
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+    """Largest `TaskSpec.payload` a commit or an enqueue accepts (`InvalidValue` past it); also
+    the size, with `inbox_batch_bytes`, that bounds what one `read_inbox` holds in memory."""
+    inbox_batch_bytes: int = DEFAULT_INBOX_BATCH_BYTES
+    """`read_inbox` stops adding items once their payloads reach this many bytes (it always
+    returns at least one): a drain holds at most this plus one payload, whatever `limit`."""
     pool_size: int = 4
     """Pool size of an engine the store creates (`open`); an engine handed in keeps its own."""
     schema: str | None = None
@@ -94,7 +111,13 @@ class StoreConfig:
             raise InvalidValue("StoreConfig.pool_size must be an int")
         if self.pool_size < 1:
             raise InvalidValue("StoreConfig.pool_size must be at least 1")
-        for flag in ("inbox_listen", "transaction_pooler"):
+        for name in ("max_payload_bytes", "inbox_batch_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidValue(f"StoreConfig.{name} must be an int")
+            if value < 1:
+                raise InvalidValue(f"StoreConfig.{name} must be at least 1")
+        for flag in ("inbox_listen", "transaction_pooler", "require_durable", "full_sync"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidValue(f"StoreConfig.{flag} must be a bool")
         if self.schema is not None:

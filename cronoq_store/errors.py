@@ -9,6 +9,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from .durability import Durability
     from .model import LostCommits
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "Fenced",
     "InvalidValue",
     "LeaderRowMissing",
+    "NotDurable",
     "SchemaError",
     "StoreError",
     "StoreUnavailable",
@@ -83,3 +85,14 @@ class InvalidValue(StoreError, ValueError):
 
 class CorruptValue(StoreError, ValueError):
     """A stored value cannot be decoded; recovery quarantines the row that holds it."""
+
+
+class NotDurable(StoreError):
+    """The server can lose a commit it acknowledged, on a crash, and the store was told to
+    refuse such a server (`StoreConfig(require_durable=True)`). Nothing was written; the
+    message names the settings, `durability` holds what was read."""
+
+    def __init__(self, message: str, *, durability: Durability) -> None:
+        super().__init__(message)
+        self.durability = durability
+        """The settings read and the ones that make the server unsafe."""

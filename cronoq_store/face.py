@@ -36,9 +36,16 @@ from sqlalchemy import URL, Connection, Engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
-from . import codec, dialects, execution, inbox, leadership, lease, telemetry
+from . import codec, dialects, durability, execution, inbox, leadership, lease, telemetry
 from .config import StoreConfig
-from .errors import DatabaseBehind, Fenced, InvalidValue, StoreError, StoreUnavailable
+from .errors import (
+    DatabaseBehind,
+    Fenced,
+    InvalidValue,
+    NotDurable,
+    StoreError,
+    StoreUnavailable,
+)
 from .model import INT64_MAX, InboxItem, Mutation, Recovered, TaskId, TimeBase
 from .repository import commit, folding, prune, recovery
 
@@ -296,6 +303,7 @@ Op = Literal[
     "read_inbox",
     "set_aside",
     "has_items",
+    "durability",
 ]
 """Every transaction a store runs, by name."""
 
@@ -317,9 +325,42 @@ KINDS: Final[Mapping[Op, Kind]] = MappingProxyType(
         "read_inbox": Kind.READ,
         "set_aside": Kind.WRITE,
         "has_items": Kind.READ,
+        "durability": Kind.READ,  # once, at open: never on a commit's path
     }
 )
 """What kind of transaction each operation runs: the one table both faces read."""
+
+
+def read_durability(conn: Connection) -> durability.Durability:
+    """What the server `conn` reaches does with a commit (`durability.classify`)."""
+    return durability.classify(dialects.name(conn.dialect), dialects.durability_settings(conn))
+
+
+def judge_durability(found: durability.Durability | StoreError, config: StoreConfig) -> None:
+    """At `open`: refuse an unsafe server when `config.require_durable`, else say so once (a
+    WARNING naming the settings). `found` is the error when the settings could not be read
+    (a server that refuses to show them): raised with `require_durable` (nothing vouches for
+    the server), else a WARNING; an unreachable server (`StoreUnavailable`) is raised."""
+    if isinstance(found, StoreError):
+        if config.require_durable or isinstance(found, StoreUnavailable):
+            raise found
+        log.warning("could not read what the server does with a commit: %s", found)
+        return
+    if found.safe:
+        return
+    what = found.summary()
+    if config.require_durable:
+        raise NotDurable(
+            f"this database can lose acknowledged commits on a crash: {what}; refused because "
+            "StoreConfig.require_durable is set (docs/guarantees.md, 'Durability')",
+            durability=found,
+        )
+    log.warning(
+        "this database can lose acknowledged commits on a crash: %s (docs/guarantees.md, "
+        "'Durability'; StoreConfig(require_durable=True) refuses such a server)",
+        what,
+        extra={"durable": False, "unsafe": [u.setting for u in found.unsafe]},
+    )
 
 
 class Tx(NamedTuple):
@@ -524,6 +565,9 @@ class Face(Generic[E, K, C, H]):
         self._callbacks: list[C] = []
         self.inbox_rejected = 0
         """Undecodable inbox rows this instance has set aside."""
+        self.durability: durability.Durability | None = None
+        """What the server does with a commit, as `open` read it (None until read: a store
+        made on an app's engine reads it with `read_durability`)."""
         self._telemetry = telemetry.Telemetry(dialects.name(self.engine.dialect))
         # PostgreSQL wakes `wait_inbox` by LISTEN on a connection of its own; elsewhere (and
         # behind a transaction pooler, which delivers no notification, or when told) it polls.
@@ -666,7 +710,13 @@ class Face(Generic[E, K, C, H]):
             seq, acked = self._leadership.next_commit()
         # A batch's rows are all kept until written: collector passes meanwhile find no garbage.
         with execution.collection_paused():
-            folded = folding.fold(base, self._now(), batch, self._inbox_specs)
+            folded = folding.fold(
+                base,
+                self._now(),
+                batch,
+                self._inbox_specs,
+                max_payload=self.config.max_payload_bytes,
+            )
         checked = folding.checked_outputs(outputs)
         # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
         # that as "no id left below 2**63").
@@ -748,14 +798,24 @@ class Face(Generic[E, K, C, H]):
         # The commit that drains these items copies their columns instead of encoding them
         # again; only the last read's are kept.
         self._inbox_specs = stored = codec.StoredSpecs(base)
+        budget = self.config.inbox_batch_bytes
         while True:
             n = limit - len(items)
             got: inbox.Read = yield Step(
                 "read_inbox",
-                partial(inbox.read, base=base, limit=n, after=after, stored=stored),
+                partial(
+                    inbox.read,
+                    base=base,
+                    limit=n,
+                    after=after,
+                    stored=stored,
+                    budget=budget,
+                    max_payload=self.config.max_payload_bytes,
+                ),
             )
             items += got.items
-            if not got.bad:
+            budget -= sum(len(item.spec.payload) for item in got.items)
+            if not got.bad or budget <= 0:
                 return items
             now = self._now()
             self._set_aside(

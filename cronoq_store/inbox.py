@@ -25,6 +25,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import (
+    BigInteger,
     BindParameter,
     Connection,
     Delete,
@@ -45,8 +46,10 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import Session
 
 from . import codec, dialects, execution
+from .config import DEFAULT_MAX_PAYLOAD
 from .errors import CorruptValue, InvalidValue, SchemaError
 from .model import InboxItem, TaskSpec, TimeBase
+from .repository.folding import check_payload
 from .schema import check_schema_name, inbox, inbox_rejects
 
 if TYPE_CHECKING:  # sync users never import the asyncio extension
@@ -180,12 +183,31 @@ def last_rowid_stmt() -> Select[Any]:
 
 
 @cache
-def oldest_stmt(*, after: bool) -> Select[Any]:
-    """The oldest inbox rows (above `after`), in id order."""
-    stmt = select(inbox.c.id, inbox.c.enqueued_unix_ns, *(inbox.c[n] for n in codec.SPEC_COLUMNS))
+def oldest_stmt(*, after: bool, budget: bool = False) -> Select[Any]:
+    """The oldest inbox rows (above `after`), in id order, at most `limit`; with `budget`,
+    only as many as start within `budget` bytes of payload (the first always does): the
+    sizes of the `limit` oldest are summed in id order first (`length` reads no payload on
+    PostgreSQL, whose sizes are in the TOAST header), so a read holds at most the budget and
+    one more payload, whatever `limit`."""
+    columns = (inbox.c.id, inbox.c.enqueued_unix_ns, *(inbox.c[n] for n in codec.SPEC_COLUMNS))
+    if not budget:
+        stmt = select(*columns)
+        if after:
+            stmt = stmt.where(inbox.c.id > bindparam("after"))
+        return stmt.order_by(inbox.c.id).limit(bindparam("limit"))
+    size = func.coalesce(func.length(inbox.c.payload), 0)
+    oldest = select(inbox.c.id, size.label("size"))
     if after:
-        stmt = stmt.where(inbox.c.id > bindparam("after"))
-    return stmt.order_by(inbox.c.id).limit(bindparam("limit"))
+        oldest = oldest.where(inbox.c.id > bindparam("after"))
+    next_rows = oldest.order_by(inbox.c.id).limit(bindparam("limit")).subquery("cronoq_next")
+    before = func.sum(next_rows.c.size).over(order_by=next_rows.c.id) - next_rows.c.size
+    sized = select(next_rows.c.id, before.label("before")).subquery("cronoq_sized")
+    return (
+        select(*columns)
+        .join_from(inbox, sized, sized.c.id == inbox.c.id)
+        .where(sized.c.before < bindparam("budget", type_=BigInteger()))
+        .order_by(inbox.c.id)
+    )
 
 
 @cache
@@ -235,12 +257,23 @@ def rejects_stmt() -> Select[Any]:
 # Enqueueing, in the caller's transaction.
 
 
-def _rows(specs: Iterable[TaskSpec]) -> list[dict[str, Any]]:
-    """The inbox rows of `specs`; refuses (`InvalidValue`) any that cannot be stored."""
+MAX_PAYLOAD_SETTING: Final = (
+    "enqueue's max_payload_bytes; the store's StoreConfig.max_payload_bytes"
+)
+
+
+def _rows(specs: Iterable[TaskSpec], max_payload: int | None) -> list[dict[str, Any]]:
+    """The inbox rows of `specs`; refuses (`InvalidValue`) any that cannot be stored, or
+    whose payload is longer than `max_payload`."""
+    if max_payload is not None and (
+        not isinstance(max_payload, int) or isinstance(max_payload, bool) or max_payload < 1
+    ):
+        raise InvalidValue("max_payload_bytes must be a positive int or None")
     rows = []
     for i, spec in enumerate(specs):
         if not isinstance(spec, TaskSpec):
             raise InvalidValue(f"specs[{i}] must be a TaskSpec, not {type(spec).__name__}")
+        check_payload(spec.payload, max_payload, MAX_PAYLOAD_SETTING)
         rows.append(codec.spec_columns(UNIX, spec))
     return rows
 
@@ -402,6 +435,7 @@ def enqueue(
     *,
     schema: str | None = None,
     notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> int:
     """Write `spec` into the inbox in the caller's transaction.
 
@@ -421,20 +455,26 @@ def enqueue(
         schema: The PostgreSQL schema (MySQL database) of the store's tables, if any: the
             store's `StoreConfig.schema`.
         notify: PostgreSQL: wake a listening leader when the transaction commits (above).
+        max_payload_bytes: The longest payload accepted (`InvalidValue` past it): the
+            store's `StoreConfig.max_payload_bytes` (16 MiB by default), whose leader sets
+            aside an item longer than its own; None accepts any.
 
     Returns:
         The item's inbox id.
 
     Raises:
-        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
-            type (before anything is written).
+        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
+            among them), a bad `schema`, or `conn` of another type (before anything is
+            written).
         SchemaError: No cronoq inbox table where the statement looked: the message names
             the schema searched (usually a store in a schema and no `schema=`).
         StoreUnavailable: The database could not be reached (the caller's transaction
             is then the caller's to roll back).
         StoreError: Anything else the database refused; never a driver exception.
     """
-    return enqueue_many(conn, [spec], schema=schema, notify=notify)[0]
+    return enqueue_many(
+        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
+    )[0]
 
 
 def enqueue_many(
@@ -443,6 +483,7 @@ def enqueue_many(
     *,
     schema: str | None = None,
     notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[int]:
     """`enqueue` for several specs at once (all or none).
 
@@ -451,20 +492,22 @@ def enqueue_many(
         specs: The tasks, in order.
         schema: The schema of the store's tables, as for `enqueue`.
         notify: As for `enqueue`.
+        max_payload_bytes: As for `enqueue`.
 
     Returns:
         Their inbox ids, in order.
 
     Raises:
-        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
-            type (before anything is written).
+        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
+            among them), a bad `schema`, or `conn` of another type (before anything is
+            written).
         SchemaError: No cronoq inbox table where the statement looked: the message names
             the schema searched (usually a store in a schema and no `schema=`).
         StoreUnavailable: The database could not be reached (the caller's transaction
             is then the caller's to roll back).
         StoreError: Anything else the database refused; never a driver exception.
     """
-    rows = _rows(specs)
+    rows = _rows(specs, max_payload_bytes)
     options = _options(schema)
     return _write_or_explain(_connection(conn), rows, options, notify=_notify(notify))
 
@@ -481,6 +524,7 @@ async def enqueue_async(
     *,
     schema: str | None = None,
     notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> int:
     """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`.
 
@@ -489,20 +533,25 @@ async def enqueue_async(
         spec: The task to create once a leader drains the inbox.
         schema: The schema of the store's tables, as for `enqueue`.
         notify: As for `enqueue`.
+        max_payload_bytes: As for `enqueue`.
 
     Returns:
         The item's inbox id.
 
     Raises:
-        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
-            type (before anything is written).
+        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
+            among them), a bad `schema`, or `conn` of another type (before anything is
+            written).
         SchemaError: No cronoq inbox table where the statement looked: the message names
             the schema searched (usually a store in a schema and no `schema=`).
         StoreUnavailable: The database could not be reached (the caller's transaction
             is then the caller's to roll back).
         StoreError: Anything else the database refused; never a driver exception.
     """
-    return (await enqueue_many_async(conn, [spec], schema=schema, notify=notify))[0]
+    ids = await enqueue_many_async(
+        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
+    )
+    return ids[0]
 
 
 async def enqueue_many_async(
@@ -511,6 +560,7 @@ async def enqueue_many_async(
     *,
     schema: str | None = None,
     notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[int]:
     """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`.
 
@@ -519,13 +569,15 @@ async def enqueue_many_async(
         specs: The tasks, in order.
         schema: The schema of the store's tables, as for `enqueue`.
         notify: As for `enqueue`.
+        max_payload_bytes: As for `enqueue`.
 
     Returns:
         Their inbox ids, in order.
 
     Raises:
-        InvalidValue: A spec that cannot be stored, a bad `schema`, or `conn` of another
-            type (before anything is written).
+        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
+            among them), a bad `schema`, or `conn` of another type (before anything is
+            written).
         SchemaError: No cronoq inbox table where the statement looked: the message names
             the schema searched (usually a store in a schema and no `schema=`).
         StoreUnavailable: The database could not be reached (the caller's transaction
@@ -534,7 +586,7 @@ async def enqueue_many_async(
     """
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-    rows = _rows(specs)
+    rows = _rows(specs, max_payload_bytes)
     options = _options(schema)
     notify = _notify(notify)
     if isinstance(conn, AsyncSession):
@@ -568,16 +620,24 @@ def read(
     limit: int,
     after: int | None,
     stored: codec.StoredSpecs | None = None,
+    budget: int | None = None,
+    max_payload: int | None = None,
 ) -> Read:
-    """The oldest `limit` rows above `after`, decoded under `base` (times shift from Unix);
-    each spec's columns remembered in `stored`, for the commit that drains it."""
+    """The oldest `limit` rows above `after` (as many as start within `budget` bytes of
+    payload, when given: `oldest_stmt`), decoded under `base` (times shift from Unix); each
+    spec's columns remembered in `stored`, for the commit that drains it. A row whose payload
+    is longer than `max_payload` is bad (set aside, as an undecodable one): a commit would
+    refuse its task, and every drain after it."""
     items: list[InboxItem] = []
     bad: list[dict[str, Any]] = []
     last: int | None = None
     params: dict[str, Any] = {"limit": limit}
     if after is not None:
         params["after"] = after
-    rows = execution.run_stmt(conn, oldest_stmt(after=after is not None), params).rows
+    if budget is not None:
+        params["budget"] = budget
+    stmt = oldest_stmt(after=after is not None, budget=budget is not None)
+    rows = execution.run_stmt(conn, stmt, params).rows
     spec_dict, item = codec.spec_dict, codec.inbox_item
     # Plain tuples from the driver (SQLAlchemy's rows and psycopg's fetchone per row cost as
     # much as decoding the spec), the spec's columns made a dict once.
@@ -587,6 +647,11 @@ def read(
             columns = spec_dict(values)
             try:
                 spec = codec.spec_from_values(base, *values)
+                if max_payload is not None and len(spec.payload) > max_payload:
+                    raise CorruptValue(
+                        f"payload of {len(spec.payload)} bytes, over this store's "
+                        f"StoreConfig.max_payload_bytes ({max_payload})"
+                    )
             except CorruptValue as exc:
                 row = {"id": inbox_id, "enqueued_unix_ns": enqueued, **columns, "reason": str(exc)}
                 bad.append(row)

@@ -17,7 +17,7 @@ from typing import Any, Final
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
-from . import codec, dialects, inbox, lease, migrate
+from . import codec, dialects, durability, inbox, lease, migrate
 from .errors import CorruptValue
 from .model import INT64_MAX, INT64_MIN, TaskStatus, TimeBase
 from .repository import operators, recovery
@@ -100,6 +100,30 @@ def server(conn: Connection) -> dict[str, Any] | None:
     }
 
 
+def durability_view(conn: Connection) -> dict[str, Any] | None:
+    """What the server does with a commit (`durability`), read live; None where the server
+    refuses to tell (then the transaction is rolled back, as in `server`).
+
+    On SQLite `synchronous` is a setting of each connection, which every process sets from
+    its `StoreConfig.full_sync`: a reader's own says nothing of the leader's, so it is left
+    out (unknown) and a note says so."""
+    try:
+        settings = dialects.durability_settings(conn)
+    except sa_exc.DBAPIError:
+        conn.rollback()
+        return None
+    dialect = dialects.name(conn.dialect)
+    if dialect == "sqlite":
+        settings["synchronous"] = None
+    view = durability.classify(dialect, settings).as_dict()
+    if dialect == "sqlite":
+        view["note"] = (
+            "synchronous is set by each process on its own connections: FULL unless its "
+            "StoreConfig.full_sync is off (then a power loss can lose the last commits)"
+        )
+    return view
+
+
 def database_size(conn: Connection, schema: str | None) -> int | None:
     """The database's size in bytes, or None where the server refuses to tell (then the
     transaction is rolled back, as in `server`)."""
@@ -175,6 +199,7 @@ def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dic
     dialect = dialects.name(conn.dialect)
     waiting = inbox.depth(conn)
     role = server(conn)
+    durable = durability_view(conn)
     lost = recovery.lost_commits(conn)
     backlog = prune_backlog(conn, cutoff(retention))
     data: dict[str, Any] = {
@@ -191,6 +216,8 @@ def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dic
     }
     if role is not None:
         data["server"] = role
+    if durable is not None:
+        data["durability"] = durable
     if lost is not None:
         data["lost_commits"] = dataclasses.asdict(lost)
     return data

@@ -28,6 +28,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine
 
 from . import execution, face, inbox, leadership, lease, migrate
 from .config import MAX_WAIT, StoreConfig
+from .durability import Durability
 from .errors import (
     DatabaseBehind,
     Fenced,
@@ -107,10 +108,19 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
                 what to install and write).
             StoreUnavailable: The database cannot be reached.
             SchemaError: The schema is newer than this build, or (migration off) not at head.
+            NotDurable: With `StoreConfig.require_durable`, a server that can lose an
+                acknowledged commit on a crash (nothing written). Without it, `open` logs one
+                WARNING naming the settings instead.
         """
         config = config or StoreConfig()
         store = cls._owning(engine_for(url_or_path, config), config)
         try:
+            found: Durability | StoreError
+            try:
+                found = store.read_durability()
+            except StoreError as exc:
+                found = exc
+            face.judge_durability(found, config)
             if config.migrate:
                 store.migrate()
             elif check_schema:
@@ -119,6 +129,19 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             store._raw_engine.dispose()
             raise
         return store
+
+    def read_durability(self) -> Durability:
+        """Read what the server does with a commit (one round trip; `open` does it once, and
+        keeps it as `durability`). Never on a commit's path.
+
+        Returns:
+            The settings read, whether they are `safe`, and those that are not.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
+        self.durability = self._run("durability", face.read_durability)
+        return self.durability
 
     def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes).

@@ -127,6 +127,7 @@ def scenario(store: Any, url: URL) -> list[Outcome]:
     op("is_leader", lambda: store.is_leader)
     op("wait_leadership_lost", lambda: store.wait_leadership_lost(0))
     op("check_schema", store.check_schema)
+    op("read_durability", lambda: store.read_durability().as_dict())
     op("migrate", store.migrate)
     op("commit_unled", lambda: store.commit(1, BASE, [submit(1)]))
     op("acquire_leadership", lambda: store.acquire_leadership(timeout=30))
@@ -172,6 +173,7 @@ OPERATIONS = {
     "migrate",
     "on_leadership_lost",
     "prune",
+    "read_durability",
     "read_inbox",
     "recover",
     "release_leadership",

@@ -34,6 +34,7 @@ PUBLIC = (
     "testing",
     "demo",
     "inbox",
+    "durability",
 )
 # The store's inside, and the commands whose interface is the CLI (docs/cli.md).
 INTERNAL = (

@@ -374,15 +374,20 @@ def test_token(db_url: URL, store: SqlStore) -> None:
             page = get(client, path, 401).text
             assert 'name="token"' in page and 'type="password"' in page
             assert "held by" not in page and "k2" not in page
-            get(client, path, 401, headers={"Authorization": f"Bearer {token}x"})
             get(client, path, 401, headers={"Authorization": f"Basic {token}"})
-            # The cookie carries a value derived from the token, never the token itself.
+            # The cookie carries a session id, never the token itself.
             get(client, path, 401, headers={"Cookie": f"{web_app.COOKIE}={token}"})
             get(client, path, 200, headers={"Authorization": f"Bearer {token}"})
+        # A wrong bearer token makes its client wait before the next try (test_web_shield).
+        get(client, "/", 401, headers={"Authorization": f"Bearer {token}x"})
+        get(client, "/", 429, headers={"Authorization": f"Bearer {token}"})
+        wait_for_no_backoff(client)
         get(client, "/static/dashboard.css")  # public: the login page uses it
         assert 'id="wrong-token"' in client.post("/login", data={"token": "nope"}).text
+        wait_for_no_backoff(client)
         assert client.post("/login", data={"token": "nope"}).status_code == 401
         assert not client.cookies
+        wait_for_no_backoff(client)
         response = client.post("/login", data={"token": token})
         assert response.status_code == 303 and response.headers["location"] == "/"
         set_cookie = response.headers["set-cookie"].lower()
@@ -391,6 +396,18 @@ def test_token(db_url: URL, store: SqlStore) -> None:
         assert "held by" in get(client, "/").text  # the cookie now logs every page in
         assert get(client, "/logout", 200, follow_redirects=True).url.path == "/login"
         get(client, "/", 401)
+
+
+def wait_for_no_backoff(client: httpx.Client, bound_s: float = 60.0) -> None:
+    """Wait out the client's login backoff (`shield.Throttle`), as its Retry-After says."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        probe = client.post("/login", content=b"x" * (web_app.LOGIN_BODY_MAX + 1))
+        if probe.status_code != 429:  # past the wait: the oversized body is refused unchecked
+            assert probe.status_code == 413, probe.text
+            return
+        assert time.monotonic() < deadline, "the backoff did not end"
+        time.sleep(min(0.1, float(probe.headers["retry-after"])))
 
 
 def test_no_password_on_error_pages(tmp_path: Path) -> None:

@@ -59,7 +59,8 @@ def print_table(result: BenchResult, file: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    console = Console(file=file or sys.stdout, width=150)
+    # No styles: `cronoq-store` shows escape sequences as text (cli.output.visible_streams).
+    console = Console(file=file or sys.stdout, width=150, color_system=None)
     table = RichTable(
         title=f"cronoq-store bench: {result.tasks} tasks, median of {result.runs} pairs",
         caption="ratio = store / raw, median of the per-pair ratios (min-max); "

@@ -20,7 +20,7 @@ import click
 from ..errors import StoreError
 from .demo import demo_cmd
 from .migrations import current, downgrade, history, known_revisions, upgrade
-from .output import duration_option, parse_duration, schema_option
+from .output import duration_option, parse_duration, schema_option, visible_streams
 from .status import show, status, tasks_cmd
 from .target import Target, failure, one_line, open_database, shown, shown_target
 from .upkeep import lease_group, prune
@@ -73,6 +73,12 @@ class CronoqGroup(click.Group):
             if importlib.util.find_spec(target.split(":")[0]) is not None:
                 names.add(name)
         return sorted(names)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line with control characters shown, not sent, in everything it
+        prints, error messages included (`output.visible_streams`)."""
+        with visible_streams():
+            return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; whatever escapes it becomes one line on stderr and status 1.

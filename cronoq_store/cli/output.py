@@ -1,14 +1,27 @@
-"""How commands print: rich tables for people, JSON for scripts; durations and schemas read
-from the command line."""
+r"""How commands print: rich tables for people, JSON for scripts; durations and schemas read
+from the command line.
+
+Task fields are written by whoever can enqueue, and printed on an operator's terminal, where
+an escape sequence is an instruction: it can forge or hide lines, draw a fake hyperlink (OSC
+8), set the title, or write the clipboard (OSC 52). So nothing the CLI prints reaches the
+terminal raw: every command runs with `visible_streams`, which shows each control character
+(C0 but the line feed, DEL, C1, the bidirectional overrides) as an escape such as `\x1b`,
+whoever wrote it (a table, a line, an error message). Inside a value a line feed is data, not
+layout: `visible` shows it as `\n` too, where values become text (`cells`, `field_lines`).
+Rich never reads markup in a value (`[red]` prints as it is), and prints no styles of its own.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Final
+from typing import Final, TextIO
 
 import click
 from rich.console import Console
@@ -18,16 +31,95 @@ from rich.text import Text
 from ..errors import InvalidValue
 from ..schema import check_schema_name
 
+_CONTROLS: Final = (*range(0x20), 0x7F, *range(0x80, 0xA0))
+_BIDI: Final = (0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+ESCAPES: Final[dict[int, str]] = {
+    **{c: f"\\x{c:02x}" for c in _CONTROLS},
+    **{c: f"\\u{c:04x}" for c in _BIDI},
+    0x09: "\\t",
+    0x0A: "\\n",
+    0x0D: "\\r",
+}
+"""What `visible` writes for each character a terminal would act on instead of showing."""
+LINE_ESCAPES: Final = {c: e for c, e in ESCAPES.items() if c != 0x0A}
+"""`ESCAPES` but the line feed: what `visible_streams` leaves of the CLI's own layout."""
+JSON_ESCAPES: Final = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0), *_BIDI)}
+"""What `json.dumps` leaves raw that a terminal acts on, as JSON's own escapes."""
+
+
+def visible(text: str) -> str:
+    r"""`text` with every control character shown as an escape (`\x1b`, `\n`, `\u202e`)."""
+    return text.translate(ESCAPES)
+
+
+class VisibleWriter(io.TextIOBase):
+    """A text stream that shows control characters (`LINE_ESCAPES`) and writes the rest to
+    `inner`: what `visible_streams` puts in place of stdout and stderr."""
+
+    def __init__(self, inner: TextIO) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):  # click tells text from binary streams this way
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self.inner.write(text.translate(LINE_ESCAPES))
+        return len(text)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.inner, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return getattr(self.inner, "errors", None) or "strict"
+
+
+@contextlib.contextmanager
+def visible_streams() -> Iterator[None]:
+    """Within the block, stdout and stderr show control characters instead of sending them
+    (`VisibleWriter`): the one gate every command's output passes (`CronoqGroup.main`)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = VisibleWriter(out), VisibleWriter(err)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        sys.stdout, sys.stderr = out, err
+
 
 def console(*, stderr: bool = False) -> Console:
-    """A console on the current stdout (or stderr), without guessed highlighting.
+    """A console on the current stdout (or stderr), without guessed highlighting, and without
+    styles (escape sequences `visible_streams` would show as text).
 
     Piped into a file or another program, tables get 160 columns rather than rich's 80, so
     they are not squeezed (COLUMNS still wins).
     """
     stream = sys.stderr if stderr else sys.stdout
     wide = stream.isatty() or "COLUMNS" in os.environ
-    return Console(stderr=stderr, highlight=False, width=None if wide else 160)
+    return Console(stderr=stderr, highlight=False, color_system=None, width=None if wide else 160)
+
+
+def progress_console() -> Console:
+    """A console on stderr past `visible_streams`' gate, for a progress bar: it redraws with
+    control codes, and shows only the CLI's own text (counts, never a task's field)."""
+    stream = sys.stderr
+    inner: TextIO = stream.inner if isinstance(stream, VisibleWriter) else stream
+    return Console(file=inner, highlight=False)
 
 
 def print_table(out: Console, grid: Table) -> None:
@@ -38,13 +130,24 @@ def print_table(out: Console, grid: Table) -> None:
 
 
 def echo_json(data: object) -> None:
-    """`data` as indented JSON on stdout."""
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    """`data` as indented JSON on stdout: exact, and nothing in it a terminal acts on (JSON
+    escapes C0 itself; DEL, C1 and the bidirectional overrides get `\\u` escapes here)."""
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False).translate(JSON_ESCAPES))
 
 
 def cells(*values: object) -> list[Text]:
-    """Table cells as plain text: a pool named "[red]x" is shown, not taken for markup."""
-    return [Text("" if v is None else str(v)) for v in values]
+    """Table cells as plain text: a pool named "[red]x" is shown, not taken for markup, and
+    control characters, line feeds included, are shown as escapes (`visible`)."""
+    return [Text("" if v is None else visible(str(v))) for v in values]
+
+
+def field_lines(fields: Iterable[tuple[str, object]]) -> list[str]:
+    """`name  value` lines, names aligned, None as "-", each value one line (`visible`)."""
+    pairs = list(fields)
+    width = max((len(name) for name, _ in pairs), default=0)
+    return [
+        f"{name:<{width}}  {'-' if value is None else visible(str(value))}" for name, value in pairs
+    ]
 
 
 MESSAGE_WIDTH: Final = 40

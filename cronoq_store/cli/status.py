@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .. import inspection
 from ..model import INT64_MAX, INT64_MIN, TaskStatus
-from .output import cells, console, duration_option, echo_json, print_table, short
+from .output import cells, console, duration_option, echo_json, field_lines, print_table, short
 from .target import Target, open_database
 
 
@@ -47,6 +47,15 @@ def _server_text(server: Mapping[str, Any]) -> str:
         f"primary, synchronous standbys {names!r} ({server['synchronous_standbys_connected']} "
         f"connected), synchronous_commit {commit}"
     )
+
+
+def _durability_text(view: Mapping[str, Any]) -> str:
+    """`status`'s durability line: safe, or which settings can lose acknowledged commits."""
+    if view["safe"]:
+        known = ", ".join(f"{k}={v}" for k, v in view["settings"].items() if v is not None)
+        return f"safe ({known}): an acknowledged commit survives a crash"
+    unsafe = "; ".join(f"{u['setting']}={u['value']} ({u['why']})" for u in view["unsafe"])
+    return f"NOT SAFE: a crash can lose acknowledged commits: {unsafe}"
 
 
 def _prometheus(data: Mapping[str, Any]) -> str:
@@ -159,6 +168,8 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
     click.echo(f"size       {inspection.size_text(data['size_bytes'])}")
     if "server" in data:
         click.echo(f"server     {_server_text(data['server'])}")
+    if "durability" in data:
+        click.echo(f"durable    {_durability_text(data['durability'])}")
     click.echo(f"lease      {lease_text(data['lease'])}")
     if "lost_commits" in data:
         click.echo(f"lost       {_lost_text(data['lost_commits'])}")
@@ -304,6 +315,5 @@ def show(target: Target, ref: str, by_key: bool, as_json: bool) -> None:
             for name, value in spec.items()
             if value
         ]
-    width = max(len(name) for name, _ in lines)
-    for name, value in lines:
-        click.echo(f"{name:<{width}}  {'-' if value is None else value}")
+    for line in field_lines(lines):
+        click.echo(line)

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import inspection, lease
 from ..face import translated
 from ..repository.prune import PRUNE_BATCH, prune_batch
-from .output import console, duration_option, echo_json
+from .output import duration_option, echo_json, progress_console
 from .status import lease_text
 from .target import Target, open_database
 
@@ -50,7 +50,7 @@ def prune(
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=console(stderr=True),
+                console=progress_console(),
             )
             with progress:
                 bar = progress.add_task("prune", total=total)

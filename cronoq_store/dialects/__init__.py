@@ -35,6 +35,7 @@ from .statements import database_exists as database_exists
 from .statements import database_size_stmt as database_size_stmt
 from .statements import db_now_ns as db_now_ns
 from .statements import delete_joins as delete_joins
+from .statements import durability_settings as durability_settings
 from .statements import host_now_ns as host_now_ns
 from .statements import insert_ignoring as insert_ignoring
 from .statements import mysql_collation as mysql_collation

@@ -264,3 +264,39 @@ def read_only_sql(dialect: Dialect) -> str | None:
     if which in ("postgresql", "mysql"):
         return "SET TRANSACTION READ ONLY"
     return None
+
+
+PG_DURABILITY: Final = ("fsync", "synchronous_commit", "full_page_writes")
+"""PostgreSQL's settings that decide whether a crash can take back an acknowledged commit."""
+MYSQL_DURABILITY: Final = (
+    "innodb_flush_log_at_trx_commit",
+    "innodb_doublewrite",
+    "log_bin",
+    "sync_binlog",
+    "wsrep_on",
+)
+"""MariaDB/MySQL's: InnoDB's flush and doublewrite, the binary log's sync, Galera."""
+
+
+def durability_settings(conn: Connection) -> dict[str, str | None]:
+    """The settings `durability.classify` judges, as the server reports them to this session
+    (PostgreSQL: `current_setting`, so a per-database or per-role `synchronous_commit` shows;
+    MySQL: the global variables, in one `SHOW`, which lists only those the server has, so a
+    server without Galera has no `wsrep_on`; SQLite: this connection's pragmas, `synchronous`
+    being per connection). One round trip on the servers; nothing is changed."""
+    which = name(conn.dialect)
+    if which == "postgresql":
+        row = conn.execute(select(*(func.current_setting(s) for s in PG_DURABILITY))).one()
+        return {s: str(v) for s, v in zip(PG_DURABILITY, row, strict=True)}
+    if which == "mysql":
+        names = ", ".join(f"'{s}'" for s in MYSQL_DURABILITY)  # constants, no input
+        rows = conn.exec_driver_sql(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})").all()
+        found = {str(k).lower(): str(v) for k, v in rows}
+        return {s: found.get(s) for s in MYSQL_DURABILITY}
+    journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+    sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()
+    levels = {0: "off", 1: "normal", 2: "full", 3: "extra"}
+    return {
+        "journal_mode": None if journal is None else str(journal),
+        "synchronous": None if sync is None else levels.get(int(sync), str(sync)),
+    }

@@ -101,14 +101,29 @@ def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
     return rows
 
 
+def check_payload(payload: bytes, max_bytes: int | None, setting: str) -> None:
+    """Refuse (`InvalidValue`, naming `setting`) a payload longer than `max_bytes`."""
+    if max_bytes is not None and len(payload) > max_bytes:
+        raise InvalidValue(
+            f"TaskSpec.payload is {len(payload)} bytes; at most {max_bytes} are accepted "
+            f"({setting}): keep large data in the app's own storage and pass a reference"
+        )
+
+
+MAX_PAYLOAD_SETTING: Final = "StoreConfig.max_payload_bytes"
+
+
 def fold(
     base: TimeBase,
     now_unix_ns: int,
     batch: Iterable[Mutation],
     stored: codec.StoredSpecs | None = None,
+    *,
+    max_payload: int | None = None,
 ) -> Folded:
-    """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write.
-    A spec of `stored` (read from the inbox) keeps the columns it was read from."""
+    """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write,
+    a payload longer than `max_payload` included (`StoreConfig.max_payload_bytes`). A spec of
+    `stored` (read from the inbox) keeps the columns it was read from."""
     columns = codec.spec_columns if stored is None else stored.columns
     out = Folded()
     inserts, updates = out.inserts, out.updates
@@ -116,6 +131,7 @@ def fold(
         if isinstance(m, Submitted):
             if m.id in inserts:
                 continue
+            check_payload(m.spec.payload, max_payload, MAX_PAYLOAD_SETTING)
             row = columns(base, m.spec)
             row["id"] = m.id
             row["seq"] = m.seq
@@ -140,6 +156,8 @@ def fold(
         elif isinstance(m, InboxTaken):
             out.inbox_taken[m.inbox_id] = None
         else:
+            if isinstance(m, RecurringUpsert):
+                check_payload(m.spec.template.payload, max_payload, MAX_PAYLOAD_SETTING)
             out.recurring.append(m)
     for row in inserts.values():
         row["live_key"] = None if row["terminal"] else row["key"]

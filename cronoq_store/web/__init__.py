@@ -56,6 +56,14 @@ def is_loopback(host: str) -> bool:
     show_default=True,
     help="Seconds between the overview's refreshes.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this Host name (repeatable); the --host address and "
+    "localhost always are, any other name is refused (421: DNS rebinding).",
+)
 @click.pass_obj
 def web_cmd(
     target: cli.Target,
@@ -64,6 +72,7 @@ def web_cmd(
     token: str | None,
     retention: timedelta,
     refresh: float,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve a read-only dashboard of the database (overview, tasks, schedules, inbox).
 
@@ -93,6 +102,8 @@ def web_cmd(
             retention=retention,
             refresh_s=refresh,
             database=cli.shown(target.parsed()),
+            bound=host,
+            allowed_hosts=allowed_hosts,
         )
         sock = listening_socket(host, port)
         port = sock.getsockname()[1]  # the one the system chose for --port 0

@@ -7,9 +7,8 @@ nothing but a cookie. Each page reads in one read-only transaction on its own co
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -20,7 +19,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 from starlette.applications import Starlette
-from starlette.datastructures import MutableHeaders
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -30,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import cli, dialects
 from ..errors import StoreError
 from ..model import INT64_MAX, INT64_MIN
-from . import views
+from . import shield, views
 
 T = TypeVar("T")
 
@@ -53,24 +52,29 @@ LOGIN_BODY_MAX: Final = 4096
 STATIC: Final = Path(__file__).parent / "static"
 
 
-def session_value(token: str) -> str:
-    """The login cookie's value: derived from the token, so the cookie is not the token."""
-    return hmac.new(token.encode(), b"cronoq-store web session", hashlib.sha256).hexdigest()
-
-
 def _same(given: str, expected: str) -> bool:
     """Constant-time comparison (the time taken says nothing about how much matched)."""
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
 class Guard:
-    """The outermost layer: security headers on every response, 405 for every method but GET
-    and HEAD (the login POST aside), and the token check when a token is set."""
+    """The layer inside the Host check (`shield.AllowedHosts`): security headers on every
+    response, 405 for every method but GET and HEAD (the login POST aside), and the token
+    check when a token is set (a live session's cookie, or the bearer token)."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, templates: Environment) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        templates: Environment,
+        sessions: shield.Sessions | None = None,
+        throttle: shield.Throttle | None = None,
+    ) -> None:
         self.app = app
         self.token = token or None
-        self.session = None if self.token is None else session_value(self.token)
+        self.sessions = sessions or shield.Sessions()
+        self.throttle = throttle or shield.Throttle()
         self.templates = templates
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -93,9 +97,8 @@ class Guard:
                 status_code=405,
                 headers={"Allow": "GET, HEAD"},
             )
-        elif self.token is not None and not self._public(path) and not self._authorized(scope):
-            page = self.templates.get_template("login.html").render(wrong=False)
-            response = HTMLResponse(page, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        elif self.token is not None and not self._public(path):
+            response = self._refusal(scope)
         if response is not None:
             await response(scope, receive, send_secured)
             return
@@ -105,21 +108,36 @@ class Guard:
     def _public(path: str) -> bool:
         return path == "/login" or path.startswith("/static/")
 
-    def _authorized(self, scope: Scope) -> bool:
-        assert self.token is not None and self.session is not None
-        headers = dict(
-            (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]
-        )
+    def _refusal(self, scope: Scope) -> Response | None:
+        """None when the request may see the page: a live session's cookie, or the right
+        bearer token (a wrong one counts against its client, as a wrong login does: a try
+        within the client's wait is refused unchecked, 429)."""
+        assert self.token is not None
+        headers = Headers(scope=scope)
+        if self.sessions.valid(session_id(headers)):
+            return None
         scheme, _, given = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and _same(given.strip(), self.token):
-            return True
-        cookie = SimpleCookie()
-        try:
-            cookie.load(headers.get("cookie", ""))
-        except Exception:  # a malformed Cookie header is no login
-            return False
-        morsel = cookie.get(COOKIE)
-        return morsel is not None and _same(morsel.value, self.session)
+        if scheme.lower() == "bearer":
+            client = shield.client_of(scope)
+            if (wait := self.throttle.wait_s(client)) > 0:
+                return shield.too_many(wait)
+            if _same(given.strip(), self.token):
+                self.throttle.succeeded(client)
+                return None
+            self.throttle.failed(client)
+        page = self.templates.get_template("login.html").render(wrong=False)
+        return HTMLResponse(page, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+def session_id(headers: Headers) -> str | None:
+    """The session id the login cookie carries, if any (a malformed Cookie header: none)."""
+    cookie = SimpleCookie()
+    try:
+        cookie.load(headers.get("cookie", ""))
+    except Exception:
+        return None
+    morsel = cookie.get(COOKIE)
+    return None if morsel is None else morsel.value
 
 
 class Unavailable(Exception):
@@ -192,13 +210,18 @@ def create_app(
     retention: timedelta = timedelta(hours=1),
     refresh_s: float = 3.0,
     database: str | None = None,
+    bound: str = "127.0.0.1",
+    allowed_hosts: Sequence[str] = (),
 ) -> ASGIApp:
     """The dashboard over the store behind `engine` (migrated, at head).
 
     `token`, when set, is required on every page (bearer header or the login form's cookie).
     `database` is how the database is named on the pages (never with a password; the
-    engine's URL, redacted, by default).
+    engine's URL, redacted, by default). Only requests for the Host `bound` (the address
+    served), `localhost` or one of `allowed_hosts` are answered (`shield.AllowedHosts`).
     """
+    sessions = shield.Sessions()
+    throttle = shield.Throttle()
     templates = Environment(
         loader=PackageLoader("cronoq_store.web", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -266,20 +289,32 @@ def create_app(
             return RedirectResponse("/", status_code=303)
         if request.method != "POST":
             return login_page(200, wrong=False)
-        body = await request.body()
-        fields: Mapping[str, list[str]] = (
-            parse_qs(body.decode("utf-8", "replace")) if len(body) <= LOGIN_BODY_MAX else {}
-        )
+        client = shield.client_of(request.scope)
+        if (wait := throttle.wait_s(client)) > 0:
+            return shield.too_many(wait)
+        try:
+            body = await shield.read_limited(request, LOGIN_BODY_MAX)
+        except shield.BodyTooLarge:
+            return shield.too_large(LOGIN_BODY_MAX)
+        fields: Mapping[str, list[str]] = parse_qs(body.decode("utf-8", "replace"))
         given = (fields.get("token") or [""])[0]
         if not _same(given, token):
+            throttle.failed(client)
             return login_page(401, wrong=True)
+        throttle.succeeded(client)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
-            COOKIE, session_value(token), httponly=True, samesite="strict", path="/"
+            COOKIE,
+            sessions.issue(),
+            max_age=int(sessions.ttl_s),
+            httponly=True,
+            samesite="strict",
+            path="/",
         )
         return response
 
     def logout(request: Request) -> Response:
+        sessions.revoke(session_id(request.headers))
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(COOKIE, path="/")
         return response
@@ -301,4 +336,5 @@ def create_app(
         ],
         exception_handlers={Unavailable: unavailable},
     )
-    return Guard(app, token=token, templates=templates)
+    guarded = Guard(app, token=token, templates=templates, sessions=sessions, throttle=throttle)
+    return shield.AllowedHosts(guarded, bound=bound, names=allowed_hosts, headers=SECURITY_HEADERS)

@@ -26,20 +26,20 @@ import logging
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, MetaData, inspect, select
 from sqlalchemy.schema import CreateSchema
 
-from . import dialects, galera
+from . import builds, dialects, galera
 from .errors import SchemaError, StoreError
 from .repository import recovery
-from .schema import check_schema_name
+from .schema import check_schema_name, leader
 
 log = logging.getLogger(__name__)
 
@@ -151,20 +151,60 @@ def _is_known(rev: str) -> bool:
         return False
 
 
-def require_known(rev: str) -> None:
+HISTORY: Final = "`cronoq-store history` lists the revisions this build knows"
+
+
+def require_known(rev: str, *, floor: int | None = None) -> None:
     """Refuse (`SchemaError`) a revision this build does not know: a newer cronoq-store
-    migrated the database."""
+    migrated the database. `floor` is the database's `oldest_writer`, when it was read: the
+    message names that release."""
     if not _is_known(rev):
+        floor_text = ""
+        if floor:
+            floor_text = f" (the oldest build that may write it: {builds.decode(floor)})"
         raise SchemaError(
             f"the database is at schema revision {rev!r}, which this build of cronoq-store "
-            f"does not know (its newest is {head_revision()!r}): the schema is newer than "
-            "this cronoq-store; upgrade cronoq-store"
+            f"({builds.VERSION}, newest revision {head_revision()!r}) does not know: a newer "
+            f"cronoq-store migrated it{floor_text}; run that build or a newer one ({HISTORY})"
         )
+
+
+def require_target(revision: str) -> None:
+    """Refuse (`SchemaError`) a target revision this build does not know, before any database
+    is touched: an upgrade to it could only fail half-way."""
+    if revision in ("head", "heads", "base"):
+        return
+    try:
+        ScriptDirectory.from_config(alembic_config()).get_revisions(revision)
+    except CommandError:
+        raise SchemaError(
+            f"no schema revision {revision!r} in this build of cronoq-store ({builds.VERSION}, "
+            f"newest revision {head_revision()!r}); nothing was done ({HISTORY})"
+        ) from None
+
+
+def oldest_writer_floor(conn: Connection, schema: str | None) -> int | None:
+    """The database's `cronoq_leader.oldest_writer` (`builds.encode`d), or None where the
+    column is not there (before 0006) or the row is missing. Only reads."""
+    columns = {c["name"] for c in _columns(conn, leader.name, schema)}
+    if "oldest_writer" not in columns:
+        return None
+    table = leader if not schema else leader.to_metadata(MetaData(), schema=schema)
+    value = conn.execute(select(table.c.oldest_writer).where(table.c.id == 1)).scalar()
+    return None if value is None else int(value)
+
+
+def _columns(conn: Connection, table: str, schema: str | None) -> list[Any]:
+    inspector = inspect(conn)
+    if not inspector.has_table(table, schema=schema):
+        return []
+    return list(inspector.get_columns(table, schema=schema))
 
 
 def _check_known(conn: Connection, schema: str | None) -> None:
     for rev in _heads(conn, schema):
-        require_known(rev)
+        if not _is_known(rev):
+            require_known(rev, floor=oldest_writer_floor(conn, schema))
 
 
 @contextlib.contextmanager
@@ -181,6 +221,7 @@ def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
 
 
 def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> int | None:
+    require_target(revision)
     if schema is not None:
         check_schema_name(schema)  # before any DDL: a bad name must not leave half a schema
     restored = None
@@ -300,6 +341,17 @@ def current_revision(bind: Engine | Connection, *, schema: str | None = None) ->
     return heads[0] if heads else None
 
 
+def _floor(bind: Engine | Connection, schema: str | None) -> int | None:
+    """`oldest_writer_floor` for a refusal's message: None when it cannot be read."""
+    try:
+        if isinstance(bind, Engine):
+            with bind.connect() as conn:
+                return oldest_writer_floor(conn, schema)
+        return oldest_writer_floor(bind, schema)
+    except Exception:  # the message is the refusal's, not this read's
+        return None
+
+
 MIGRATE_FIRST: Final = (
     "migrate it first (`cronoq-store upgrade`, or SqlStore.open with StoreConfig(migrate=True))"
 )
@@ -343,7 +395,8 @@ def require_head(
         return
     if rev is None:
         raise SchemaError(f"{missing()}: {advice}")
-    require_known(rev)
+    if not _is_known(rev):
+        require_known(rev, floor=_floor(bind, schema))
     raise SchemaError(
         f"the database is at schema revision {rev!r}, behind this build's {head!r}: {advice}"
     )

@@ -179,6 +179,9 @@ leader = Table(
     Column("lost_commits", BigInteger),
     Column("lost_unix_ns", BigInteger),
     # What the leader that found such a gap recorded, for the next recovery to report.
+    Column("oldest_writer", BigInteger, nullable=False, server_default=text("0")),
+    # The oldest release that may write this schema (`builds.encode`d); the lease statements
+    # of every build match only while it is at most their own (`cronoq_store.builds`).
     CheckConstraint("id = 1", name="single_row"),
     **MYSQL_TABLE_ARGS,
 )

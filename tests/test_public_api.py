@@ -44,6 +44,7 @@ INTERNAL = (
     "lease",
     "leadership",
     "ddl",
+    "builds",  # the rule of which build may write a schema (docs/deploying.md)
     "galera",
     "execution",
     "wire",  # how `execution` sends a PostgreSQL flight

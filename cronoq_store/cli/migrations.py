@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from alembic.script import ScriptDirectory
 
-from .. import migrate
+from .. import builds, migrate
 from .target import Target, errors, hint, open_database, shown
 
 
@@ -20,6 +20,8 @@ def known_revisions() -> set[str]:
 @click.pass_obj
 def upgrade(target: Target, revision: str) -> None:
     """Migrate the database to REVISION (default: head); safe to run from many hosts at once."""
+    with errors(shown(target.parsed())):
+        migrate.require_target(revision)  # before a SQLite file is created
     with open_database(target, write=True, create=True, need_schema=False) as store:
         before = migrate.current_revision(store.engine, schema=target.schema)
         restored = migrate.upgrade(store.engine, revision, schema=target.schema)
@@ -71,10 +73,15 @@ def current(target: Target, check: bool) -> None:
 
 @click.command()
 def history() -> None:
-    """List the migrations this build ships, newest first (no database needed)."""
+    """List the migrations this build ships, newest first (no database needed), each with its
+    class: online (it runs while the previous release serves; the oldest release that may
+    write the schema after it, "writers 0.1.0+"), or needs the old build stopped."""
     script = ScriptDirectory.from_config(migrate.alembic_config())
     for rev in script.walk_revisions():
         down = rev.down_revision
         parent = "<base>" if down is None else ", ".join([down] if isinstance(down, str) else down)
         mark = " (head)" if rev.is_head else ""
-        click.echo(f"{parent} -> {rev.revision}{mark}: {rev.doc}")
+        kind = builds.migration_class(rev.revision)
+        if kind == builds.ONLINE:
+            kind = f"{kind}, writers {builds.oldest_writer(rev.revision)}+"
+        click.echo(f"{parent} -> {rev.revision}{mark} [{kind}]: {rev.doc}")

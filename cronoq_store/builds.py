@@ -4,11 +4,12 @@ Every revision module declares, at its top, `OLDEST_WRITER` (the oldest release 
 cronoq-store whose code still writes rows this revision's schema and every newer build read
 right) and `CLASS` (`ONLINE`: it runs while the old build serves; `STOPS_OLD_BUILD`: the old
 build must be stopped first). Since revision 0006 the database records the floor in
-`cronoq_leader.oldest_writer`, as one number (`encode`): each migration raises it to its own
-`OLDEST_WRITER`, never lowers it.
+`cronoq_writers.oldest_writer`, as one number (`encode`): each migration raises it to its own
+`OLDEST_WRITER` (`raise_oldest_writer`), never lowers it.
 
 Enforced at no extra cost on the hot path: the lease's take, renewal and fence statements match
-only while `oldest_writer <= this build` (a constant in their text), so a build a migration
+only while `oldest_writer <= this build` (a scalar subquery of theirs, this build a constant in
+their text), so a build a migration
 outdated is fenced off at its next commit or renewal, and the diagnosis, which reads the row
 anyway, names both versions (`refusal`). A build starts (`SqlStore.open`) only on its own head
 revision; on a newer one its refusal names the floor too.
@@ -119,7 +120,7 @@ def refusal(floor: int, *, revision: str | None = None) -> str:
 
 
 def raise_oldest_writer(version: str) -> None:
-    """From a revision's `upgrade()`, after its schema changes: raise the lease row's floor to
+    """From a revision's `upgrade()`, after its schema changes: raise the database's floor to
     `version` (its `OLDEST_WRITER`), never lower it. Safe to run again after a kill."""
     import sqlalchemy as sa
     from alembic import op
@@ -127,7 +128,7 @@ def raise_oldest_writer(version: str) -> None:
     from . import ddl
 
     floor = encode(version)
-    row = sa.table("cronoq_leader", sa.column("oldest_writer"), schema=ddl.schema())
+    row = sa.table("cronoq_writers", sa.column("oldest_writer"), schema=ddl.schema())
     op.execute(
         row.update()
         .where(row.c.oldest_writer < sa.literal_column(str(floor)))

@@ -76,7 +76,7 @@ class LeaderRowMissing(Fenced, SchemaError):
 
 class BuildTooOld(Fenced, SchemaError):
     """A migration made this database's schema one this build may no longer write: its
-    `cronoq_leader.oldest_writer` is newer than this build (`cronoq_store.builds`).
+    `cronoq_writers.oldest_writer` is newer than this build (`cronoq_store.builds`).
 
     A `Fenced` (a leader that meets it at a commit or renewal steps down, having written
     nothing) and a `SchemaError` (nothing to retry: deploy the newer build). The message names

@@ -47,7 +47,7 @@ from . import builds, codec, execution, leadership
 from .dialects import db_now_ns
 from .errors import BuildTooOld, DatabaseBehind, Fenced, LeaderRowMissing
 from .model import LostCommits
-from .schema import leader
+from .schema import leader, writers
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def lease_view(conn: Connection) -> Row[Any]:
 def peek_stmt() -> Select[Any]:
     """`lease_view_stmt` and the schema's oldest writer: what a standby looks at before it
     tries to take the lease."""
-    return lease_view_stmt().add_columns(leader.c.oldest_writer)
+    return lease_view_stmt().add_columns(_oldest_writer().label("floor"))
 
 
 def may_take(conn: Connection, *, holder: str) -> bool:
@@ -130,8 +130,8 @@ def may_take(conn: Connection, *, holder: str) -> bool:
     row = conn.execute(peek_stmt()).one_or_none()
     if row is None:
         raise LeaderRowMissing()
-    if int(row.oldest_writer) > builds.BUILD:
-        raise BuildTooOld(builds.refusal(int(row.oldest_writer)), floor=int(row.oldest_writer))
+    if int(row.floor) > builds.BUILD:
+        raise BuildTooOld(builds.refusal(int(row.floor)), floor=int(row.floor))
     return bool(row.holder is None or row.holder == holder or row.expires_unix_ns <= row.now)
 
 
@@ -158,14 +158,22 @@ def epoch_stmt() -> Select[Any]:
 def diagnosis_stmt() -> Select[Any]:
     """Why a fence or renewal matched nothing: the row as it is."""
     return select(
-        leader.c.epoch, leader.c.holder, leader.c.commit_seq, leader.c.oldest_writer
+        leader.c.epoch, leader.c.holder, leader.c.commit_seq, _oldest_writer().label("floor")
     ).where(leader.c.id == 1)
 
 
+def _oldest_writer() -> ColumnElement[int]:
+    """The schema's oldest writer (`cronoq_writers`; 0 without its row), as a scalar subquery
+    of the statement that needs it."""
+    floor = select(writers.c.oldest_writer).where(writers.c.id == 1).scalar_subquery()
+    return func.coalesce(floor, 0)
+
+
 def _writable() -> ColumnElement[bool]:
-    """The schema lets this build write: its `oldest_writer` is at most this build
-    (`cronoq_store.builds`). A constant in the statement's text: no parameter, no round trip."""
-    return leader.c.oldest_writer <= literal_column(str(builds.BUILD))
+    """The schema lets this build write: its oldest writer is at most this build
+    (`cronoq_store.builds`). In the statement itself, this build a constant in its text: no
+    parameter, no round trip."""
+    return _oldest_writer() <= literal_column(str(builds.BUILD))
 
 
 def _held() -> ColumnElement[bool]:
@@ -317,8 +325,8 @@ def _diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
     row = conn.execute(diagnosis_stmt()).one_or_none()
     if row is None:
         raise LeaderRowMissing()
-    if int(row.oldest_writer) > builds.BUILD:
-        raise BuildTooOld(builds.refusal(int(row.oldest_writer)), floor=int(row.oldest_writer))
+    if int(row.floor) > builds.BUILD:
+        raise BuildTooOld(builds.refusal(int(row.floor)), floor=int(row.floor))
     missing = acked - int(row.commit_seq)
     if row.epoch == epoch and row.holder == holder:
         if missing <= 0:

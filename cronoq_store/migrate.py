@@ -26,20 +26,20 @@ import logging
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine, MetaData, inspect, select
+from sqlalchemy import Connection, Engine, MetaData, insert, inspect, select
 from sqlalchemy.schema import CreateSchema
 
 from . import builds, dialects, galera
 from .errors import SchemaError, StoreError
 from .repository import recovery
-from .schema import check_schema_name, leader
+from .schema import check_schema_name, writers
 
 log = logging.getLogger(__name__)
 
@@ -184,21 +184,21 @@ def require_target(revision: str) -> None:
 
 
 def oldest_writer_floor(conn: Connection, schema: str | None) -> int | None:
-    """The database's `cronoq_leader.oldest_writer` (`builds.encode`d), or None where the
-    column is not there (before 0006) or the row is missing. Only reads."""
-    columns = {c["name"] for c in _columns(conn, leader.name, schema)}
-    if "oldest_writer" not in columns:
+    """The database's oldest writer (`cronoq_writers`, `builds.encode`d), or None where the
+    table (before 0006) or its row is not there. Only reads."""
+    if not inspect(conn).has_table(writers.name, schema=schema):
         return None
-    table = leader if not schema else leader.to_metadata(MetaData(), schema=schema)
+    table = writers if not schema else writers.to_metadata(MetaData(), schema=schema)
     value = conn.execute(select(table.c.oldest_writer).where(table.c.id == 1)).scalar()
     return None if value is None else int(value)
 
 
-def _columns(conn: Connection, table: str, schema: str | None) -> list[Any]:
-    inspector = inspect(conn)
-    if not inspector.has_table(table, schema=schema):
-        return []
-    return list(inspector.get_columns(table, schema=schema))
+def _restore_writers_row(conn: Connection, schema: str | None) -> None:
+    """Put back the oldest-writer row someone deleted, at this build's head's floor."""
+    if oldest_writer_floor(conn, schema) is not None:
+        return
+    table = writers if not schema else writers.to_metadata(MetaData(), schema=schema)
+    conn.execute(insert(table).values(id=1, oldest_writer=builds.head_floor()))
 
 
 def _check_known(conn: Connection, schema: str | None) -> None:
@@ -237,6 +237,7 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
                 if action == "upgrade":
                     command.upgrade(cfg, revision)
                     if _heads(conn, schema) == (head_revision(),):
+                        _restore_writers_row(conn, schema)
                         restored = _restore_leader_row(conn, schema)
                 else:
                     command.downgrade(cfg, revision)

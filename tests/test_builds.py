@@ -29,7 +29,7 @@ from cronoq_store import (
     migrate,
 )
 from cronoq_store.cli import main
-from cronoq_store.schema import leader, tasks
+from cronoq_store.schema import leader, tasks, writers
 
 
 def _as_release_0_1_0_finished(engine: Engine, *ids: int) -> None:
@@ -72,7 +72,7 @@ def test_old_release_rows_are_recovered_and_queried(store: SqlStore) -> None:
 def _raise_floor(engine: Engine, version: str) -> None:
     """What a later release's migration does: raise the oldest build that may write."""
     with engine.begin() as conn:
-        conn.execute(update(leader).values(oldest_writer=builds.encode(version)))
+        conn.execute(update(writers).values(oldest_writer=builds.encode(version)))
 
 
 def test_versions_encode_in_order() -> None:

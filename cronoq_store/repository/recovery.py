@@ -33,7 +33,7 @@ from sqlalchemy import (
     update,
 )
 
-from .. import builds, codec, dialects, execution
+from .. import codec, dialects, execution
 from ..errors import CorruptValue
 from ..model import (
     INT64_MAX,
@@ -324,7 +324,6 @@ def restore_leader_row(conn: Connection) -> int | None:
         return None
     stored = [i for i in conn.execute(stored_ids_stmt()).one() if i is not None]
     next_id = min(max(stored) + 1, INT64_MAX) if stored else 0
-    row = LEADER_ROW | {"next_id": next_id, "oldest_writer": builds.head_floor()}
-    conn.execute(insert(leader).values(row))
+    conn.execute(insert(leader).values(LEADER_ROW | {"next_id": next_id}))
     log.warning("restored the missing leader row (cronoq_leader id = 1); next id %s", next_id)
     return next_id

@@ -30,6 +30,7 @@ __all__ = [
     "oldest_writer",
     "raise_oldest_writer",
     "refusal",
+    "revision_module",
 ]
 
 import re
@@ -73,7 +74,8 @@ BUILD: Final = encode(VERSION)
 """This build, encoded: what the lease statements compare `oldest_writer` with."""
 
 
-def _module(revision: str) -> ModuleType:
+def revision_module(revision: str) -> ModuleType:
+    """The module of `revision` in this build's migrations."""
     from alembic.script import ScriptDirectory
 
     from .migrate import alembic_config
@@ -86,7 +88,7 @@ def _module(revision: str) -> ModuleType:
 
 def oldest_writer(revision: str) -> str:
     """The oldest release that may write the schema at `revision` (its `OLDEST_WRITER`)."""
-    value = getattr(_module(revision), "OLDEST_WRITER", None)
+    value = getattr(revision_module(revision), "OLDEST_WRITER", None)
     if not isinstance(value, str):
         raise ValueError(f"revision {revision!r} declares no OLDEST_WRITER")
     encode(value)
@@ -95,7 +97,7 @@ def oldest_writer(revision: str) -> str:
 
 def migration_class(revision: str) -> str:
     """`ONLINE` or `STOPS_OLD_BUILD`: whether `revision` runs while the old build serves."""
-    value = getattr(_module(revision), "CLASS", None)
+    value = getattr(revision_module(revision), "CLASS", None)
     if value not in CLASSES:
         raise ValueError(f"revision {revision!r} declares no CLASS of {CLASSES}")
     return str(value)

@@ -172,3 +172,67 @@ def test_upgrade_to_an_unknown_revision_touches_nothing(db_url: URL) -> None:
             assert migrate.current_revision(store.engine) is None
     with pytest.raises(SchemaError, match="0099_nope"):
         migrate.upgrade(create_engine(db_url), "0099_nope")
+
+
+def _check(url: str, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["--url", url, "check", *args])
+    return result.exit_code, result.output
+
+
+def test_check_finds_what_is_off_and_says_what_to_run(db_url: URL) -> None:
+    import json
+
+    from sqlalchemy import text
+
+    url = db_url.render_as_string(hide_password=False)
+    assert CliRunner().invoke(main, ["--url", url, "upgrade"]).exit_code == 0
+    code, out = _check(url)
+    assert (code, out) == (
+        0,
+        f"ok: revision {migrate.head_revision()}, as this build (0.2.0) expects\n",
+    )
+    engine = create_engine(db_url)
+    pg = db_url.get_backend_name() == "postgresql"
+    try:
+        with engine.begin() as conn:
+            if db_url.get_backend_name() == "mysql":
+                conn.execute(text("DROP INDEX ix_cronoq_tasks_key_id ON cronoq_tasks"))
+            else:
+                conn.execute(text("DROP INDEX ix_cronoq_tasks_key_id"))
+            if pg:
+                conn.execute(text("ALTER TABLE cronoq_tasks RESET (fillfactor)"))
+        code, out = _check(url, "--json")
+        found = json.loads(out)
+        assert code == 1 and not found["ok"]
+        problems = [f["problem"] for f in found["findings"]]
+        assert "index ix_cronoq_tasks_key_id on cronoq_tasks is missing" in problems
+        fixes = [f["fix"] for f in found["findings"]]
+        if pg:
+            assert any("fillfactor = default (want 50)" in p for p in problems)
+            assert "CREATE INDEX CONCURRENTLY ix_cronoq_tasks_key_id" in fixes[0]
+        # status says it in one line
+        status = CliRunner().invoke(main, ["--url", url, "status"]).output
+        assert "check      index ix_cronoq_tasks_key_id on cronoq_tasks is missing" in status
+        # What it says to run fixes it.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for fix in fixes:
+                conn.execute(text(fix))
+        assert _check(url)[0] == 0
+        if pg:  # an index a failed concurrent build left INVALID (as a killed one does)
+            with SqlStore.open(db_url) as store:
+                store.commit(store.acquire_leadership(), BASE, [submit(1), submit(2)])
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text("DROP INDEX ix_cronoq_tasks_key_id"))
+                with pytest.raises(Exception, match="could not create unique index"):
+                    conn.execute(
+                        text(
+                            "CREATE UNIQUE INDEX CONCURRENTLY ix_cronoq_tasks_key_id "
+                            "ON cronoq_tasks ((1))"
+                        )
+                    )
+            code, out = _check(url)
+            assert code == 1
+            assert "index ix_cronoq_tasks_key_id is INVALID" in out
+            assert "fix: REINDEX INDEX CONCURRENTLY ix_cronoq_tasks_key_id;" in out
+    finally:
+        engine.dispose()

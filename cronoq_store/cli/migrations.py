@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 from alembic.script import ScriptDirectory
 
-from .. import builds, migrate
+from .. import builds, migrate, schemacheck
+from .output import echo_json
 from .target import Target, errors, hint, open_database, shown
 
 
@@ -85,3 +86,22 @@ def history() -> None:
         if kind == builds.ONLINE:
             kind = f"{kind}, writers {builds.oldest_writer(rev.revision)}+"
         click.echo(f"{parent} -> {rev.revision}{mark} [{kind}]: {rev.doc}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.pass_obj
+def check(target: Target, as_json: bool) -> None:
+    """Check the live schema against this build: revision, tables, indexes (missing, or INVALID
+    on PostgreSQL), storage parameters; each finding says what to run. Exit 1 on any."""
+    with open_database(target, need_schema=False) as store, store.engine.connect() as conn:
+        found = schemacheck.check(conn, schema=target.schema)
+    if as_json:
+        echo_json(found)
+    elif found["ok"]:
+        click.echo(f"ok: revision {found['revision']}, as this build ({builds.VERSION}) expects")
+    else:
+        for finding in found["findings"]:
+            click.echo(f"- {finding['problem']}\n  fix: {finding['fix']}")
+    if not found["ok"]:
+        raise SystemExit(1)

@@ -342,7 +342,7 @@ def current_revision(bind: Engine | Connection, *, schema: str | None = None) ->
     return heads[0] if heads else None
 
 
-def _floor(bind: Engine | Connection, schema: str | None) -> int | None:
+def read_floor(bind: Engine | Connection, *, schema: str | None = None) -> int | None:
     """`oldest_writer_floor` for a refusal's message: None when it cannot be read."""
     try:
         if isinstance(bind, Engine):
@@ -397,7 +397,7 @@ def require_head(
     if rev is None:
         raise SchemaError(f"{missing()}: {advice}")
     if not _is_known(rev):
-        require_known(rev, floor=_floor(bind, schema))
+        require_known(rev, floor=read_floor(bind, schema=schema))
     raise SchemaError(
         f"the database is at schema revision {rev!r}, behind this build's {head!r}: {advice}"
     )

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from sqlalchemy import Connection, Index, MetaData, inspect, text
+from sqlalchemy import Connection, Engine, Index, MetaData, inspect, text
 from sqlalchemy.schema import CreateIndex
 
 from . import builds, dialects, migrate
+from .errors import StoreError
 from .schema import TABLES, tasks
 
 STORAGE_REVISION: Final = "0005_finished_index"
@@ -133,12 +134,27 @@ def _storage(conn: Connection, schema: str | None) -> list[dict[str, str]]:
     ]
 
 
-def check(conn: Connection, *, schema: str | None = None) -> dict[str, Any]:
+def check(bind: Engine | Connection, *, schema: str | None = None) -> dict[str, Any]:
     """The findings of the live schema against this build, each with what to run.
 
     Returns:
         `{"ok": bool, "revision": ..., "head": ..., "findings": [{"problem", "fix"}, ...]}`.
+
+    Raises:
+        StoreUnavailable: The database cannot be reached.
     """
+    try:
+        if isinstance(bind, Engine):
+            with bind.connect() as conn:
+                return _check(conn, schema)
+        return _check(bind, schema)
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise dialects.translate(exc) from exc
+
+
+def _check(conn: Connection, schema: str | None) -> dict[str, Any]:
     findings = _revision(conn, schema)
     revision = migrate.current_revision(conn, schema=schema)
     if revision == migrate.head_revision():  # otherwise the upgrade is the fix

@@ -61,12 +61,15 @@ def downgrade(target: Target, revision: str, yes_destroy_data: bool) -> None:
 @click.pass_obj
 def current(target: Target, check: bool) -> None:
     """Print the database's schema revision ("none" before the first upgrade)."""
+    floor = None
     with open_database(target, need_schema=False) as store:
         rev = migrate.current_revision(store.engine, schema=target.schema)
+        if rev is not None and rev not in known_revisions():
+            floor = migrate.read_floor(store.engine, schema=target.schema)
     click.echo(rev or "none")
     if rev is not None:
         with errors(shown(target.parsed())):
-            migrate.require_known(rev)
+            migrate.require_known(rev, floor=floor)
     head = migrate.head_revision()
     if check and rev != head:
         raise click.ClickException(f"not at head {head!r}: run {hint(target, 'upgrade')}")
@@ -94,8 +97,8 @@ def history() -> None:
 def check(target: Target, as_json: bool) -> None:
     """Check the live schema against this build: revision, tables, indexes (missing, or INVALID
     on PostgreSQL), storage parameters; each finding says what to run. Exit 1 on any."""
-    with open_database(target, need_schema=False) as store, store.engine.connect() as conn:
-        found = schemacheck.check(conn, schema=target.schema)
+    with open_database(target, need_schema=False) as store:
+        found = schemacheck.check(store.engine, schema=target.schema)
     if as_json:
         echo_json(found)
     elif found["ok"]:

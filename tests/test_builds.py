@@ -102,6 +102,18 @@ def test_every_revision_declares_its_writer_and_class() -> None:
         assert "[online, writers 0.1.0+]" in line or "[needs the old build stopped" in line
 
 
+def test_floors_never_fall_along_the_history() -> None:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    chain = [rev.revision for rev in script.walk_revisions()][::-1]  # base first
+    floors = [builds.encode(builds.oldest_writer(rev)) for rev in chain]
+    assert floors == sorted(floors)
+    assert builds.head_floor() == floors[-1] <= builds.BUILD
+    for rev in chain:
+        assert builds.migration_class(rev) in builds.CLASSES
+
+
 def test_a_migration_that_outdates_this_build_fences_its_next_commit(store: SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1)])

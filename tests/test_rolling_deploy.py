@@ -23,6 +23,9 @@ from sqlalchemy import URL, create_engine, func, select
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId, TaskStatus, migrate
 from cronoq_store.schema import tasks
 
+# Real processes, as the failover rounds: the range-end runs leave it out.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 LEADER = Path(__file__).resolve().parent / "rolling_leader.py"
 

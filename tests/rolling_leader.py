@@ -3,7 +3,9 @@ tests/test_rolling_deploy.py): it leads and commits until told to stop, then rel
 
 Written against the API both builds share. Usage: rolling_leader.py URL STOP_FILE. Lines out:
 `ready VERSION REVISION`, then `acked N` after each commit (task N submitted, task N - 1
-finished), `error TYPE: MESSAGE` if a commit failed, `bye` after releasing.
+finished), `retry TYPE: MESSAGE` for a commit that failed and is tried again (as an engine
+does: commits are idempotent), `error TYPE: MESSAGE` for one that cannot be (fenced, or failed
+ten times), `bye` after releasing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from pathlib import Path
 
 import cronoq_store
-from cronoq_store import SqlStore, StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
+from cronoq_store import Fenced, SqlStore, StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
 from cronoq_store.migrate import current_revision
 from cronoq_store.testing import BASE
 
@@ -33,11 +35,17 @@ def main(url: str, stop: Path) -> int:
                 batch.append(
                     StatusChanged(id=TaskId(n - 1), status=TaskStatus.SUCCEEDED, attempt=1, at=n)
                 )
-            try:
-                store.commit(epoch, BASE, batch)
-            except Exception as exc:
-                print("error", f"{type(exc).__name__}: {exc}", flush=True)
-                return 3
+            for attempt in range(10):
+                try:
+                    store.commit(epoch, BASE, batch)
+                    break
+                except Exception as exc:
+                    said = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                    if isinstance(exc, Fenced) or attempt == 9:
+                        print("error", said, flush=True)
+                        return 3
+                    print("retry", said, flush=True)
+                    time.sleep(0.05)
             print("acked", n, flush=True)
             time.sleep(0.002)  # a busy leader, not a spinning one: the machine is shared
         return 0

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from builders import BASE, status, wait_until
+from conftest import figures
 from sqlalchemy import URL, create_engine, func, select
 
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId, TaskStatus, migrate
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 LEADER = Path(__file__).resolve().parent / "rolling_leader.py"
+_FIGURES: dict[str, dict[str, object]] = figures("cronoq rolling deploy (0.1.0 leader, this build)")
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,7 @@ class OldLeader:
             )
         self.lines: list[str] = []
         self.acked: list[int] = []
+        self.at: list[float] = []  # when each ack was read (monotonic)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -72,6 +75,7 @@ class OldLeader:
         for line in self.proc.stdout:
             self.lines.append(line.strip())
             if line.startswith("acked "):
+                self.at.append(time.monotonic())
                 self.acked.append(int(line.split()[1]))
 
     def said(self, prefix: str) -> str | None:
@@ -108,8 +112,9 @@ def test_rolling_deploy_from_the_previous_release(
         wait_until(lambda: len(old.acked) >= 20 or old.proc.poll() is not None, "old commits", 60)
 
         # This build migrates the database under the old leader, which keeps committing.
+        began, before = time.monotonic(), len(old.acked)
         migrate.upgrade(engine)
-        upgraded_at = len(old.acked)
+        ended, upgraded_at = time.monotonic(), len(old.acked)
         assert migrate.current_revision(engine) == migrate.head_revision()
         wait_until(
             lambda: len(old.acked) >= upgraded_at + 30 or old.proc.poll() is not None,
@@ -117,6 +122,15 @@ def test_rolling_deploy_from_the_previous_release(
             60,
         )
         assert old.said("error") is None, old.lines[-3:]
+        gaps = [b - a for a, b in zip(old.at, old.at[1:], strict=False) if b > began and a < ended]
+        _FIGURES[db_url.get_backend_name()] = {
+            "upgrade_s": round(ended - began, 3),
+            "old_commits_during_upgrade": upgraded_at - before,
+            "old_worst_gap_during_upgrade_s": round(max(gaps, default=0.0), 3),
+            # Commits of the old leader that failed (a deadlock with the migration on MariaDB,
+            # say) and were tried again: nothing acknowledged is lost either way.
+            "old_commit_retries": sum(line.startswith("retry") for line in old.lines),
+        }
 
         # A standby of this build waits for the lease; the old leader exits and it takes over.
         config = StoreConfig(retention=timedelta(days=3650))  # the kit's times are in 2023
@@ -159,6 +173,11 @@ def test_rolling_deploy_from_the_previous_release(
             new.commit(epoch, BASE, [status(acked[-1], at=10**6)])
             # Pruned: everything finished, whoever finished it.
             assert new.prune(timedelta(0)) == len(acked)
+            _FIGURES[db_url.get_backend_name()] |= {
+                "old_commits": len(acked),
+                "old_commits_after_upgrade": len(acked) - upgraded_at,
+                "old_rows_without_finish_time": unstamped,
+            }
             with engine.connect() as conn:
                 assert conn.execute(select(func.count()).select_from(tasks)).scalar_one() == 0
         assert migrate.current_revision(engine) == migrate.head_revision()

@@ -26,14 +26,14 @@ import logging
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Final
+from typing import Final, TextIO
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine, MetaData, insert, inspect, select
+from sqlalchemy import URL, Connection, Engine, MetaData, insert, inspect, select
 from sqlalchemy.schema import CreateSchema
 
 from . import builds, dialects, galera
@@ -221,7 +221,6 @@ def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
 
 
 def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> int | None:
-    require_target(revision)
     if schema is not None:
         check_schema_name(schema)  # before any DDL: a bad name must not leave half a schema
     restored = None
@@ -237,7 +236,6 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
                 if action == "upgrade":
                     command.upgrade(cfg, revision)
                     if _heads(conn, schema) == (head_revision(),):
-                        _restore_writers_row(conn, schema)
                         restored = _restore_leader_row(conn, schema)
                 else:
                     command.downgrade(cfg, revision)
@@ -267,7 +265,9 @@ def _log_migrated(
 
 
 def _restore_leader_row(conn: Connection, schema: str | None) -> int | None:
-    """Put back a lease row someone deleted (see `repository.recovery.restore_leader_row`)."""
+    """Put back a lease row someone deleted (see `repository.recovery.restore_leader_row`),
+    and the oldest-writer row."""
+    _restore_writers_row(conn, schema)
     if schema:
         conn = conn.execution_options(schema_translate_map={None: schema})
     return recovery.restore_leader_row(conn)
@@ -296,7 +296,35 @@ def upgrade(
         StoreError: A migration the database refused (it rolls back where DDL is
             transactional).
     """
+    require_target(revision)
     return _run(bind, schema, "upgrade", revision)
+
+
+def upgrade_sql(
+    url: URL, revision: str = "head", *, schema: str | None = None, out: TextIO | None = None
+) -> None:
+    """Write the DDL that builds the schema from an empty database up to `revision`, for
+    `url`'s dialect (Alembic's offline mode; no connection is made): what `cronoq-store
+    upgrade --sql` prints for a DBA to apply by hand.
+
+    Raises:
+        SchemaError: A revision this build does not know, or a `schema` (the script is
+            unqualified: run it with the schema first on the search path).
+    """
+    require_target(revision)
+    if schema:
+        raise SchemaError(
+            "--sql writes the tables unqualified: leave out --schema, and run the script with "
+            "the schema first on the search path (PostgreSQL) or as the database (MySQL)"
+        )
+    cfg = alembic_config()
+    cfg.attributes["url"] = url.render_as_string(hide_password=False)
+    if out is not None:
+        cfg.output_buffer = out
+    try:
+        command.upgrade(cfg, f"base:{revision}", sql=True)
+    except CommandError as exc:
+        raise SchemaError(str(exc)) from exc
 
 
 def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = None) -> None:
@@ -312,6 +340,7 @@ def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = 
         SchemaError: The database stands at a revision this build does not know.
         StoreUnavailable: The database cannot be reached.
     """
+    require_target(revision)
     _run(bind, schema, "downgrade", revision)
 
 

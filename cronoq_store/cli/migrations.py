@@ -18,11 +18,21 @@ def known_revisions() -> set[str]:
 
 @click.command()
 @click.argument("revision", default="head")
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the DDL from an empty database to REVISION for the URL's dialect, for a DBA "
+    "to review and apply by hand (psql, mysql, sqlite3); touches no database.",
+)
 @click.pass_obj
-def upgrade(target: Target, revision: str) -> None:
+def upgrade(target: Target, revision: str, as_sql: bool) -> None:
     """Migrate the database to REVISION (default: head); safe to run from many hosts at once."""
     with errors(shown(target.parsed())):
         migrate.require_target(revision)  # before a SQLite file is created
+        if as_sql:
+            migrate.upgrade_sql(target.parsed(), revision, schema=target.schema)
+            return
     with open_database(target, write=True, create=True, need_schema=False) as store:
         before = migrate.current_revision(store.engine, schema=target.schema)
         restored = migrate.upgrade(store.engine, revision, schema=target.schema)

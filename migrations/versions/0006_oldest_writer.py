@@ -46,7 +46,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cronoq_writers")),
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
-        mysql_collate=mysql_collation(op.get_bind().dialect),
+        mysql_collate=mysql_collation(op.get_context().dialect),
     )
     ddl.insert_missing(writers, [{"id": 1, "oldest_writer": 0}])
     builds.raise_oldest_writer(OLDEST_WRITER)

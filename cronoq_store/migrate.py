@@ -164,8 +164,9 @@ def require_known(rev: str, *, floor: int | None = None) -> None:
             floor_text = f" (the oldest build that may write it: {builds.decode(floor)})"
         raise SchemaError(
             f"the database is at schema revision {rev!r}, which this build of cronoq-store "
-            f"({builds.VERSION}, newest revision {head_revision()!r}) does not know: a newer "
-            f"cronoq-store migrated it{floor_text}; run that build or a newer one ({HISTORY})"
+            f"does not know (this build: {builds.VERSION}, newest revision {head_revision()!r}): "
+            f"a newer cronoq-store migrated it{floor_text}; run that build or a newer one "
+            f"({HISTORY})"
         )
 
 

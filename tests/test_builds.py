@@ -153,7 +153,7 @@ def test_a_database_ahead_of_the_build_is_refused_at_open(db_url: URL) -> None:
             SqlStore.open(db_url, config)
         said = str(caught.value)
         assert "'0007_from_the_future'" in said and "may write it: 0.3.0" in said
-        assert "(0.2.0," in said
+        assert "(this build: 0.2.0," in said
         assert "cronoq-store history" in said
     with SqlStore.open(db_url, StoreConfig(migrate=False), check_schema=False) as store:
         assert migrate.current_revision(store.engine) == "0007_from_the_future"

@@ -95,9 +95,8 @@ def history() -> None:
         down = rev.down_revision
         parent = "<base>" if down is None else ", ".join([down] if isinstance(down, str) else down)
         mark = " (head)" if rev.is_head else ""
-        kind = builds.migration_class(rev.revision)
-        if kind == builds.ONLINE:
-            kind = f"{kind}, writers {builds.oldest_writer(rev.revision)}+"
+        kind = f"{builds.migration_class(rev.revision)}, writers "
+        kind += f"{builds.oldest_writer(rev.revision)}+"
         click.echo(f"{parent} -> {rev.revision}{mark} [{kind}]: {rev.doc}")
 
 

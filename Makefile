@@ -35,10 +35,11 @@ demo: venv
 # elsewhere a server that is not there is said by test-servers, its tests skip, and pytest's
 # summary names the dialects that did not run.
 # The replica tests' clusters are dropped when pytest ends, however it ends (the fixture drops
-# them too; this catches a run killed before its teardown).
+# them too; this catches a run killed before its teardown); so is the previous release's source
+# that the rolling-deploy test extracts from git history (scripts/previous-release).
 test: venv
 	scripts/test-servers
-	trap 'scripts/pg-pair clean' EXIT; CRONOQ_REQUIRE_DIALECTS=$${CRONOQ_REQUIRE_DIALECTS:-$${CI:+1}} $(BIN)/pytest
+	trap 'scripts/pg-pair clean; scripts/previous-release clean' EXIT; CRONOQ_REQUIRE_DIALECTS=$${CRONOQ_REQUIRE_DIALECTS:-$${CI:+1}} $(BIN)/pytest
 
 # Each from PyPI by uv, which also resolves the floors (--resolution lowest-direct).
 .venv-lowest/.installed: RANGE_PYTHON = $(PYTHON_LOWEST)

@@ -6,6 +6,7 @@ The public API is what this module re-exports.
 # `AsyncSqlStore` is public too, but it is not in `__all__`: it loads on first use (`__getattr__`
 # below), and `from cronoq_store import *` must not need the asyncio extra.
 __all__ = [
+    "BuildTooOld",
     "ById",
     "ByKey",
     "CorruptValue",
@@ -50,6 +51,8 @@ __all__ = [
     "enqueue_many_async",
 ]
 
+from .builds import VERSION as __version__  # noqa: F401 (the release, as pyproject.toml says)
+from .errors import BuildTooOld as BuildTooOld
 from .errors import CorruptValue as CorruptValue
 from .errors import DatabaseBehind as DatabaseBehind
 from .errors import Fenced as Fenced
@@ -96,8 +99,6 @@ from .store import StoreConfig as StoreConfig
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .aio import AsyncSqlStore as AsyncSqlStore
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:

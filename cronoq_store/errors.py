@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .model import LostCommits
 
 __all__ = [
+    "BuildTooOld",
     "CorruptValue",
     "DatabaseBehind",
     "Fenced",
@@ -73,6 +74,21 @@ class LeaderRowMissing(Fenced, SchemaError):
             "lead or commit: run `cronoq-store upgrade` (or SqlStore.open with migrate on) to "
             "restore it with an id high-water mark above every id still stored"
         )
+
+
+class BuildTooOld(Fenced, SchemaError):
+    """A migration made this database's schema one this build may no longer write: its
+    `cronoq_writers.oldest_writer` is newer than this build (`cronoq_store.builds`).
+
+    A `Fenced` (a leader that meets it at a commit or renewal steps down, having written
+    nothing) and a `SchemaError` (nothing to retry: deploy the newer build). The message names
+    both versions.
+    """
+
+    def __init__(self, message: str, *, floor: int) -> None:
+        super().__init__(message)
+        self.floor = floor
+        """The oldest build that may write the database, encoded (`builds.decode` reads it)."""
 
 
 class InvalidValue(StoreError, ValueError):

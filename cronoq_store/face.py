@@ -769,6 +769,9 @@ class Face(Generic[E, K, C, H]):
         cutoff = self._now() - ns(older_than)
         limit = prune.PRUNE_BATCH
         total = 0
+        # Rows an older build finished without a finish time first (`prune.unstamped_stmt`).
+        while (yield Step("prune", partial(prune.stamp_batch, limit=limit))) == limit:
+            pass
         with self._telemetry.pruning():
             try:
                 while True:

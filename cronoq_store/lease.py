@@ -34,6 +34,7 @@ from sqlalchemy import (
     case,
     func,
     literal,
+    literal_column,
     null,
     or_,
     select,
@@ -42,11 +43,11 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement
 
-from . import codec, execution, leadership
+from . import builds, codec, execution, leadership
 from .dialects import db_now_ns
-from .errors import DatabaseBehind, Fenced, LeaderRowMissing
+from .errors import BuildTooOld, DatabaseBehind, Fenced, LeaderRowMissing
 from .model import LostCommits
-from .schema import leader
+from .schema import leader, writers
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ def take_stmt() -> Update:
         update(leader)
         .where(
             leader.c.id == 1,
+            _writable(),
             or_(
                 leader.c.holder.is_(None),
                 leader.c.holder == bindparam("b_holder"),
@@ -112,12 +114,24 @@ def lease_view(conn: Connection) -> Row[Any]:
     return row
 
 
+@cache
+def peek_stmt() -> Select[Any]:
+    """`lease_view_stmt` and the schema's oldest writer: what a standby looks at before it
+    tries to take the lease."""
+    return lease_view_stmt().add_columns(_oldest_writer().label("floor"))
+
+
 def may_take(conn: Connection, *, holder: str) -> bool:
     """Whether the lease looks free, expired or ours, read without locking anything.
 
     Standbys look before they try: the take itself needs the write lock (all of SQLite's).
+    `BuildTooOld` when a migration made the schema one this build may not write.
     """
-    row = lease_view(conn)
+    row = conn.execute(peek_stmt()).one_or_none()
+    if row is None:
+        raise LeaderRowMissing()
+    if int(row.floor) > builds.BUILD:
+        raise BuildTooOld(builds.refusal(int(row.floor)), floor=int(row.floor))
     return bool(row.holder is None or row.holder == holder or row.expires_unix_ns <= row.now)
 
 
@@ -143,14 +157,31 @@ def epoch_stmt() -> Select[Any]:
 @cache
 def diagnosis_stmt() -> Select[Any]:
     """Why a fence or renewal matched nothing: the row as it is."""
-    return select(leader.c.epoch, leader.c.holder, leader.c.commit_seq).where(leader.c.id == 1)
+    return select(
+        leader.c.epoch, leader.c.holder, leader.c.commit_seq, _oldest_writer().label("floor")
+    ).where(leader.c.id == 1)
+
+
+def _oldest_writer() -> ColumnElement[int]:
+    """The schema's oldest writer (`cronoq_writers`; 0 without its row), as a scalar subquery
+    of the statement that needs it."""
+    floor = select(writers.c.oldest_writer).where(writers.c.id == 1).scalar_subquery()
+    return func.coalesce(floor, 0)
+
+
+def _writable() -> ColumnElement[bool]:
+    """The schema lets this build write: its oldest writer is at most this build
+    (`cronoq_store.builds`). In the statement itself, this build a constant in its text: no
+    parameter, no round trip."""
+    return _oldest_writer() <= literal_column(str(builds.BUILD))
 
 
 def _held() -> ColumnElement[bool]:
     """The lease row while `b_holder` holds it under `b_epoch`, and it holds every commit we
-    acknowledged (`b_acked`)."""
+    acknowledged (`b_acked`), on a schema this build may write."""
     return and_(
         leader.c.id == 1,
+        _writable(),
         leader.c.epoch == bindparam("b_epoch"),
         leader.c.holder == bindparam("b_holder"),
         leader.c.commit_seq >= bindparam("b_acked"),
@@ -294,6 +325,8 @@ def _diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
     row = conn.execute(diagnosis_stmt()).one_or_none()
     if row is None:
         raise LeaderRowMissing()
+    if int(row.floor) > builds.BUILD:
+        raise BuildTooOld(builds.refusal(int(row.floor)), floor=int(row.floor))
     missing = acked - int(row.commit_seq)
     if row.epoch == epoch and row.holder == holder:
         if missing <= 0:

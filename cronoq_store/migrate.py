@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Final
+from typing import Final, TextIO
 
 from alembic import command
 from alembic.config import Config
@@ -34,13 +34,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.script.revision import ResolutionError
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine
+from sqlalchemy import URL, Connection, Engine, MetaData, insert, inspect, select
 from sqlalchemy.schema import CreateSchema
 
-from . import dialects, galera
+from . import builds, dialects, galera
 from .errors import SchemaError, StoreError
 from .repository import recovery
-from .schema import check_schema_name
+from .schema import check_schema_name, writers
 
 log = logging.getLogger(__name__)
 
@@ -152,20 +152,61 @@ def _is_known(rev: str) -> bool:
         return False
 
 
-def require_known(rev: str) -> None:
+HISTORY: Final = "`cronoq-store history` lists the revisions this build knows"
+
+
+def require_known(rev: str, *, floor: int | None = None) -> None:
     """Refuse (`SchemaError`) a revision this build does not know: a newer cronoq-store
-    migrated the database."""
+    migrated the database. `floor` is the database's `oldest_writer`, when it was read: the
+    message names that release."""
     if not _is_known(rev):
+        floor_text = ""
+        if floor:
+            floor_text = f" (the oldest build that may write it: {builds.decode(floor)})"
         raise SchemaError(
             f"the database is at schema revision {rev!r}, which this build of cronoq-store "
-            f"does not know (its newest is {head_revision()!r}): the schema is newer than "
-            "this cronoq-store; upgrade cronoq-store"
+            f"does not know (this build: {builds.VERSION}, newest revision {head_revision()!r}): "
+            f"a newer cronoq-store migrated it{floor_text}; run that build or a newer one "
+            f"({HISTORY})"
         )
+
+
+def require_target(revision: str) -> None:
+    """Refuse (`SchemaError`) a target revision this build does not know, before any database
+    is touched: an upgrade to it could only fail half-way."""
+    if revision in ("head", "heads", "base"):
+        return
+    try:
+        ScriptDirectory.from_config(alembic_config()).get_revisions(revision)
+    except CommandError:
+        raise SchemaError(
+            f"no schema revision {revision!r} in this build of cronoq-store ({builds.VERSION}, "
+            f"newest revision {head_revision()!r}); nothing was done ({HISTORY})"
+        ) from None
+
+
+def oldest_writer_floor(conn: Connection, schema: str | None) -> int | None:
+    """The database's oldest writer (`cronoq_writers`, `builds.encode`d), or None where the
+    table (before 0006) or its row is not there. Only reads."""
+    if not inspect(conn).has_table(writers.name, schema=schema):
+        return None
+    table = writers if not schema else writers.to_metadata(MetaData(), schema=schema)
+    value = conn.execute(select(table.c.oldest_writer).where(table.c.id == 1)).scalar()
+    return None if value is None else int(value)
+
+
+def _restore_writers_row(conn: Connection, schema: str | None) -> None:
+    """Put back the oldest-writer row someone deleted, at this build's head's floor."""
+    if oldest_writer_floor(conn, schema) is not None:
+        return
+    table = writers if not schema else writers.to_metadata(MetaData(), schema=schema)
+    conn.execute(insert(table).values(id=1, oldest_writer=builds.head_floor()))
 
 
 def _check_known(conn: Connection, schema: str | None) -> None:
     for rev in _heads(conn, schema):
-        require_known(rev)
+        if not _is_known(rev):
+            require_known(rev, floor=oldest_writer_floor(conn, schema))
 
 
 @contextlib.contextmanager
@@ -239,7 +280,9 @@ def _log_migrated(
 
 
 def _restore_leader_row(conn: Connection, schema: str | None) -> int | None:
-    """Put back a lease row someone deleted (see `repository.recovery.restore_leader_row`)."""
+    """Put back a lease row someone deleted (see `repository.recovery.restore_leader_row`),
+    and the oldest-writer row."""
+    _restore_writers_row(conn, schema)
     if schema:
         conn = conn.execution_options(schema_translate_map={None: schema})
     return recovery.restore_leader_row(conn)
@@ -268,7 +311,35 @@ def upgrade(
         StoreError: A migration the database refused (it rolls back where DDL is
             transactional).
     """
+    require_target(revision)
     return _run(bind, schema, "upgrade", revision)
+
+
+def upgrade_sql(
+    url: URL, revision: str = "head", *, schema: str | None = None, out: TextIO | None = None
+) -> None:
+    """Write the DDL that builds the schema from an empty database up to `revision`, for
+    `url`'s dialect (Alembic's offline mode; no connection is made): what `cronoq-store
+    upgrade --sql` prints for a DBA to apply by hand.
+
+    Raises:
+        SchemaError: A revision this build does not know, or a `schema` (the script is
+            unqualified: run it with the schema first on the search path).
+    """
+    require_target(revision)
+    if schema:
+        raise SchemaError(
+            "--sql writes the tables unqualified: leave out --schema, and run the script with "
+            "the schema first on the search path (PostgreSQL) or as the database (MySQL)"
+        )
+    cfg = alembic_config()
+    cfg.attributes["url"] = url.render_as_string(hide_password=False)
+    if out is not None:
+        cfg.output_buffer = out
+    try:
+        command.upgrade(cfg, f"base:{revision}", sql=True)
+    except CommandError as exc:
+        raise SchemaError(str(exc)) from exc
 
 
 def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = None) -> None:
@@ -284,6 +355,7 @@ def downgrade(bind: Engine | Connection, revision: str, *, schema: str | None = 
         SchemaError: The database stands at a revision this build does not know.
         StoreUnavailable: The database cannot be reached.
     """
+    require_target(revision)
     _run(bind, schema, "downgrade", revision)
 
 
@@ -312,6 +384,17 @@ def current_revision(bind: Engine | Connection, *, schema: str | None = None) ->
     if len(heads) > 1:
         raise SchemaError(f"the database has several schema heads: {', '.join(heads)}")
     return heads[0] if heads else None
+
+
+def read_floor(bind: Engine | Connection, *, schema: str | None = None) -> int | None:
+    """`oldest_writer_floor` for a refusal's message: None when it cannot be read."""
+    try:
+        if isinstance(bind, Engine):
+            with bind.connect() as conn:
+                return oldest_writer_floor(conn, schema)
+        return oldest_writer_floor(bind, schema)
+    except Exception:  # the message is the refusal's, not this read's
+        return None
 
 
 MIGRATE_FIRST: Final = (
@@ -357,7 +440,8 @@ def require_head(
         return
     if rev is None:
         raise SchemaError(f"{missing()}: {advice}")
-    require_known(rev)
+    if not _is_known(rev):
+        require_known(rev, floor=read_floor(bind, schema=schema))
     raise SchemaError(
         f"the database is at schema revision {rev!r}, behind this build's {head!r}: {advice}"
     )

@@ -18,6 +18,7 @@ __all__ = [
     "recurring",
     "task_deps",
     "tasks",
+    "writers",
 ]
 
 import unicodedata
@@ -184,6 +185,18 @@ leader = Table(
 )
 """The one lease row (id = 1): who leads, under which fencing epoch, until when."""
 
+writers = Table(
+    "cronoq_writers",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("oldest_writer", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="single_row"),
+    **MYSQL_TABLE_ARGS,
+)
+"""One row (id = 1): the oldest release that may write this schema (`builds.encode`d). The
+lease statements of every build from 0.2.0 on match only while it is at most their own
+(`cronoq_store.builds`); each migration raises it."""
+
 LEADER_ROW: Final = {
     "id": 1,
     "epoch": 0,
@@ -223,5 +236,5 @@ inbox_rejects = Table(
 """Inbox rows that could not be decoded, set aside for inspection: the payload as stored and
 the other columns as JSON text, so the rows behind them are still delivered."""
 
-TABLES: Final = (tasks, task_deps, recurring, leader, inbox, inbox_rejects)
+TABLES: Final = (tasks, task_deps, recurring, leader, inbox, inbox_rejects, writers)
 """Every table of the store."""

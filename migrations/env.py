@@ -4,7 +4,8 @@ Runs on a connection handed in through `config.attributes["connection"]` (how
 `cronoq_store.migrate` and apps sharing their engine call it), or else on a URL from
 `-x url=...`, `CRONOQ_DATABASE_URL` or `sqlalchemy.url` in alembic.ini. The version table is
 `cronoq_alembic_version`, so an app's own Alembic history in the same database is untouched, and
-only `cronoq_` tables are compared by autogenerate.
+only `cronoq_` tables are compared by autogenerate. Offline (`--sql`) it prints the DDL for the
+URL's dialect instead, from an empty database.
 """
 
 from __future__ import annotations
@@ -110,6 +111,45 @@ def run_migrations_online() -> None:
         raise SystemExit(f"cronoq migrations failed ({where}): {why}") from None
 
 
+def run_migrations_offline() -> None:
+    """`--sql`: the DDL for the URL's dialect, for a DBA to review and apply by hand to an empty
+    database (`cronoq-store upgrade --sql` passes the URL in `config.attributes["url"]`). No
+    migration lock and no connection: the script runs once, by hand. Every guarded step of
+    `cronoq_store.ddl` assumes nothing exists yet."""
+    url = (
+        config.attributes.get("url")
+        or _option("url", "CRONOQ_DATABASE_URL")
+        or config.get_main_option("sqlalchemy.url")
+    )
+    if not url:
+        raise SystemExit("no database URL for --sql: pass -x url=... or set CRONOQ_DATABASE_URL")
+    parsed = dialects.parse_url(url) if "://" in url else make_url(f"sqlite:///{url}")
+    schema = config.attributes.get("schema") or _option("schema", "CRONOQ_SCHEMA")
+    if schema:
+        raise SystemExit(
+            "--sql writes the tables unqualified: leave out the schema, and run the script "
+            "with the schema first on the search path (PostgreSQL) or as the database (MySQL)"
+        )
+    # MariaDB and MySQL differ (collations); offline nothing can ask the server, so a
+    # mariadb:// URL says which: the MySQL dialect, told it is MariaDB.
+    options: dict[str, Any] = {}
+    if parsed.get_backend_name() == "mariadb":
+        parsed = parsed.set(drivername=parsed.drivername.replace("mariadb", "mysql", 1))
+        options["is_mariadb"] = True
+    context.configure(
+        url=parsed,
+        dialect_opts=options,
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        literal_binds=True,
+        render_as_batch=parsed.get_backend_name() == "sqlite",
+        transaction_per_migration=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
 if context.is_offline_mode():
-    raise SystemExit("cronoq-store migrations run online only (they take a migration lock)")
-run_migrations_online()
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -12,13 +12,19 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from cronoq_store import ddl
+from cronoq_store import builds, ddl
 
 ${imports if imports else ""}
 revision: str = ${repr(up_revision)}
 down_revision: str | Sequence[str] | None = ${repr(down_revision)}
 branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
 depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+
+# Rolling deploys (cronoq_store.builds, docs/deploying.md): the oldest release that may write
+# this schema, and whether this migration runs while that release serves ("online"), or
+# "needs the old build stopped" (then OLDEST_WRITER is the release that ships it).
+OLDEST_WRITER = "0.1.0"
+CLASS = "online"
 
 
 # Every schema change here goes through cronoq_store.ddl (ddl.create_table, ddl.create_index,
@@ -30,6 +36,7 @@ depends_on: str | Sequence[str] | None = ${repr(depends_on)}
 
 def upgrade() -> None:
     ${upgrades if upgrades else "pass"}
+    builds.raise_oldest_writer(OLDEST_WRITER)  # last: it fences builds older than the floor
 
 
 def downgrade() -> None:

@@ -395,7 +395,7 @@ def test_postgresql_schema(db_url: URL) -> None:
 @pytest.mark.sqlite
 def test_history_and_help() -> None:
     out = run(None, "history").stdout
-    assert f"-> {migrate.head_revision()} (head): " in out and "<base> -> " in out
+    assert f"-> {migrate.head_revision()} (head) [online, writers " in out and "<base> -> " in out
     assert "Run the failover demo" in run(None, "demo", "--help").stdout
     assert "demo runs on a SQLite file" in run("postgresql+psycopg://h/db", "demo", code=2).stderr
     listed = run(None, "--help").stdout
@@ -566,6 +566,7 @@ def test_current_prints_an_unknown_revision(db_url: URL) -> None:
     result = run(url, "current", code=1)
     assert result.stdout == "0777_later\n"
     assert "'0777_later', which this build of cronoq-store does not know" in result.stderr
+    assert "cronoq-store history" in result.stderr
 
 
 @pytest.mark.sqlite

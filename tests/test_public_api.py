@@ -45,6 +45,8 @@ INTERNAL = (
     "lease",
     "leadership",
     "ddl",
+    "builds",  # the rule of which build may write a schema (docs/deploying.md)
+    "schemacheck",  # `cronoq-store check`: its interface is the CLI
     "galera",
     "execution",
     "wire",  # how `execution` sends a PostgreSQL flight

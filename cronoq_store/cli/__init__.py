@@ -19,7 +19,7 @@ import click
 
 from ..errors import StoreError
 from .demo import demo_cmd
-from .migrations import current, downgrade, history, known_revisions, upgrade
+from .migrations import check, current, downgrade, history, known_revisions, upgrade
 from .output import duration_option, parse_duration, schema_option, visible_streams
 from .status import show, status, tasks_cmd
 from .target import Target, failure, one_line, open_database, shown, shown_target
@@ -134,6 +134,17 @@ def main(ctx: click.Context, url: str, schema: str | None) -> None:
     ctx.obj = Target(url=url, schema=schema or None)
 
 
-for command in (upgrade, downgrade, current, history, status, tasks_cmd, show, prune, demo_cmd):
+for command in (
+    upgrade,
+    downgrade,
+    current,
+    history,
+    check,
+    status,
+    tasks_cmd,
+    show,
+    prune,
+    demo_cmd,
+):
     main.add_command(command)
 main.add_command(lease_group)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 from alembic.script import ScriptDirectory
 
-from .. import migrate
+from .. import builds, migrate, schemacheck
+from .output import echo_json
 from .target import Target, errors, hint, open_database, shown
 
 
@@ -17,9 +18,21 @@ def known_revisions() -> set[str]:
 
 @click.command()
 @click.argument("revision", default="head")
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the DDL from an empty database to REVISION for the URL's dialect, for a DBA "
+    "to review and apply by hand (psql, mysql, sqlite3); touches no database.",
+)
 @click.pass_obj
-def upgrade(target: Target, revision: str) -> None:
+def upgrade(target: Target, revision: str, as_sql: bool) -> None:
     """Migrate the database to REVISION (default: head); safe to run from many hosts at once."""
+    with errors(shown(target.parsed())):
+        migrate.require_target(revision)  # before a SQLite file is created
+        if as_sql:
+            migrate.upgrade_sql(target.parsed(), revision, schema=target.schema)
+            return
     with open_database(target, write=True, create=True, need_schema=False) as store:
         before = migrate.current_revision(store.engine, schema=target.schema)
         restored = migrate.upgrade(store.engine, revision, schema=target.schema)
@@ -58,12 +71,15 @@ def downgrade(target: Target, revision: str, yes_destroy_data: bool) -> None:
 @click.pass_obj
 def current(target: Target, check: bool) -> None:
     """Print the database's schema revision ("none" before the first upgrade)."""
+    floor = None
     with open_database(target, need_schema=False) as store:
         rev = migrate.current_revision(store.engine, schema=target.schema)
+        if rev is not None and rev not in known_revisions():
+            floor = migrate.read_floor(store.engine, schema=target.schema)
     click.echo(rev or "none")
     if rev is not None:
         with errors(shown(target.parsed())):
-            migrate.require_known(rev)
+            migrate.require_known(rev, floor=floor)
     head = migrate.head_revision()
     if check and rev != head:
         raise click.ClickException(f"not at head {head!r}: run {hint(target, 'upgrade')}")
@@ -71,10 +87,33 @@ def current(target: Target, check: bool) -> None:
 
 @click.command()
 def history() -> None:
-    """List the migrations this build ships, newest first (no database needed)."""
+    """List the migrations this build ships, newest first (no database needed), each with its
+    class: online (it runs while the previous release serves; the oldest release that may
+    write the schema after it, "writers 0.1.0+"), or needs the old build stopped."""
     script = ScriptDirectory.from_config(migrate.alembic_config())
     for rev in script.walk_revisions():
         down = rev.down_revision
         parent = "<base>" if down is None else ", ".join([down] if isinstance(down, str) else down)
         mark = " (head)" if rev.is_head else ""
-        click.echo(f"{parent} -> {rev.revision}{mark}: {rev.doc}")
+        kind = f"{builds.migration_class(rev.revision)}, writers "
+        kind += f"{builds.oldest_writer(rev.revision)}+"
+        click.echo(f"{parent} -> {rev.revision}{mark} [{kind}]: {rev.doc}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.pass_obj
+def check(target: Target, as_json: bool) -> None:
+    """Check the live schema against this build: revision, tables, indexes (missing, or INVALID
+    on PostgreSQL), storage parameters; each finding says what to run. Exit 1 on any."""
+    with open_database(target, need_schema=False) as store:
+        found = schemacheck.check(store.engine, schema=target.schema)
+    if as_json:
+        echo_json(found)
+    elif found["ok"]:
+        click.echo(f"ok: revision {found['revision']}, as this build ({builds.VERSION}) expects")
+    else:
+        for finding in found["findings"]:
+            click.echo(f"- {finding['problem']}\n  fix: {finding['fix']}")
+    if not found["ok"]:
+        raise SystemExit(1)

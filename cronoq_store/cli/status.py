@@ -12,7 +12,7 @@ import click
 from rich import box
 from rich.table import Table
 
-from .. import inspection
+from .. import inspection, schemacheck
 from ..model import INT64_MAX, INT64_MIN, TaskStatus
 from .output import cells, console, duration_option, echo_json, field_lines, print_table, short
 from .target import Target, open_database
@@ -133,6 +133,15 @@ def _lost_text(lost: Mapping[str, Any]) -> str:
     )
 
 
+def schema_check_text(found: Mapping[str, Any]) -> str:
+    """`schemacheck.check`'s verdict in one line: what `cronoq-store check` details."""
+    if found["ok"]:
+        return "ok: tables, indexes and storage as this build expects"
+    first = found["findings"][0]["problem"]
+    more = len(found["findings"]) - 1
+    return f"{first}" + (f" (+{more} more)" if more else "") + ": run `cronoq-store check`"
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts (--format json).")
 @click.option(
@@ -157,6 +166,7 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
     form = "json" if as_json else form
     with open_database(target) as store, store.engine.connect() as conn:
         data = inspection.status(conn, schema=target.schema, retention=retention)
+        data["schema_check"] = schemacheck.check(conn, schema=target.schema)
     if form == "json":
         echo_json(data)
         return
@@ -165,6 +175,7 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
         return
     click.echo(f"database   {data['database']} ({data['dialect']})")
     click.echo(f"schema     {data['revision']} (head)")
+    click.echo(f"check      {schema_check_text(data['schema_check'])}")
     click.echo(f"size       {inspection.size_text(data['size_bytes'])}")
     if "server" in data:
         click.echo(f"server     {_server_text(data['server'])}")

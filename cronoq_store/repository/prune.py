@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Final
 
-from sqlalchemy import Connection, Delete, Select, bindparam, delete, select
+from sqlalchemy import Connection, Delete, Select, Update, bindparam, delete, select, update
 
 from .. import codec, dialects
 from ..schema import task_deps, tasks
@@ -75,6 +75,46 @@ def prune_batch(conn: Connection, cutoff: int, limit: int = PRUNE_BATCH) -> int:
     stmt = prune_stmt(join=dialects.delete_joins(conn.dialect))
     deleted: int = conn.execute(stmt, {"cutoff": cutoff, "limit": limit}).rowcount
     return deleted
+
+
+@cache
+def unstamped_stmt() -> Select[Any]:
+    """Up to `limit` finished tasks without a finish time: what a build older than revision
+    0005 (release 0.1.0) leaves when it finishes a task on the newer schema, which it may
+    (`cronoq_store.builds`). Read off the finished-time index's NULLs, which are the live
+    tasks and these (SQLite must not take `(terminal, id)`, which holds every finished task)."""
+    return (
+        select(tasks.c.id)
+        .where(
+            tasks.c.finished_unix_ns.is_(None),
+            dialects.unindexed(tasks.c.terminal) == True,  # noqa: E712
+        )
+        .limit(bindparam("limit"))
+    )
+
+
+@cache
+def stamp_stmt() -> Update:
+    """Give the tasks `ids` their finish time, as revision 0005's backfill did: when they were
+    last updated (re-checked here, so a task revived meanwhile stays live)."""
+    return (
+        update(tasks)
+        .where(
+            tasks.c.id.in_(bindparam("ids", expanding=True)),
+            tasks.c.finished_unix_ns.is_(None),
+            tasks.c.terminal == True,  # noqa: E712
+        )
+        .values(finished_unix_ns=tasks.c.updated_unix_ns)
+    )
+
+
+def stamp_batch(conn: Connection, limit: int = PRUNE_BATCH) -> int:
+    """Stamp one batch of finished tasks that lack a finish time (`unstamped_stmt`), so prune
+    and the status counts see them; how many were found."""
+    ids = list(conn.execute(unstamped_stmt(), {"limit": limit}).scalars())
+    if ids:
+        conn.execute(stamp_stmt(), {"ids": ids})
+    return len(ids)
 
 
 def vacuum(conn: Connection) -> None:

@@ -15,6 +15,7 @@ from functools import cache
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import (
+    BindParameter,
     Boolean,
     Connection,
     Integer,
@@ -32,7 +33,7 @@ from sqlalchemy import (
     update,
 )
 
-from .. import codec, execution
+from .. import codec, dialects, execution
 from ..errors import CorruptValue
 from ..model import (
     INT64_MAX,
@@ -134,23 +135,28 @@ def quarantine_stmt() -> Update:
 
 @cache
 def finished_stmt() -> Select[Any]:
-    """Finished tasks within retention, and older ones that a live task depends on."""
+    """Finished tasks within retention, and older ones that a live task depends on.
+
+    Also those a build before revision 0005 (release 0.1.0) finished on the newer schema,
+    without a finish time (`prune.unstamped_stmt`): off the finished-time index's NULLs, as
+    recent as their last update.
+    """
     columns = (tasks.c.id, tasks.c.key, tasks.c.status, _RAW_TERMINAL, tasks.c.updated_unix_ns)
-    recent = select(*columns).where(
-        tasks.c.terminal == True,  # noqa: E712
-        tasks.c.finished_unix_ns >= bindparam("cutoff"),
+    needed = or_(
+        tasks.c.id.in_(select(task_deps.c.target_id).where(task_deps.c.target_id.is_not(None))),
+        tasks.c.key.in_(select(task_deps.c.target_key).where(task_deps.c.target_key.is_not(None))),
     )
-    depended = select(*columns).where(
-        tasks.c.terminal == True,  # noqa: E712
-        tasks.c.finished_unix_ns < bindparam("cutoff"),
-        or_(
-            tasks.c.id.in_(select(task_deps.c.target_id).where(task_deps.c.target_id.is_not(None))),
-            tasks.c.key.in_(
-                select(task_deps.c.target_key).where(task_deps.c.target_key.is_not(None))
-            ),
-        ),
+    finished = tasks.c.terminal == True  # noqa: E712
+    unstamped = and_(
+        tasks.c.finished_unix_ns.is_(None),
+        dialects.unindexed(tasks.c.terminal) == True,  # noqa: E712
     )
-    both = union_all(recent, depended).subquery()
+    cutoff: BindParameter[Any] = bindparam("cutoff")
+    both = union_all(
+        select(*columns).where(finished, tasks.c.finished_unix_ns >= cutoff),
+        select(*columns).where(finished, tasks.c.finished_unix_ns < cutoff, needed),
+        select(*columns).where(unstamped, or_(tasks.c.updated_unix_ns >= cutoff, needed)),
+    ).subquery()
     return select(both).order_by(both.c.updated_unix_ns, both.c.id)
 
 

@@ -22,6 +22,11 @@ down_revision: str | Sequence[str] | None = "0001_initial"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# Rolling deploys (cronoq_store.builds, docs/deploying.md): the oldest release that may write
+# this schema, and whether this migration runs while that release serves.
+OLDEST_WRITER = "0.1.0"
+CLASS = "online"
+
 
 def _leader(column: str) -> sa.TableClause:
     return sa.table("cronoq_leader", sa.column(column), schema=ddl.schema())

@@ -21,6 +21,11 @@ down_revision: str | Sequence[str] | None = "0002_next_id"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# Rolling deploys (cronoq_store.builds, docs/deploying.md): the oldest release that may write
+# this schema, and whether this migration runs while that release serves.
+OLDEST_WRITER = "0.1.0"
+CLASS = "online"
+
 BLOB = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 LONG_TEXT = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 INBOX_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

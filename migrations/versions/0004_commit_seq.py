@@ -24,6 +24,11 @@ down_revision: str | Sequence[str] | None = "0003_inbox"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# Rolling deploys (cronoq_store.builds, docs/deploying.md): the oldest release that may write
+# this schema, and whether this migration runs while that release serves.
+OLDEST_WRITER = "0.1.0"
+CLASS = "online"
+
 
 def upgrade() -> None:
     # Guarded (cronoq_store.ddl): MySQL commits each ALTER at once, and a run killed between

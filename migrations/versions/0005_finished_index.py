@@ -28,6 +28,11 @@ down_revision: str | Sequence[str] | None = "0004_commit_seq"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# Rolling deploys (cronoq_store.builds, docs/deploying.md): the oldest release that may write
+# this schema, and whether this migration runs while that release serves.
+OLDEST_WRITER = "0.1.0"
+CLASS = "online"
+
 STORAGE = {
     "fillfactor": "50",
     "autovacuum_vacuum_scale_factor": "0.05",

@@ -327,17 +327,20 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         connection (the same `face.transaction` runs inside `run_sync`); a commit on the
         connection the last one kept, when there is one (`face.Face._keep_held`)."""
         tx = face.plan(op, self.config, deadline)
-        with face.translated():
+        bound = None if tx.deadline is None else tx.deadline.total_seconds()
+        with face.translated(), execution.bounded(bound) as armed:
             if op == "commit" and self._holds:
-                return await self._run_held(fn, tx)
+                return await self._run_held(fn, tx, armed)
             async with self.engine.connect() as conn:
-                return await conn.run_sync(face.transaction, fn, tx)
+                return await conn.run_sync(face.transaction, fn, tx, armed)
 
-    async def _run_held(self, fn: Callable[[Connection], T], tx: face.Tx) -> T:
+    async def _run_held(
+        self, fn: Callable[[Connection], T], tx: face.Tx, armed: execution.Deadline | None
+    ) -> T:
         """As `SqlStore._run_held`."""
         conn = await self._held_connection()
         try:
-            result = await conn.run_sync(face.transaction, fn, tx)
+            result = await conn.run_sync(face.transaction, fn, tx, armed)
         except BaseException:
             await conn.close()
             raise

@@ -195,17 +195,21 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         `deadline` bounds a lease transaction further. A commit runs on the connection the
         last one kept, when there is one (`face.Face._keep_held`)."""
         tx = face.plan(op, self.config, deadline)
-        with face.translated():
+        bound = None if tx.deadline is None else tx.deadline.total_seconds()
+        # Armed before connecting: a connect, or the ping of an idle connection, counts too.
+        with face.translated(), execution.bounded(bound) as armed:
             if op == "commit" and self._holds:
-                return self._run_held(fn, tx)
+                return self._run_held(fn, tx, armed)
             with self.engine.connect() as conn:
-                return face.transaction(conn, fn, tx)
+                return face.transaction(conn, fn, tx, armed)
 
-    def _run_held(self, fn: Callable[[Connection], T], tx: face.Tx) -> T:
+    def _run_held(
+        self, fn: Callable[[Connection], T], tx: face.Tx, armed: execution.Deadline | None
+    ) -> T:
         """`fn` in a transaction on the kept connection (or a new one), kept again after."""
         conn = self._held_connection()
         try:
-            result = face.transaction(conn, fn, tx)
+            result = face.transaction(conn, fn, tx, armed)
         except BaseException:
             conn.close()
             raise

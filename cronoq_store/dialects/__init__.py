@@ -27,8 +27,11 @@ from .sessions import committed as committed
 from .sessions import configure_sqlite as configure_sqlite
 from .sessions import idle_bound_supported as idle_bound_supported
 from .sessions import interrupter as interrupter
+from .sessions import interrupter_of as interrupter_of
+from .sessions import net_options as net_options
 from .sessions import pool_options as pool_options
 from .sessions import reset_after_commit as reset_after_commit
+from .sessions import tune_sockets as tune_sockets
 from .statements import Vacuum as Vacuum
 from .statements import create_database as create_database
 from .statements import database_exists as database_exists

@@ -444,9 +444,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             StoreUnavailable: `timeout` passed before this instance could lead.
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
+        began = time.monotonic()  # the timeout counts from here, stepping down included
         await self._lose("taking the lease anew", logging.INFO, released=True)
-        await self._stop()
-        began = time.monotonic()
+        await self._stop(None if timeout is None else timeout / 4)
         acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         ttl = face.ns(self.config.lease_ttl)
@@ -490,11 +490,13 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """Record what `exc` found missing for the next recovery; a failure only logs."""
         await self._drive(self._recording_lost(exc))
 
-    async def _stop(self) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
+    async def _stop(self, within: float | None = None) -> None:
+        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
+        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
         if (keeper := self._detach()) is not None:
             keeper.stop()
-            await keeper.join(self.config.lease_renew.total_seconds())
+            wait = self.config.lease_renew.total_seconds()
+            await keeper.join(wait if within is None else min(wait, within))
 
     async def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.

@@ -878,7 +878,7 @@ class Face(Generic[E, K, C, H]):
         """One attempt at the lease, within `bound`: taken, held (None), or unreachable. It
         looks first, without locking the row (SQLite: without the write lock a leader needs)."""
         try:
-            if not (yield Step("peek", partial(lease.may_take, holder=self.holder))):
+            if not (yield Step("peek", partial(lease.may_take, holder=self.holder), bound)):
                 return None
             taken: lease.Lease | None = yield Step("take", self._take_work(ttl_ns), bound)
         except StoreUnavailable as exc:

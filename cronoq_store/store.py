@@ -306,9 +306,9 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
                 unreachable, or another instance holding a live lease).
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
+        began = time.monotonic()  # the timeout counts from here, stepping down included
         self._lose("taking the lease anew", logging.INFO, released=True)
-        self._stop()
-        began = time.monotonic()
+        self._stop(None if timeout is None else timeout / 4)
         acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         ttl = face.ns(self.config.lease_ttl)
@@ -348,11 +348,13 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """Record what `exc` found missing for the next recovery; a failure only logs."""
         self._drive(self._recording_lost(exc))
 
-    def _stop(self) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
+    def _stop(self, within: float | None = None) -> None:
+        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
+        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
         if (keeper := self._detach()) is not None:
             keeper.stop()
-            keeper.join(self.config.lease_renew.total_seconds())
+            wait = self.config.lease_renew.total_seconds()
+            keeper.join(wait if within is None else min(wait, within))
 
     def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.

@@ -48,7 +48,9 @@ from .statements import says_lastrowid as says_lastrowid
 from .statements import server_role_stmt as server_role_stmt
 from .statements import unindexed as unindexed
 from .statements import vacuums as vacuums
+from .translation import DISK_FULL as DISK_FULL
 from .translation import describe as describe
+from .translation import disk_full as disk_full
 from .translation import hide_parameters as hide_parameters
 from .translation import missing_table as missing_table
 from .translation import read_only as read_only

@@ -436,11 +436,13 @@ class Deadline:
 class Watchdog:
     """Interrupts transactions that outlive their deadline, from one daemon thread.
 
-    A transaction can wait on the server past every server-side bound: PostgreSQL applies no
-    `statement_timeout` to a COMMIT waiting for a synchronous standby, and a row lock held by
-    such a commit holds every other writer of that row. The thread that waits cannot stop
-    itself, so this one calls the transaction's `interrupt` (a cancel request, a socket
-    shutdown: `dialects.interrupter`) when its deadline passes.
+    A transaction can wait past every server-side bound: PostgreSQL applies no
+    `statement_timeout` to a COMMIT waiting for a synchronous standby, and a server cut off
+    silently (packets dropped, no RST) answers nothing, so a read waits for TCP to give up.
+    The thread that waits cannot stop itself, so this one calls the operation's `interrupt`
+    (a socket shutdown, SQLite's interrupt: `dialects.interrupter_of`) when its deadline
+    passes. The call never blocks: one that did (a cancel request, which connects to the
+    server anew) stalled this thread and, holding the GIL, every other.
 
     Arming and settling cost a lock and a heap push, never a thread switch: the thread sleeps
     until the earliest deadline and is woken only when a new one is earlier still. Settled

@@ -293,26 +293,34 @@ def _round(leader: Leader, standby: SqlStore, outside: URL, dialect: str, phase:
 
 class LatencyProxy:
     """Forwards 127.0.0.1:<port> to `target`, each chunk delayed by `delay` seconds one way,
-    in order (no netem on this kernel)."""
+    in order (no netem on this kernel). `close` ends every connection and the loop."""
 
     def __init__(self, target: tuple[str, int], delay: float) -> None:
         self.target, self.delay = target, delay
         self.loop = asyncio.new_event_loop()
         self.port = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
         ready.wait(10)
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
+        self._server = self.loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", 0)
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
         ready.set()
         self.loop.run_forever()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         up_reader, up_writer = await asyncio.open_connection(*self.target)
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        self._writers.add(up_writer)
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
@@ -328,6 +336,7 @@ class LatencyProxy:
                 await writer.drain()
 
         sender = asyncio.ensure_future(send())
+        self._tasks.add(sender)
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(65536):
                 chunks.put_nowait((self.loop.time() + self.delay, data))
@@ -335,8 +344,23 @@ class LatencyProxy:
         with contextlib.suppress(ConnectionError):
             await sender
 
+    async def _shutdown(self) -> None:
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        for writer in self._writers:
+            writer.close()
+        for writer in self._writers:
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
     def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
 
 
 @pytest.mark.parametrize("dialect", ["postgresql", "mariadb"])

@@ -361,8 +361,12 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             await conn.close()
         return await self.engine.connect()
 
-    async def _close_held(self) -> None:
+    async def _close_held(self, *, lost: bool = False) -> None:
+        """Close the kept connection; after a loss (`lost`) without a word to the server,
+        which may be cut off: a pool's reset of it (a ROLLBACK) would wait on the network."""
         if (conn := self._drop_held()) is not None:
+            if lost:
+                await conn.invalidate()
             await conn.close()
 
     async def _drive(self, steps: Steps[T]) -> T:
@@ -413,7 +417,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """Step down (once), then await the callbacks (`_step_down` decides, with no await);
         `released` when by choice, else lost for `why`."""
         callbacks = self._step_down(why, level, about, released)
-        await self._close_held()
+        await self._close_held(lost=not released)
         for callback in callbacks:
             try:
                 if inspect.isawaitable(result := callback()):

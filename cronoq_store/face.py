@@ -411,17 +411,20 @@ def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
 
 
 def commit_lock_bound(config: StoreConfig) -> timedelta:
-    """How long a commit's statement may wait for a lock: `commit_timeout`, but no longer
-    than `lease_ttl` - 1.5 x `lease_renew`.
+    """How long a commit's statement may wait for a lock: a third of `lease_ttl` -
+    `lease_renew`, or `commit_timeout` if shorter.
 
     A commit holds the lease row from its fence check on, so a renewal that starts meanwhile
     waits for it; a commit waiting on a table lock (a migration's ALTER TABLE queued on the
     tasks table) held the renewal past the keeper's deadline, and the leader stepped down
-    with nobody to take over. The keeper's deadline is the start of its last renewal plus the
-    TTL, and the next renewal starts `lease_renew` after that one: a commit that gives up
-    waiting by then leaves the renewal half a `lease_renew` to land, so the lease survives the
-    stalled commit, which fails with `StoreUnavailable` (rolled back: retry it)."""
-    return min(config.commit_timeout, config.lease_ttl - config.lease_renew * 3 / 2)
+    with nobody to take over. A leader that retries such commits back to back makes each
+    renewal wait up to one bound `W`, and the next one starts `lease_renew` after it ended:
+    the one after a renewal that started at `t` ends by `t + 2W + lease_renew`, which must
+    come before the keeper's deadline, `t + lease_ttl`. A third leaves a third as margin, and
+    the stalled commit fails with `StoreUnavailable` (rolled back: retry it). MariaDB counts
+    lock waits in whole seconds (rounded down, at least 1): there, keep `lease_ttl` at
+    least `lease_renew` + 3 s."""
+    return min(config.commit_timeout, (config.lease_ttl - config.lease_renew) / 3)
 
 
 def transaction(

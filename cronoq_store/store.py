@@ -230,8 +230,12 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             conn.close()
         return self.engine.connect()
 
-    def _close_held(self) -> None:
+    def _close_held(self, *, lost: bool = False) -> None:
+        """Close the kept connection; after a loss (`lost`) without a word to the server,
+        which may be cut off: a pool's reset of it (a ROLLBACK) would wait on the network."""
         if (conn := self._drop_held()) is not None:
+            if lost:
+                conn.invalidate()
             conn.close()
 
     def _drive(self, steps: Steps[T]) -> T:
@@ -275,7 +279,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """Step down (once), then call the callbacks (`_step_down` decides); `released` when
         by choice, else lost for `why` (a keeper's reason or the error that showed it)."""
         callbacks = self._step_down(why, level, about, released)
-        self._close_held()
+        self._close_held(lost=not released)
         for callback in callbacks:
             try:
                 callback()

@@ -1,9 +1,11 @@
 """The leader of the network drills (tests/test_netlab.py), run inside the lab's namespace.
 
-    python tests/netlab_leader.py URL
+    python tests/netlab_leader.py URL [async]
 
-It opens the store at URL (lease_ttl 3 s, lease_renew 1 s, commit_timeout 2 s), leads, and
-then obeys one command a line on stdin, answering with one JSON line a event on stdout (times
+It opens the store at URL (lease_ttl 3 s, lease_renew 1 s, commit_timeout 2 s; with `async`
+an `AsyncSqlStore` on an event loop of its own thread, whose longest stall counts as the
+process's too), leads, and then obeys one command a line on stdin, answering with one JSON
+line an event on stdout (times
 on the system-wide monotonic clock, which the test shares):
 
     commit     one commit of a new task: {"ev": "ack"|"err", ...}
@@ -18,16 +20,19 @@ lost. Task ids are 1, 2, 3, ... in commit order.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
 from builders import BASE  # this file's directory is first on sys.path
 
 from cronoq_store import Fenced, SqlStore, StoreConfig, Submitted, TaskId, TaskSpec
+from cronoq_store.aio import AsyncSqlStore
 
 CONFIG = StoreConfig(
     lease_ttl=timedelta(seconds=3),
@@ -63,9 +68,51 @@ class Ticker:
             last = now
 
 
+class AsyncFace:
+    """`AsyncSqlStore` behind blocking calls, on an event loop of its own thread, whose
+    longest stall (a 20 ms ticker task) is watched too."""
+
+    def __init__(self, url: str, ticker: Ticker) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.store: AsyncSqlStore = self.call(lambda: AsyncSqlStore.open(url, CONFIG))
+        self.call(lambda: self._start_ticker(ticker))
+
+    async def _start_ticker(self, ticker: Ticker) -> None:
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.02)
+                now = time.monotonic()
+                ticker.stall = max(ticker.stall, now - last - 0.02)
+                last = now
+
+        self._tick = asyncio.ensure_future(tick())
+
+    def call(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+        return asyncio.run_coroutine_threadsafe(make(), self.loop).result()
+
+    def on_leadership_lost(self, callback: Callable[[], None]) -> None:
+        self.store.on_leadership_lost(callback)
+
+    def acquire_leadership(self, timeout: float) -> int:
+        return int(self.call(lambda: self.store.acquire_leadership(timeout=timeout)))
+
+    def commit(self, epoch: int, base: Any, batch: Any) -> None:
+        self.call(lambda: self.store.commit(epoch, base, batch))
+
+    @property
+    def is_leader(self) -> bool:
+        return self.store.is_leader
+
+
 def main() -> None:
     ticker = Ticker()
-    store = SqlStore.open(sys.argv[1], CONFIG)
+    store: Any
+    if sys.argv[2:] == ["async"]:
+        store = AsyncFace(sys.argv[1], ticker)
+    else:
+        store = SqlStore.open(sys.argv[1], CONFIG)
     store.on_leadership_lost(lambda: say(ev="lost", t=time.monotonic()))
     epoch = store.acquire_leadership(timeout=10)
     say(ev="acquired", epoch=epoch, t=time.monotonic())

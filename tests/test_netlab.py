@@ -133,10 +133,10 @@ def _database(dialect: str, tablespace: str | None = None) -> Iterator[str]:
 class Leader:
     """The leader process inside the namespace, and the events it prints."""
 
-    def __init__(self, url: URL) -> None:
+    def __init__(self, url: URL, face: str = "sync") -> None:
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", NS, sys.executable, str(LEADER),
-             url.render_as_string(hide_password=False)],
+             url.render_as_string(hide_password=False), *(["async"] if face == "async" else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
         )  # fmt: skip
@@ -199,17 +199,25 @@ def _stored_ids(url: URL) -> set[int]:
         engine.dispose()
 
 
-@pytest.mark.parametrize("phase", ["idle", "commit", "renew"])
+ROUNDS = [
+    *((face, phase) for face in ("sync", "async") for phase in ("idle", "commit", "renew")),
+    *(pytest.param("sync", phase, marks=pytest.mark.soak) for phase in ("idle", "commit") * 5),
+]
+"""Every phase on both faces once; five more rounds of the sync face's idle and mid-commit
+cuts behind `--soak`."""
+
+
+@pytest.mark.parametrize(("face", "phase"), ROUNDS)
 @pytest.mark.parametrize("dialect", ["postgresql", "mariadb"])
-def test_silent_cut(lab: None, dialect: str, phase: str) -> None:
+def test_silent_cut(lab: None, dialect: str, face: str, phase: str) -> None:
     """A silent cut while the leader is idle (its next commit must first find out), in the
     middle of back-to-back commits, or between renewals only."""
     with _database(dialect) as name:
         outside = _url(dialect, "127.0.0.1", name)
         with SqlStore.open(outside, STANDBY) as standby:  # migrates
-            leader = Leader(_url(dialect, HOST_IP, name))
+            leader = Leader(_url(dialect, HOST_IP, name), face)
             try:
-                _round(leader, standby, outside, dialect, phase)
+                _round(leader, standby, outside, f"{dialect} {face}", phase)
             finally:
                 _link(up=True)
                 leader.stop()

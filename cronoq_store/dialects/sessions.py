@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
 import sqlite3
 import time
@@ -275,12 +276,17 @@ def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:
         sock = getattr(driver, "_sock", None)  # PyMySQL's
         if isinstance(sock, socket.socket):
             return functools.partial(_shut, sock)
-        writer = getattr(driver, "_writer", None)  # asyncmy's asyncio stream
-        transport = getattr(writer, "transport", None)
-        raw = None if transport is None else transport.get_extra_info("socket")
-        if raw is not None:
-            return functools.partial(_shut_fd, raw.fileno())
+        transport = getattr(driver, "_transport", None)  # asyncmy's asyncio transport
+        if transport is not None:
+            return functools.partial(_shut_transport, transport)
     return None
+
+
+def _shut_transport(transport: Any) -> None:
+    """Shut down an asyncio transport's socket, read afresh (a closed one has none)."""
+    raw = transport.get_extra_info("socket")
+    if raw is not None:
+        _shut_fd(raw.fileno())
 
 
 def _shut(sock: socket.socket) -> None:
@@ -353,18 +359,33 @@ def _libpq_version() -> int:
 
 
 def tune_sockets(engine: Engine) -> None:
-    """On PyMySQL, give every new connection's socket TCP keepalives and a TCP user timeout
-    (`net_options` says why); other drivers take them as options, or have no socket."""
-    if engine.dialect.driver != "pymysql":
+    """On PyMySQL and asyncmy, give every new connection's socket TCP keepalives and a TCP
+    user timeout (`net_options` says why); other drivers take them as options, or have no
+    socket. (Socket options belong to the socket, not the descriptor: a duplicate sets them.)"""
+    if engine.dialect.driver not in ("pymysql", "asyncmy"):
         return
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: object) -> None:
-        sock = getattr(dbapi_connection, "_sock", None)
-        if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError, AttributeError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_COUNT)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
+        driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+        sock = getattr(driver, "_sock", None)
+        transport = getattr(driver, "_transport", None)
+        if sock is None and transport is not None:  # asyncmy: the transport's socket
+            raw = transport.get_extra_info("socket")
+            sock = None if raw is None else socket.socket(fileno=os.dup(raw.fileno()))
+            if sock is not None:
+                with contextlib.closing(sock):
+                    _keepalive(sock)
+            return
+        if isinstance(sock, socket.socket):
+            _keepalive(sock)
+
+
+def _keepalive(sock: socket.socket) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_COUNT)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)

@@ -450,7 +450,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """
         began = time.monotonic()  # the timeout counts from here, stepping down included
         await self._lose("taking the lease anew", logging.INFO, released=True)
-        await self._stop(None if timeout is None else timeout / 4)
+        await self._stop(None if timeout is None else timeout / 10)
         acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         ttl = face.ns(self.config.lease_ttl)

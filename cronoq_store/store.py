@@ -312,7 +312,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """
         began = time.monotonic()  # the timeout counts from here, stepping down included
         self._lose("taking the lease anew", logging.INFO, released=True)
-        self._stop(None if timeout is None else timeout / 4)
+        self._stop(None if timeout is None else timeout / 10)
         acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         ttl = face.ns(self.config.lease_ttl)

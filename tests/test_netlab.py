@@ -300,6 +300,36 @@ def _round(leader: Leader, standby: SqlStore, outside: URL, dialect: str, phase:
     assert stored <= led["live"], stored - led["live"]
 
 
+@pytest.mark.soak
+@pytest.mark.parametrize("dialect", ["postgresql", "mariadb"])
+def test_open_while_cut_off_keeps_its_connect_bound(lab: None, dialect: str) -> None:
+    """`SqlStore.open` of a server cut off silently gives up within the connect timeout
+    (`execution.CONNECT_TIMEOUT`, 10 s) and says the server cannot be reached."""
+    with _database(dialect) as name:
+        url = _url(dialect, HOST_IP, name).render_as_string(hide_password=False)
+        code = (
+            "import time, json; from cronoq_store import SqlStore, StoreUnavailable\n"
+            "t = time.monotonic()\n"
+            "try:\n"
+            f"    SqlStore.open({url!r}); ok = True\n"
+            "except StoreUnavailable as e:\n"
+            "    ok = str(e)\n"
+            "print(json.dumps([time.monotonic() - t, ok]))\n"
+        )
+        _link(up=False)
+        try:
+            ran = subprocess.run(
+                ["ip", "netns", "exec", NS, sys.executable, "-c", code],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+        finally:
+            _link(up=True)
+    took, outcome = json.loads(ran.stdout)
+    figures(FIG)[f"{dialect} open while cut off"] = {"took_s": round(took, 2), "error": outcome}
+    assert outcome is not True
+    assert took <= 10 + SLACK, took
+
+
 # Latency: an order-preserving TCP proxy adding a delay each way.
 
 

@@ -16,7 +16,7 @@ PYTHON_NEWEST ?= $(call find_python,python3.13 $(wildcard $(HOME)/.pyenv/version
 # The range's ends run SQLite and the dialect-free tests (the main run has all three dialects),
 # but not the real-process failover rounds (`slow`: a minute), which exercise no dependency edge,
 # nor the dashboard's real-browser tests (`browser`), which exercise the browser, not the range.
-RANGE_TESTS := -m 'not postgresql and not mysql and not galera and not slow and not browser'
+RANGE_TESTS := -m 'not postgresql and not mysql and not galera and not slow and not browser and not netlab'
 
 .PHONY: demo test test-lowest test-newest lint docs venv clean screenshots
 
@@ -34,12 +34,14 @@ demo: venv
 # Every dialect is required in CI (CI or CRONOQ_REQUIRE_DIALECTS set: .ci/run sets the latter);
 # elsewhere a server that is not there is said by test-servers, its tests skip, and pytest's
 # summary names the dialects that did not run.
-# The replica tests' clusters are dropped when pytest ends, however it ends (the fixture drops
-# them too; this catches a run killed before its teardown); so is the previous release's source
-# that the rolling-deploy test extracts from git history (scripts/previous-release).
+# The replica tests' clusters, the network lab (scripts/netlab: a namespace, servers and loop
+# filesystems of tests/test_netlab.py's own) and the previous release's source that the
+# rolling-deploy test extracts from git history (scripts/previous-release) are removed when
+# pytest ends, however it ends (their fixtures remove them too; this catches a run killed before
+# its teardown).
 test: venv
 	scripts/test-servers
-	trap 'scripts/pg-pair clean; scripts/previous-release clean' EXIT; CRONOQ_REQUIRE_DIALECTS=$${CRONOQ_REQUIRE_DIALECTS:-$${CI:+1}} $(BIN)/pytest
+	trap 'scripts/pg-pair clean; scripts/netlab clean; scripts/previous-release clean' EXIT; CRONOQ_REQUIRE_DIALECTS=$${CRONOQ_REQUIRE_DIALECTS:-$${CI:+1}} $(BIN)/pytest
 
 # Each from PyPI by uv, which also resolves the floors (--resolution lowest-direct).
 .venv-lowest/.installed: RANGE_PYTHON = $(PYTHON_LOWEST)

@@ -327,17 +327,20 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         connection (the same `face.transaction` runs inside `run_sync`); a commit on the
         connection the last one kept, when there is one (`face.Face._keep_held`)."""
         tx = face.plan(op, self.config, deadline)
-        with face.translated():
+        bound = None if tx.deadline is None else tx.deadline.total_seconds()
+        with face.translated(), execution.bounded(bound) as armed:
             if op == "commit" and self._holds:
-                return await self._run_held(fn, tx)
+                return await self._run_held(fn, tx, armed)
             async with self.engine.connect() as conn:
-                return await conn.run_sync(face.transaction, fn, tx)
+                return await conn.run_sync(face.transaction, fn, tx, armed)
 
-    async def _run_held(self, fn: Callable[[Connection], T], tx: face.Tx) -> T:
+    async def _run_held(
+        self, fn: Callable[[Connection], T], tx: face.Tx, armed: execution.Deadline | None
+    ) -> T:
         """As `SqlStore._run_held`."""
         conn = await self._held_connection()
         try:
-            result = await conn.run_sync(face.transaction, fn, tx)
+            result = await conn.run_sync(face.transaction, fn, tx, armed)
         except BaseException:
             await conn.close()
             raise
@@ -358,8 +361,12 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             await conn.close()
         return await self.engine.connect()
 
-    async def _close_held(self) -> None:
+    async def _close_held(self, *, lost: bool = False) -> None:
+        """Close the kept connection; after a loss (`lost`) without a word to the server,
+        which may be cut off: a pool's reset of it (a ROLLBACK) would wait on the network."""
         if (conn := self._drop_held()) is not None:
+            if lost:
+                await conn.invalidate()
             await conn.close()
 
     async def _drive(self, steps: Steps[T]) -> T:
@@ -410,7 +417,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """Step down (once), then await the callbacks (`_step_down` decides, with no await);
         `released` when by choice, else lost for `why`."""
         callbacks = self._step_down(why, level, about, released)
-        await self._close_held()
+        await self._close_held(lost=not released)
         for callback in callbacks:
             try:
                 if inspect.isawaitable(result := callback()):
@@ -441,9 +448,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             StoreUnavailable: `timeout` passed before this instance could lead.
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
+        began = time.monotonic()  # the timeout counts from here, stepping down included
         await self._lose("taking the lease anew", logging.INFO, released=True)
-        await self._stop()
-        began = time.monotonic()
+        await self._stop(None if timeout is None else timeout / 10)
         acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         ttl = face.ns(self.config.lease_ttl)
@@ -487,11 +494,13 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """Record what `exc` found missing for the next recovery; a failure only logs."""
         await self._drive(self._recording_lost(exc))
 
-    async def _stop(self) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
+    async def _stop(self, within: float | None = None) -> None:
+        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
+        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
         if (keeper := self._detach()) is not None:
             keeper.stop()
-            await keeper.join(self.config.lease_renew.total_seconds())
+            wait = self.config.lease_renew.total_seconds()
+            await keeper.join(wait if within is None else min(wait, within))
 
     async def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.

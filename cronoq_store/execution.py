@@ -22,11 +22,13 @@ import gc
 import heapq
 import itertools
 import logging
+import math
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from functools import cache
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
@@ -50,11 +52,13 @@ from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnEleme
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from . import compat
-from .errors import StoreError
+from .errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "COMMIT_SENT",
+    "CONNECT_TIMEOUT",
     "IN_CHUNK",
     "OBSERVED",
     "PING_IDLE",
@@ -64,10 +68,13 @@ __all__ = [
     "Flight",
     "Ran",
     "Watchdog",
+    "bound_connects",
+    "bounded",
     "chunks",
     "collection_paused",
     "compile_key",
     "counted",
+    "current_bound",
     "driver_sql",
     "ended",
     "insert_many",
@@ -360,6 +367,7 @@ def ping_when_idle(engine: Engine, idle: float = PING_IDLE) -> None:
         since = record.info.get(_CHECKED_IN)
         if since is None or time.monotonic() - since < idle:
             return  # new (just connected), or used a moment ago
+        _bind_current(dialect, dbapi_connection)
         if not _answers(dialect, dbapi_connection):
             # The pool discards this connection and checks out another (documented).
             raise sa_exc.DisconnectionError("connection lost while pooled")
@@ -375,6 +383,17 @@ def _answers(dialect: Dialect, dbapi_connection: Any) -> bool:
         return False
 
 
+def _bind_current(dialect: Dialect, dbapi_connection: Any) -> None:
+    """Make the operation's deadline, if any, interrupt `dbapi_connection` (about to be
+    pinged): a ping of a connection whose server went silent waits no longer than it."""
+    deadline = _BOUND.get()
+    if deadline is not None:
+        from .dialects import sessions  # it imports this module
+
+        driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+        WATCHDOG.bind(deadline, sessions.interrupter_of(dialect, driver))
+
+
 def still_there(conn: Connection) -> bool:
     """Whether `conn`, kept checked out while unused for `PING_IDLE` or longer, may be used:
     the check the pool makes of an idle connection at checkout (`ping_when_idle`), for one
@@ -382,6 +401,7 @@ def still_there(conn: Connection) -> bool:
     if conn.dialect.name == "sqlite":
         return True
     dbapi_conn = conn.connection.dbapi_connection
+    _bind_current(conn.dialect, dbapi_conn)
     if _answers(conn.dialect, dbapi_conn):
         return True
     conn.invalidate()
@@ -389,28 +409,40 @@ def still_there(conn: Connection) -> bool:
 
 
 class Deadline:
-    """One transaction's deadline with the `Watchdog`: when it passes, `interrupt` is called."""
+    """One operation's deadline with the `Watchdog`: when it passes, `interrupt` is called.
 
-    __slots__ = ("at", "fired", "interrupt", "settled")
+    Armed before the operation connects (`bounded`), so that connecting, the pool's ping and
+    the transaction all count against it; `interrupt` is bound once there is a connection to
+    interrupt (`Watchdog.bind`), and bound anew when the pool replaces it."""
+
+    __slots__ = ("at", "fired", "interrupt", "interrupting", "settled")
 
     def __init__(self, at: float, interrupt: Callable[[], None] | None) -> None:
         self.at = at
-        """Monotonic time at which the transaction is interrupted."""
+        """Monotonic time at which the operation is interrupted."""
         self.interrupt = interrupt
         self.settled = False
-        """The transaction ended first: nothing to interrupt."""
+        """The operation ended first: nothing to interrupt."""
         self.fired = False
-        """The deadline passed first: the transaction was (or is being) interrupted."""
+        """The deadline passed first: the operation was (or is being) interrupted."""
+        self.interrupting = False
+        """The watchdog is calling `interrupt` now (`settle` waits for it to return)."""
+
+    def left(self) -> float:
+        """Seconds until the deadline (negative once it passed)."""
+        return self.at - time.monotonic()
 
 
 class Watchdog:
     """Interrupts transactions that outlive their deadline, from one daemon thread.
 
-    A transaction can wait on the server past every server-side bound: PostgreSQL applies no
-    `statement_timeout` to a COMMIT waiting for a synchronous standby, and a row lock held by
-    such a commit holds every other writer of that row. The thread that waits cannot stop
-    itself, so this one calls the transaction's `interrupt` (a cancel request, a socket
-    shutdown: `dialects.interrupter`) when its deadline passes.
+    A transaction can wait past every server-side bound: PostgreSQL applies no
+    `statement_timeout` to a COMMIT waiting for a synchronous standby, and a server cut off
+    silently (packets dropped, no RST) answers nothing, so a read waits for TCP to give up.
+    The thread that waits cannot stop itself, so this one calls the operation's `interrupt`
+    (a socket shutdown, SQLite's interrupt: `dialects.interrupter_of`) when its deadline
+    passes. The call never blocks: one that did (a cancel request, which connects to the
+    server anew) stalled this thread and, holding the GIL, every other.
 
     Arming and settling cost a lock and a heap push, never a thread switch: the thread sleeps
     until the earliest deadline and is woken only when a new one is earlier still. Settled
@@ -449,12 +481,27 @@ class Watchdog:
                 self._cond.notify()
         return deadline
 
+    def bind(self, deadline: Deadline, interrupt: Callable[[], None] | None) -> None:
+        """From now on `interrupt` stops `deadline`'s operation (its connection changed);
+        called at once if the deadline passed already."""
+        with self._cond:
+            if not deadline.fired:
+                deadline.interrupt = interrupt
+                return
+        if interrupt is not None:
+            _interrupt(interrupt)
+
     def settle(self, deadline: Deadline) -> bool:
-        """The transaction ended: True if its deadline had passed first (it was interrupted,
-        or is being: its connection must not be used again)."""
+        """The operation ended: True if its deadline had passed first (it was interrupted,
+        or is being: its connection must not be used again). Once an interrupt under way
+        has returned, so that it never reaches a socket the caller closes after this. Idempotent."""
         with self._cond:
             if deadline.fired:
+                while deadline.interrupting:
+                    self._cond.wait()
                 return True
+            if deadline.settled:
+                return False
             deadline.settled = True
             self._settled += 1
             if self._settled > self._SWEEP and self._settled * 2 > len(self._heap):
@@ -482,16 +529,88 @@ class Watchdog:
         while True:
             with self._cond:
                 deadline = self._due()
-            if deadline.interrupt is None:
-                continue
+                interrupt = deadline.interrupt
+                if interrupt is None:
+                    continue
+                deadline.interrupting = True
             try:
-                deadline.interrupt()
-            except Exception:
-                log.warning("could not interrupt an overdue transaction", exc_info=True)
+                _interrupt(interrupt)
+            finally:
+                with self._cond:
+                    deadline.interrupting = False
+                    self._cond.notify_all()
+
+
+def _interrupt(interrupt: Callable[[], None]) -> None:
+    try:
+        interrupt()
+    except Exception:
+        log.warning("could not interrupt an overdue transaction", exc_info=True)
 
 
 WATCHDOG: Final = Watchdog()
 """The process's one watchdog, shared by every store and both faces."""
+
+_BOUND: ContextVar[Deadline | None] = ContextVar("cronoq_bound", default=None)
+"""The deadline of the operation this thread (or task) runs, while it connects and runs."""
+
+
+class bounded:  # lower case: used as a function, `with bounded(seconds) as deadline:`
+    """Arm a deadline `seconds` from now (None: no bound) for one operation, connecting
+    included: a connect made meanwhile is given what is left of it (`bound_connects`), the
+    pool's ping of an idle connection and the transaction are interrupted at it. Settled on
+    leaving. A class, not a generator: every commit enters one."""
+
+    __slots__ = ("_token", "deadline")
+
+    def __init__(self, seconds: float | None) -> None:
+        self.deadline = None if seconds is None else WATCHDOG.arm(seconds, None)
+
+    def __enter__(self) -> Deadline | None:
+        self._token = _BOUND.set(self.deadline)
+        return self.deadline
+
+    def __exit__(self, *exc: object) -> None:
+        _BOUND.reset(self._token)
+        if self.deadline is not None:
+            WATCHDOG.settle(self.deadline)
+
+
+def current_bound() -> Deadline | None:
+    """The deadline of the operation under way in this context (`bounded`), if any."""
+    return _BOUND.get()
+
+
+CONNECT_TIMEOUT: Final = 10.0
+"""Seconds a connection attempt may take outside any operation's bound (`open`, a migration,
+a status read): libpq's `connect_timeout` and PyMySQL's, unless the URL says otherwise."""
+
+
+def bound_connects(engine: Engine, key: str, *, whole: bool) -> None:
+    """Give a connect of `engine`'s made within an operation's deadline (`bounded`) what is
+    left of it as the driver's `key` (`connect_timeout`; in whole seconds if `whole`, as
+    libpq counts them, which waits at least 2), and refuse to start one once nothing is left:
+    connecting counts against the bound of the operation that connects."""
+
+    @event.listens_for(engine, "do_connect")
+    def _do_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        deadline = _BOUND.get()
+        if deadline is None:
+            return
+        left = deadline.left()
+        if left <= 0.05:
+            raise StoreUnavailable(
+                "no time left to connect within the operation's bound; not connected"
+            )
+        given = cparams.get(key)
+        try:
+            mine = float(given) if given is not None else CONNECT_TIMEOUT
+        except (TypeError, ValueError):
+            mine = CONNECT_TIMEOUT
+        if mine <= 0:
+            mine = CONNECT_TIMEOUT
+        wait = min(mine, left)
+        cparams[key] = max(1, math.ceil(wait)) if whole else wait
 
 
 def pipelines(conn: Connection) -> bool:
@@ -637,6 +756,8 @@ class Flight:
         answered = 0
         if head == [_COMMIT] and not begin:  # nothing to send with it: no pipeline to enter
             head, last = [], _COMMIT
+        if commit:  # from here, an interrupted flight may have committed (`face.transaction`)
+            conn.info[COMMIT_SENT] = True
         try:
             if head:
                 try:
@@ -661,6 +782,8 @@ class Flight:
             raise compat.driver_error(conn, exc, sql, many=many) from exc
 
 
+COMMIT_SENT: Final = "cronoq_commit_sent"
+"""`Connection.info` key: the transaction under way sent its COMMIT in a flight."""
 _COMMIT: Final = ("COMMIT", None, False)
 """The COMMIT a flight ends with (`Flight.commit`)."""
 _BEGIN: Final = ("BEGIN", None, False)

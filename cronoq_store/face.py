@@ -175,6 +175,7 @@ def new_engine(
             )
             return engine
         url, connect_args = driver_options(url, config)
+        connect_args = dialects.net_options(url, connect_args)
         engine = create(
             url,
             pool_size=config.pool_size,
@@ -196,6 +197,10 @@ def new_engine(
         why = f"bad database URL: {advice}" if advice else f"bad database URL: {exc}"
         raise StoreError(dialects.redact(why)) from exc
     execution.ping_when_idle(sync(engine), execution.PING_IDLE)
+    if url.get_backend_name() != "sqlite":
+        whole = url.get_driver_name() in ("psycopg", "psycopg_async")  # libpq: whole seconds
+        execution.bound_connects(sync(engine), "connect_timeout", whole=whole)
+        dialects.tune_sockets(sync(engine))
     dialects.reset_after_commit(sync(engine))
     return engine
 
@@ -373,6 +378,8 @@ class Tx(NamedTuple):
     unknown: str = RETRIED
     bounds_in_fn: bool = False
     """Whether `fn` sends the bounds itself (a commit, in its first flight: `lease.fencing`)."""
+    lock: timedelta | None = None
+    """How long a statement may wait for a lock (`commit_lock_bound`)."""
     outside: bool = False
     """Run `fn` in autocommit mode, in no transaction (`Kind.OUTSIDE`)."""
 
@@ -384,32 +391,65 @@ def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
     """
     kind = KINDS[op]
     if kind is Kind.READ:
-        return Tx(read_only=True)
+        return Tx(read_only=True, deadline=deadline)
     if kind is Kind.WRITE:
         return Tx(read_only=False)
     if kind is Kind.OUTSIDE:
         return Tx(read_only=False, outside=True)
     if op == "commit":
         timeout = config.commit_timeout
-        return Tx(False, config.lease_ttl, timeout, timeout, RETRY_COMMIT, bounds_in_fn=True)
+        return Tx(
+            False,
+            config.lease_ttl,
+            timeout,
+            timeout,
+            RETRY_COMMIT,
+            bounds_in_fn=True,
+            lock=commit_lock_bound(config),
+        )
     return Tx(False, config.lease_ttl, deadline=lease_bound(config, deadline))
 
 
-def transaction(conn: Connection, fn: Callable[[Connection], T], tx: Tx) -> T:
+def commit_lock_bound(config: StoreConfig) -> timedelta:
+    """How long a commit's statement may wait for a lock: a third of `lease_ttl` -
+    `lease_renew`, or `commit_timeout` if shorter.
+
+    A commit holds the lease row from its fence check on, so a renewal that starts meanwhile
+    waits for it; a commit waiting on a table lock (a migration's ALTER TABLE queued on the
+    tasks table) held the renewal past the keeper's deadline, and the leader stepped down
+    with nobody to take over. A leader that retries such commits back to back makes each
+    renewal wait up to one bound `W`, and the next one starts `lease_renew` after it ended:
+    the one after a renewal that started at `t` ends by `t + 2W + lease_renew`, which must
+    come before the keeper's deadline, `t + lease_ttl`. A third leaves a third as margin, and
+    the stalled commit fails with `StoreUnavailable` (rolled back: retry it). MariaDB counts
+    lock waits in whole seconds (rounded down, at least 1): there, keep `lease_ttl` at
+    least `lease_renew` + 3 s."""
+    return min(config.commit_timeout, (config.lease_ttl - config.lease_renew) / 3)
+
+
+def transaction(
+    conn: Connection,
+    fn: Callable[[Connection], T],
+    tx: Tx,
+    armed: execution.Deadline | None = None,
+) -> T:
     """Run `fn` in one transaction on `conn` as `tx` says: the runner of every transaction
     `SqlStore._run` and `AsyncSqlStore._run` start (the latter inside `run_sync`), so both
     faces keep the same rules. `tx.read_only` marks it for SQLite's deferred BEGIN
     (`dialects.READ_ONLY`); `tx.idle` and `tx.timeout` are `dialects.bound`'s.
 
     `tx.deadline`: the whole transaction, COMMIT included, ends within it whatever the server
-    waits on; the one place a commit's timeout is enforced. Server-side bounds do not cover
+    or the network does; the one place a commit's timeout is enforced. `armed` is that
+    deadline when it was armed before connecting (`execution.bounded`: the faces' `_run`),
+    so that connecting and the pool's ping count against it too. Server-side bounds do not cover
     everything: PostgreSQL's `statement_timeout` does not apply to a COMMIT waiting for a
     synchronous standby, nor does anything else, and that commit holds its row locks
     meanwhile. Past the deadline `execution.WATCHDOG` interrupts the session
-    (`dialects.interrupter`), and the transaction raises `StoreUnavailable`: "rolled back" if
-    it had not reached COMMIT (nor does it when its statements end past the deadline: a
-    caller that gave up waiting must not find it committed later), "outcome unknown" (and
-    `tx.unknown`, what the caller should do) if it had, for a cancelled wait for a standby
+    (`dialects.interrupter`: its socket is shut down), and the transaction raises
+    `StoreUnavailable`: "rolled back" if its COMMIT had not been sent (nor is it sent when
+    its statements end past the deadline: a caller that gave up waiting must not find it
+    committed later), "outcome unknown" (and `tx.unknown`, what the caller should do) if it
+    had, for a COMMIT may land after its answer was lost, and a cancelled wait for a standby
     leaves the transaction committed locally, perhaps never replicated.
 
     The connection goes (invalidated: the pool opens a new one next time) after such an
@@ -422,14 +462,18 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], tx: Tx) -> T:
     if tx.outside:  # the pool restores the isolation level when the connection comes back
         return fn(conn.execution_options(isolation_level="AUTOCOMMIT"))
     deadline = tx.deadline
-    armed = None
-    if deadline is not None:
-        armed = execution.WATCHDOG.arm(deadline.total_seconds(), dialects.interrupter(conn))
+    if armed is None and deadline is not None:  # not armed before connecting: arm it here
+        with execution.bounded(deadline.total_seconds()) as own:
+            return transaction(conn, fn, tx, own)
+    if armed is not None:
+        execution.WATCHDOG.bind(armed, dialects.interrupter(conn))
+    info = conn.info
+    info.pop(execution.COMMIT_SENT, None)
     committing = False
     try:
         with conn.begin():
             if not tx.bounds_in_fn:
-                dialects.bound(conn, idle=tx.idle, timeout=tx.timeout)
+                dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, lock=tx.lock)
             result = fn(conn)
             if (
                 armed is not None
@@ -446,7 +490,8 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], tx: Tx) -> T:
         if overdue or (isinstance(exc, sa_exc.DBAPIError) and dialects.read_only(exc)):
             _drop(conn, exc)
         if overdue and not isinstance(exc, StoreError):  # the store's own (Fenced) stands
-            raise StoreUnavailable(_overdue(deadline, committing, tx.unknown)) from exc
+            sent = committing or bool(info.get(execution.COMMIT_SENT))
+            raise StoreUnavailable(_overdue(deadline, sent, tx.unknown)) from exc
         raise
     if armed is not None and execution.WATCHDOG.settle(armed):
         # COMMIT returned, but after the interruption: a cancelled wait for a standby
@@ -463,13 +508,18 @@ def _drop(conn: Connection, exc: BaseException | None) -> None:
         conn.invalidate(orig if isinstance(orig, Exception) else None)
 
 
-def _overdue(deadline: timedelta | None, committing: bool, unknown: str) -> str:
-    if committing:
+def _overdue(deadline: timedelta | None, sent: bool, unknown: str) -> str:
+    """What a transaction cut off at its deadline knows of itself: whether its COMMIT had
+    left, nothing of why no answer came (a silent network and a lost standby look alike)."""
+    if sent:
         return (
-            f"the transaction did not finish within {deadline} (a COMMIT waiting for a lost "
-            f"synchronous standby?); outcome unknown: it may have committed; {unknown}"
+            f"the transaction did not finish within {deadline}: its COMMIT was sent and "
+            f"no answer came in time; outcome unknown: it may have committed; {unknown}"
         )
-    return f"the transaction did not finish within {deadline}; interrupted and rolled back"
+    return (
+        f"the transaction did not finish within {deadline}: interrupted before its COMMIT "
+        "was sent; rolled back"
+    )
 
 
 class _Engine(Protocol):
@@ -728,7 +778,7 @@ class Face(Generic[E, K, C, H]):
         def work(conn: Connection) -> None:
             # The bounds (`plan`: the lease TTL's idle bound, the commit timeout) ride in the
             # fence's flight, before the fence (`Tx.bounds_in_fn`).
-            first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True)
+            first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True, lock=tx.lock)
             try:
                 with execution.collection_paused(), lease.fencing(
                     conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl, seq=seq,
@@ -834,7 +884,7 @@ class Face(Generic[E, K, C, H]):
         """One attempt at the lease, within `bound`: taken, held (None), or unreachable. It
         looks first, without locking the row (SQLite: without the write lock a leader needs)."""
         try:
-            if not (yield Step("peek", partial(lease.may_take, holder=self.holder))):
+            if not (yield Step("peek", partial(lease.may_take, holder=self.holder), bound)):
                 return None
             taken: lease.Lease | None = yield Step("take", self._take_work(ttl_ns), bound)
         except StoreUnavailable as exc:

@@ -25,6 +25,8 @@ from typing import Any, Final, NamedTuple
 
 from sqlalchemy import (
     Connection,
+    Delete,
+    Insert,
     Integer,
     Row,
     Select,
@@ -32,7 +34,9 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     func,
+    insert,
     literal,
     literal_column,
     null,
@@ -47,7 +51,7 @@ from . import builds, codec, execution, leadership
 from .dialects import db_now_ns
 from .errors import BuildTooOld, DatabaseBehind, Fenced, LeaderRowMissing
 from .model import LostCommits
-from .schema import leader, writers
+from .schema import leader, recurring, writers
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +302,7 @@ def take(
     """
     lock(conn)
     started = time.monotonic()
+    probe(conn, holder=holder)
     taken = _take(conn, holder=holder, ttl_ns=ttl_ns)
     if taken is None:
         return None
@@ -310,6 +315,36 @@ def take(
             lost=LostCommits(epoch=last_epoch, commits=acked - seq, noticed_unix_ns=time.time_ns()),
         )
     return Lease(epoch, started, seq)
+
+
+TAKE_PROBE_BYTES: Final = 1 << 20
+"""What a take writes (and removes) besides the lease row (`probe`): room for a commit of
+about this size must be there for a take to succeed."""
+
+
+@cache
+def _probe_stmts() -> tuple[Insert, Delete]:
+    name: Any = bindparam("b_name")
+    return (
+        insert(recurring).values(name=name, spec="{}", template_payload=bindparam("b_bytes")),
+        delete(recurring).where(recurring.c.name == name),
+    )
+
+
+def probe(conn: Connection, *, holder: str) -> None:
+    """Write `TAKE_PROBE_BYTES` of incompressible bytes and remove them, in the take's
+    transaction, so that a take fails where a commit would: a database out of disk.
+
+    A take rewrites only the lease row, which fits where it stands (PostgreSQL's heap page,
+    SQLite's reused WAL frames) on a disk too full for any commit of tasks: takes succeeded
+    there, one epoch after another, while every commit failed. With the probe the take fails
+    too (`StoreUnavailable`, the full disk named) and no epoch is spent on a term that could
+    not commit. The row (a schedule named after this holder) is never visible: it goes in the
+    same transaction."""
+    put, remove = _probe_stmts()
+    name = f"cronoq:take-probe:{holder}"[: codec.NAME_MAX]
+    execution.run_stmt(conn, put, {"b_name": name, "b_bytes": os.urandom(TAKE_PROBE_BYTES)})
+    execution.run_stmt(conn, remove, {"b_name": name})
 
 
 def _diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:

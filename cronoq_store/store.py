@@ -195,17 +195,21 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         `deadline` bounds a lease transaction further. A commit runs on the connection the
         last one kept, when there is one (`face.Face._keep_held`)."""
         tx = face.plan(op, self.config, deadline)
-        with face.translated():
+        bound = None if tx.deadline is None else tx.deadline.total_seconds()
+        # Armed before connecting: a connect, or the ping of an idle connection, counts too.
+        with face.translated(), execution.bounded(bound) as armed:
             if op == "commit" and self._holds:
-                return self._run_held(fn, tx)
+                return self._run_held(fn, tx, armed)
             with self.engine.connect() as conn:
-                return face.transaction(conn, fn, tx)
+                return face.transaction(conn, fn, tx, armed)
 
-    def _run_held(self, fn: Callable[[Connection], T], tx: face.Tx) -> T:
+    def _run_held(
+        self, fn: Callable[[Connection], T], tx: face.Tx, armed: execution.Deadline | None
+    ) -> T:
         """`fn` in a transaction on the kept connection (or a new one), kept again after."""
         conn = self._held_connection()
         try:
-            result = face.transaction(conn, fn, tx)
+            result = face.transaction(conn, fn, tx, armed)
         except BaseException:
             conn.close()
             raise
@@ -226,8 +230,12 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             conn.close()
         return self.engine.connect()
 
-    def _close_held(self) -> None:
+    def _close_held(self, *, lost: bool = False) -> None:
+        """Close the kept connection; after a loss (`lost`) without a word to the server,
+        which may be cut off: a pool's reset of it (a ROLLBACK) would wait on the network."""
         if (conn := self._drop_held()) is not None:
+            if lost:
+                conn.invalidate()
             conn.close()
 
     def _drive(self, steps: Steps[T]) -> T:
@@ -271,7 +279,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """Step down (once), then call the callbacks (`_step_down` decides); `released` when
         by choice, else lost for `why` (a keeper's reason or the error that showed it)."""
         callbacks = self._step_down(why, level, about, released)
-        self._close_held()
+        self._close_held(lost=not released)
         for callback in callbacks:
             try:
                 callback()
@@ -302,9 +310,9 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
                 unreachable, or another instance holding a live lease).
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
+        began = time.monotonic()  # the timeout counts from here, stepping down included
         self._lose("taking the lease anew", logging.INFO, released=True)
-        self._stop()
-        began = time.monotonic()
+        self._stop(None if timeout is None else timeout / 10)
         acquiring = face.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         ttl = face.ns(self.config.lease_ttl)
@@ -344,11 +352,13 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """Record what `exc` found missing for the next recovery; a failure only logs."""
         self._drive(self._recording_lost(exc))
 
-    def _stop(self) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`."""
+    def _stop(self, within: float | None = None) -> None:
+        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
+        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
         if (keeper := self._detach()) is not None:
             keeper.stop()
-            keeper.join(self.config.lease_renew.total_seconds())
+            wait = self.config.lease_renew.total_seconds()
+            keeper.join(wait if within is None else min(wait, within))
 
     def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.

@@ -27,8 +27,11 @@ from .sessions import committed as committed
 from .sessions import configure_sqlite as configure_sqlite
 from .sessions import idle_bound_supported as idle_bound_supported
 from .sessions import interrupter as interrupter
+from .sessions import interrupter_of as interrupter_of
+from .sessions import net_options as net_options
 from .sessions import pool_options as pool_options
 from .sessions import reset_after_commit as reset_after_commit
+from .sessions import tune_sockets as tune_sockets
 from .statements import Vacuum as Vacuum
 from .statements import create_database as create_database
 from .statements import database_exists as database_exists
@@ -45,7 +48,9 @@ from .statements import says_lastrowid as says_lastrowid
 from .statements import server_role_stmt as server_role_stmt
 from .statements import unindexed as unindexed
 from .statements import vacuums as vacuums
+from .translation import DISK_FULL as DISK_FULL
 from .translation import describe as describe
+from .translation import disk_full as disk_full
 from .translation import hide_parameters as hide_parameters
 from .translation import missing_table as missing_table
 from .translation import read_only as read_only

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
 import sqlite3
 import time
@@ -171,6 +172,7 @@ def bound(
     timeout: timedelta | None,
     idle_too: bool = True,
     defer: bool = False,
+    lock: timedelta | None = None,
 ) -> tuple[Select[Any], dict[str, str]] | None:
     """`bound_idle(conn, idle)` (unless not `idle_too`) and, given a `timeout`, a bound on how
     long each statement of this transaction may wait (so a commit cannot hang), in one round
@@ -178,7 +180,10 @@ def bound(
 
     The statement bound: PostgreSQL's `statement_timeout` for this transaction only; MySQL's
     session lock wait timeout (whole seconds), set once per connection; SQLite waits only for
-    other writers, and `busy_timeout` already bounds that.
+    other writers, and `busy_timeout` already bounds that. `lock` (with a `timeout`) bounds a
+    wait for a lock shorter still: PostgreSQL's `lock_timeout`, MySQL's InnoDB lock wait. A
+    commit holds the lease row while it waits, so the keeper's renewal queues behind it: its
+    wait must end in time for the renewal (`face.plan`).
 
     On PostgreSQL both are transaction-local `set_config` calls, so one SELECT carries both: a
     commit pays one statement for its bounds, not two. MySQL's are session settings sent only
@@ -193,6 +198,8 @@ def bound(
             settings.append(("idle_in_transaction_session_timeout", max(1, -(-idle // _MS))))
         if timeout is not None:
             settings.append(("statement_timeout", max(1, timeout // _MS)))
+            if lock is not None and lock < timeout:
+                settings.append(("lock_timeout", max(1, lock // _MS)))
         if settings:
             params = {}
             for i, (setting, ms) in enumerate(settings):
@@ -204,9 +211,17 @@ def bound(
     if which != "mysql":
         return None
     if timeout is not None:
-        seconds = max(1, -(-timeout // timedelta(seconds=1)))
+        # Whole seconds: the statement's bound rounded up (the watchdog ends the transaction
+        # on time), a shorter lock bound rounded down (its wait must end before a renewal's).
+        if lock is not None and lock < timeout:
+            seconds = max(1, lock // timedelta(seconds=1))
+        else:
+            seconds = max(1, -(-timeout // timedelta(seconds=1)))
         if conn.info.get("cronoq_lock_wait_s") != seconds:
-            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+            # Row locks (InnoDB) and table locks (metadata: an ALTER TABLE under way).
+            conn.exec_driver_sql(
+                f"SET SESSION innodb_lock_wait_timeout = {seconds}, lock_wait_timeout = {seconds}"
+            )
             conn.info["cronoq_lock_wait_s"] = seconds
     if not idle_too or not idle_bound_supported(conn.dialect):
         return None
@@ -231,30 +246,146 @@ def _set_local_stmt(count: int) -> Select[Any]:
 
 
 def interrupter(conn: Connection) -> Callable[[], None] | None:
-    """How another thread stops whatever `conn`'s session waits on (None: no way known), for
-    the transaction deadline (`execution.Watchdog`). Safe to call from any thread.
+    """`interrupter_of` `conn`'s driver connection."""
+    return interrupter_of(conn.dialect, conn.connection.driver_connection)
 
-    PostgreSQL: psycopg's `cancel()`, a cancel request on a connection of its own (sync and
-    asyncio connections alike). Note that a cancel during a COMMIT's wait for a synchronous
-    standby does not undo it: the transaction has committed locally, and COMMIT returns with
-    a WARNING; the caller must treat its outcome as unknown. MariaDB/MySQL (PyMySQL): the
-    socket is shut down, so the blocked read fails as a lost connection. SQLite:
-    `interrupt()`, which rolls back the transaction it stops.
+
+def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:
+    """How another thread stops whatever the session of `driver` (a driver's connection)
+    waits on (None: no way known), for an operation's deadline (`execution.Watchdog`). Safe
+    to call from any thread, and it never blocks: no new connection to the server.
+
+    PostgreSQL (psycopg, sync and asyncio) and MariaDB/MySQL (PyMySQL, asyncmy): the socket is
+    shut down, so the blocked read fails at once as a lost connection, whether or not the
+    server can still be reached. (psycopg's `cancel()` sends a cancel request on a connection
+    of its own: to a server cut off silently, it waited as long as the network let it, holding
+    the GIL, and every thread of the process stood still.) The server ends the transaction
+    when it notices the socket closed, or when its own bounds end the statement
+    (`bound`); until then a COMMIT that was sent may still land, so its outcome is unknown.
+    SQLite: `interrupt()`, which rolls back the transaction it stops.
     """
-    driver: Any = conn.connection.driver_connection
-    which = name(conn.dialect)
+    which = name(dialect)
     if which == "postgresql":
-        cancel: Callable[[], None] | None = getattr(driver, "cancel", None)
-        return cancel
+        pgconn = getattr(driver, "pgconn", None)
+        return None if pgconn is None else functools.partial(_shut_pgconn, pgconn)
     if which == "sqlite":
+        if not isinstance(driver, sqlite3.Connection):
+            driver = getattr(driver, "_conn", None)  # aiosqlite's, once it runs
         return driver.interrupt if isinstance(driver, sqlite3.Connection) else None
     if which == "mysql":
-        sock = getattr(driver, "_sock", None)  # PyMySQL's; asyncmy has none to reach
+        sock = getattr(driver, "_sock", None)  # PyMySQL's
         if isinstance(sock, socket.socket):
             return functools.partial(_shut, sock)
+        transport = getattr(driver, "_transport", None)  # asyncmy's asyncio transport
+        if transport is not None:
+            return functools.partial(_shut_transport, transport)
     return None
+
+
+def _shut_transport(transport: Any) -> None:
+    """Shut down an asyncio transport's socket, read afresh (a closed one has none)."""
+    raw = transport.get_extra_info("socket")
+    if raw is not None:
+        _shut_fd(raw.fileno())
 
 
 def _shut(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):  # already closed
         sock.shutdown(socket.SHUT_RDWR)
+
+
+def _shut_pgconn(pgconn: Any) -> None:
+    """Shut down libpq's socket, read afresh (a closed connection has none: nothing to do)."""
+    try:
+        fd = pgconn.socket
+    except Exception:  # psycopg's OperationalError: the connection is closed already
+        return
+    _shut_fd(fd)
+
+
+def _shut_fd(fd: int) -> None:
+    """Shut down the socket of file descriptor `fd`, which stays open (its owner closes it)."""
+    if fd < 0:
+        return
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return
+    try:
+        _shut(sock)
+    finally:
+        sock.detach()  # the descriptor is the driver's, not ours to close
+
+
+# The network under the store's own connections.
+
+KEEPALIVE_IDLE: Final = 5
+"""Seconds a connection of the store's may sit silent before TCP probes its peer."""
+KEEPALIVE_INTERVAL: Final = 2
+"""Seconds between unanswered probes."""
+KEEPALIVE_COUNT: Final = 3
+"""Unanswered probes after which the connection is dropped."""
+TCP_USER_TIMEOUT_MS: Final = 10_000
+"""Milliseconds data sent may stay unacknowledged before the kernel drops the connection."""
+
+
+def net_options(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
+    """`connect_args` for an engine the store creates, with TCP keepalives, a TCP user timeout
+    and a connect timeout added where the URL (or `connect_args`) does not set them: libpq's
+    `keepalives*`, `tcp_user_timeout` and `connect_timeout` on psycopg. A server cut off
+    silently (no RST, no ICMP) then costs a connection of the store's at most about
+    `TCP_USER_TIMEOUT_MS`, or the probes' 11 s when idle, where a read outside any bound
+    waited for TCP's own retransmissions (15 minutes). PyMySQL's are set on its socket once it
+    connects (`tune_sockets`), its connect timeout (10 s) being its default already."""
+    if url.get_driver_name() not in ("psycopg", "psycopg_async"):
+        return connect_args
+    defaults: dict[str, Any] = {
+        "connect_timeout": str(int(execution.CONNECT_TIMEOUT)),
+        "keepalives": "1",
+        "keepalives_idle": str(KEEPALIVE_IDLE),
+        "keepalives_interval": str(KEEPALIVE_INTERVAL),
+        "keepalives_count": str(KEEPALIVE_COUNT),
+    }
+    if _libpq_version() >= 120000:  # tcp_user_timeout came with libpq 12
+        defaults["tcp_user_timeout"] = str(TCP_USER_TIMEOUT_MS)
+    given = set(url.query) | set(connect_args)
+    return {**{k: v for k, v in defaults.items() if k not in given}, **connect_args}
+
+
+def _libpq_version() -> int:
+    import psycopg
+
+    return int(psycopg.pq.version())
+
+
+def tune_sockets(engine: Engine) -> None:
+    """On PyMySQL and asyncmy, give every new connection's socket TCP keepalives and a TCP
+    user timeout (`net_options` says why); other drivers take them as options, or have no
+    socket. (Socket options belong to the socket, not the descriptor: a duplicate sets them.)"""
+    if engine.dialect.driver not in ("pymysql", "asyncmy"):
+        return
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: object) -> None:
+        driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+        sock = getattr(driver, "_sock", None)
+        transport = getattr(driver, "_transport", None)
+        if sock is None and transport is not None:  # asyncmy: the transport's socket
+            raw = transport.get_extra_info("socket")
+            sock = None if raw is None else socket.socket(fileno=os.dup(raw.fileno()))
+            if sock is not None:
+                with contextlib.closing(sock):
+                    _keepalive(sock)
+            return
+        if isinstance(sock, socket.socket):
+            _keepalive(sock)
+
+
+def _keepalive(sock: socket.socket) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_COUNT)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)

@@ -3,6 +3,7 @@ the same words on every dialect; passwords and task data never reach a message."
 
 from __future__ import annotations
 
+import errno
 import re
 import sqlite3
 from typing import Any, Final
@@ -67,8 +68,38 @@ def read_only(exc: BaseException) -> bool:
     return bool(sqlstate == _PG_READ_ONLY)
 
 
+SQLITE_FULL: Final = 13
+_PG_DISK_FULL: Final = "53100"
+_MYSQL_DISK_FULL: Final = frozenset(
+    {
+        1021,  # disk full, waiting for someone to free space
+        1114,  # the table is full (InnoDB could not extend its tablespace)
+    }
+)
+_NO_SPACE: Final = re.compile(r"No space left on device|[Ee]rror(?: number)? 28\b")
+DISK_FULL: Final = "the database's disk is full"
+"""How every dialect's full disk begins its message (`translate`)."""
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` is the database running out of disk: SQLite's SQLITE_FULL, PostgreSQL's
+    53100 (or a message saying ENOSPC: a PANIC on a full pg_wal ends the session with it),
+    MariaDB/MySQL's 1021 and 1114, or an OS error 28 in its message.
+
+    Transient: freeing space is all it takes, and a retry of the same batch then lands."""
+    orig: Any = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    if isinstance(orig, sqlite3.Error):
+        return getattr(orig, "sqlite_errorcode", 0) & 0xFF == SQLITE_FULL
+    args: Any = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_DISK_FULL:
+        return True
+    if (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) == _PG_DISK_FULL:
+        return True
+    return orig is not None and bool(_NO_SPACE.search(str(orig)))
+
+
 def _is_transient(exc: sa_exc.DBAPIError) -> bool:
-    if exc.connection_invalidated or read_only(exc):
+    if exc.connection_invalidated or read_only(exc) or disk_full(exc):
         return True
     orig: Any = exc.orig
     if isinstance(orig, sqlite3.Error):
@@ -193,9 +224,13 @@ def translate(exc: BaseException) -> StoreError:
         message = (
             describe(exc) or redact(str(exc.orig) if exc.orig is not None else str(exc)).strip()
         )
+        if disk_full(exc):
+            return StoreUnavailable(f"{DISK_FULL}: free space, then retry ({message})")
         if _is_transient(exc):
             return StoreUnavailable(message)
         return StoreError(message)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return StoreUnavailable(redact(f"{DISK_FULL}: free space, then retry ({exc})"))
     if isinstance(exc, ConnectionError | TimeoutError):
         return StoreUnavailable(redact(str(exc)))
     return StoreError(redact(f"{type(exc).__name__}: {exc}"))

@@ -302,10 +302,10 @@ def take(
     """
     lock(conn)
     started = time.monotonic()
-    probe(conn, holder=holder)
     taken = _take(conn, holder=holder, ttl_ns=ttl_ns)
     if taken is None:
         return None
+    probe(conn, holder=holder)  # after the take: a standby's attempt on a held lease writes nothing
     epoch, seq = taken
     if seq < acked:
         raise DatabaseBehind(

@@ -14,6 +14,7 @@ from sqlalchemy import URL, make_url
 
 from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, execution, face
 from cronoq_store.dialects import sessions
+from cronoq_store.testing.statements import after_statements
 
 
 def test_an_interrupt_bound_after_the_deadline_runs_at_once() -> None:
@@ -77,3 +78,25 @@ def test_no_connect_is_started_past_the_bound(db_url: URL, dialect: str) -> None
             with pytest.raises(StoreUnavailable, match="no time left to connect"):
                 store.engine.connect()
         assert time.monotonic() - started < 1.0
+
+
+def test_a_standby_writes_no_probe_while_the_lease_is_held(db_url: URL) -> None:
+    """The take's disk probe (1 MiB) is written only by a take that succeeds: a standby's
+    attempts on a held lease, one per retry for as long as the leader lives, write nothing
+    to the tasks' tables (a probe per attempt would be a steady stream of WAL and binlog)."""
+    probes: list[str] = []
+
+    def seen(_cursor: object, statement: str) -> None:
+        if "cronoq_recurring" in statement and statement.lstrip().upper().startswith("INSERT"):
+            probes.append(statement)
+
+    with SqlStore.open(db_url) as leader, SqlStore.open(db_url) as standby:
+        after_statements(standby.engine, seen)
+        leader.acquire_leadership()
+        with pytest.raises(StoreUnavailable):
+            standby.acquire_leadership(timeout=0.5)
+        assert probes == []
+        leader.release_leadership()
+        standby.acquire_leadership(timeout=10)
+        assert len(probes) == 1  # the take that succeeded wrote its probe
+        standby.release_leadership()

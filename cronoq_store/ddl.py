@@ -292,11 +292,12 @@ def _retrying(step: Callable[[], None], what: str) -> None:
 
 def _alter(statement: Callable[[], None], what: str) -> None:
     """Run one table-locking DDL statement online: its own transaction, a short lock wait,
-    retried (offline: the plain statement)."""
+    retried (offline: the plain statement, in the script's transaction)."""
+    if is_offline():
+        statement()
+        return
     with _own_transactions() as conn:
-        if conn is None:
-            statement()
-            return
+        assert conn is not None
         if _dialect() == "sqlite":
             statement()  # SQLite's ALTER is one short write transaction of its own
             _sqlite_commit()
@@ -307,7 +308,11 @@ def _alter(statement: Callable[[], None], what: str) -> None:
 
 def _mysql_online(sql: str, clauses: Sequence[str], what: str) -> None:
     """Run MySQL DDL `sql` with the first of `clauses` (", ALGORITHM=..., LOCK=...") the
-    server accepts for it (1845/1846: not supported for this operation), else plainly."""
+    server accepts for it (1845/1846: not supported for this operation), else plainly.
+    Offline: with the first clause."""
+    if is_offline():
+        op.execute(sql + clauses[0])
+        return
     for clause in (*clauses, ""):
 
         def statement(text: str = sql + clause) -> None:
@@ -387,7 +392,7 @@ def drop_index(name: str, table: str) -> None:
     PostgreSQL: `DROP INDEX CONCURRENTLY` outside the transaction. MySQL: `ALGORITHM=INSTANT`
     (else `INPLACE`), `LOCK=NONE`."""
     if _is_new(table):
-        if has_index(table, name):
+        if is_offline() or has_index(table, name):
             op.drop_index(name, table_name=table, schema=schema())
         return
     if not is_offline() and index_state(table, name) == "missing":
@@ -422,7 +427,7 @@ def add_column(table: str, column: sa.Column[Any]) -> None:
     if _is_new(table):
         op.add_column(table, column, schema=schema())
         return
-    if _dialect() == "mysql" and not is_offline():
+    if _dialect() == "mysql":
         spec = sa.schema.CreateColumn(column._copy()).compile(dialect=_context().dialect)
         sql = f"ALTER TABLE {_target(table)} ADD COLUMN {spec}"
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
@@ -480,9 +485,10 @@ def backfill(
     where: Sequence[sa.ColumnElement[bool]],
     *,
     key: str = "id",
-    batch: int = BATCH_ROWS,
+    batch: int | None = None,
 ) -> int:
-    """`UPDATE table SET values WHERE where`, `batch` rows (in `key` order) per transaction.
+    """`UPDATE table SET values WHERE where`, `batch` rows (default `BATCH_ROWS`, in `key`
+    order) per transaction.
 
     `where` must exclude the rows already done (`column IS NULL`, say): the update is then
     safe to run again after a kill, and each batch re-checks it. A keyset walk on `key`
@@ -493,20 +499,21 @@ def backfill(
         op.execute(table.update().where(*where).values(**values))
         return 0
     column = table.c[key]
+    size = BATCH_ROWS if batch is None else batch
     done = 0
     last: Any = None
     with _own_transactions() as conn:
         assert conn is not None
         sqlite = _dialect() == "sqlite"
         while True:
-            bound = [*where] if last is None else [*where, column > last]
-            ids = sa.select(column).where(*bound).order_by(column).limit(batch).subquery()
+            bound = [*where] if last is None else [*where, column > _key(last)]
+            ids = sa.select(column).where(*bound).order_by(column).limit(size).subquery()
             high = conn.execute(sa.select(sa.func.max(ids.c[key]))).scalar()
             if sqlite:
                 _sqlite_commit()  # the read's snapshot, before the write lock
             if high is None:
                 return done
-            update = table.update().where(*bound, column <= high).values(**values)
+            update = table.update().where(*bound, column <= _key(high)).values(**values)
             if sqlite:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
                 done += conn.execute(update).rowcount
@@ -514,6 +521,12 @@ def backfill(
             else:
                 done += conn.execute(update).rowcount
             last = high
+
+
+def _key(value: Any) -> sa.BindParameter[Any]:
+    """A key bound as BIGINT (psycopg would cast a bare int to INTEGER: ids pass 2**31)."""
+    kind: sa.types.TypeEngine[Any] = sa.BigInteger() if isinstance(value, int) else sa.String()
+    return sa.bindparam(None, value, type_=kind)
 
 
 def insert_missing(table: sa.Table, rows: Sequence[Mapping[str, Any]], key: str = "id") -> None:

@@ -5,7 +5,9 @@ MySQL and MariaDB commit each DDL statement at once, so a first migration that d
 `SqlStore.open` or `cronoq-store upgrade` must complete it rather than fail for good. The
 in-process test stops the migration after each write statement in turn (an exception no
 handler catches, and its connection dropped as a dying process's would be); one test kills a
-real process with SIGKILL.
+real process with SIGKILL. The migrations run online, each step committing on its own, so on
+every dialect a kill leaves part of a revision behind; on PostgreSQL one test kills a
+`CREATE INDEX CONCURRENTLY` mid-build, whose INVALID index the next run rebuilds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from builders import wait_until
 from sqlalchemy import URL, Engine, MetaData, create_engine, event, func, select, text
 
 from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, migrate
@@ -221,3 +225,70 @@ def test_connection_killed_mid_migration_is_unavailable(db_url: URL, dialect: st
         assert_schema_complete(engine)
     finally:
         engine.dispose()
+
+
+def _index_valid(engine: Engine, name: str) -> bool | None:
+    """pg_index.indisvalid of the index `name`; None when there is none."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE c.relname = :name"
+            ),
+            {"name": name},
+        ).first()
+    return None if row is None else bool(row[0])
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"], indirect=True)
+def test_invalid_index_of_a_killed_concurrent_build_is_rebuilt(db_url: URL, engine: Engine) -> None:
+    """A `CREATE INDEX CONCURRENTLY` killed while it waits (here for a writer's open
+    transaction) leaves its index behind, INVALID: never used, yet kept up by every write.
+    The next run finds it so, drops it concurrently and builds it again."""
+    index = "ix_cronoq_tasks_finished_unix_ns"
+    migrate.upgrade(engine, "0004_commit_seq")
+    admin = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    writer = engine.connect()
+    victim = create_engine(db_url)
+    pids: list[int] = []
+
+    def before(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith(f"CREATE INDEX CONCURRENTLY {index}"):
+            pids.append(_session_id(conn.connection.driver_connection, "postgresql"))
+            writer.execute(text("LOCK TABLE cronoq_tasks IN ROW EXCLUSIVE MODE"))
+
+    event.listen(victim, "before_cursor_execute", before)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            migrate.upgrade(victim)
+        except BaseException as exc:  # the kill, reported below
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: bool(pids) and _index_valid(admin, index) is False, "an INVALID index", 30
+        )
+        with admin.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+        thread.join(timeout=60)
+    finally:
+        writer.rollback()
+        writer.close()
+        victim.dispose()
+    assert isinstance(failure[0], StoreUnavailable), failure
+    assert _index_valid(admin, index) is False  # what the killed build left
+    assert migrate.current_revision(engine) == "0004_commit_seq"
+    try:
+        with SqlStore.open(db_url, StoreConfig()) as store:  # migrates under the lock
+            store.acquire_leadership()
+            store.release_leadership()
+        assert _index_valid(admin, index) is True
+        with engine.begin() as conn:  # undo the lease for the schema check
+            conn.execute(leader.update().values(epoch=0))
+        assert_schema_complete(engine)
+    finally:
+        admin.dispose()

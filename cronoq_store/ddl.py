@@ -179,8 +179,11 @@ def index_state(table: str, name: str) -> Literal["missing", "valid", "invalid"]
 
 
 def _quote(name: str) -> str:
+    """`name` quoted for DDL text (where needed), its '%' left single: the text is either run
+    as it is (`exec_driver_sql`) or compiled once more, which doubles them (`op.execute`)."""
     preparer = _context().dialect.identifier_preparer
-    return str(preparer.quote(name))
+    quoted = str(preparer.quote(name))
+    return quoted.replace("%%", "%") if getattr(preparer, "_double_percents", False) else quoted
 
 
 def _target(table: str) -> str:
@@ -459,7 +462,6 @@ def set_storage(table: str, parameters: Mapping[str, str]) -> None:
     if not is_offline() and wanted <= _reloptions(table):
         return
     settings = ", ".join(f"{k} = {v}" for k, v in parameters.items())
-    # The target is quoted by hand: op.execute compiles the text again (a '%' doubled once).
     _alter(lambda: op.execute(f"ALTER TABLE {_target(table)} SET ({settings})"), "set storage")
 
 
@@ -502,7 +504,7 @@ def backfill(
     size = BATCH_ROWS if batch is None else batch
     done = 0
     last: Any = None
-    with _own_transactions() as conn:
+    with _own_transactions() as conn, _no_gap_locks(conn):
         assert conn is not None
         sqlite = _dialect() == "sqlite"
         while True:
@@ -521,6 +523,25 @@ def backfill(
             else:
                 done += conn.execute(update).rowcount
             last = high
+
+
+@contextlib.contextmanager
+def _no_gap_locks(conn: sa.Connection | None) -> Iterator[None]:
+    """MySQL: run the block at READ COMMITTED. At InnoDB's REPEATABLE READ a batch's UPDATE
+    locks the index gaps it scans, up to the next key: the leader, finishing a task of its
+    own (a new entry in that index), then waited on it, and a deadlock made its commit the
+    victim (1213, seen in the drill). Elsewhere nothing."""
+    if conn is None or _dialect() != "mysql":
+        yield
+        return
+    dbapi = conn.connection.dbapi_connection
+    before = conn.dialect.get_isolation_level(dbapi)  # type: ignore[arg-type]
+    conn.exec_driver_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(sa_exc.SQLAlchemyError):
+            conn.exec_driver_sql(f"SET SESSION TRANSACTION ISOLATION LEVEL {before}")
 
 
 def _key(value: Any) -> sa.BindParameter[Any]:

@@ -126,27 +126,44 @@ def _sqlite_file_lock(conn: Connection) -> Iterator[None]:
     """The lock of a SQLite database: an exclusive `flock` on `<file>-migrate.lock` beside
     it, which the OS frees when the process ends, however it ends. (Not the write
     transaction: a migration commits many short ones, for the leader's commits between.)
-    A database in memory has no other process: nothing to lock."""
+    The holder removes the file before it lets go, so none is left behind; a taker that got
+    the lock of a file since removed (or replaced) takes it anew. A database in memory has no
+    other process: nothing to lock."""
     row = conn.exec_driver_sql("PRAGMA database_list").first()
     if conn.in_transaction():
         conn.commit()
-    path = str(row[2]) if row is not None and row[2] else ""
+    path = f"{row[2]}-migrate.lock" if row is not None and row[2] else ""
     if not path or fcntl is None:
         yield
         return
-    fd = os.open(f"{path}-migrate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _take_file_lock(path)
     try:
-        deadline = time.monotonic() + MIGRATION_LOCK_TIMEOUT_S
-        pause = 0.01
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() + pause > deadline:
-                    raise StoreUnavailable("timed out waiting for the migration lock") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.25)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         os.close(fd)  # frees the lock
+
+
+def _take_file_lock(path: str) -> int:
+    assert fcntl is not None
+    deadline = time.monotonic() + MIGRATION_LOCK_TIMEOUT_S
+    pause = 0.01
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() + pause > deadline:
+                raise StoreUnavailable("timed out waiting for the migration lock") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+            continue
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            return fd
+        os.close(fd)  # the holder removed it as we took it: take the new one

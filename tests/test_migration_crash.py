@@ -29,7 +29,7 @@ from alembic.runtime.migration import MigrationContext
 from builders import wait_until
 from sqlalchemy import URL, Engine, MetaData, create_engine, event, func, select, text
 
-from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, migrate
+from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, ddl, migrate
 from cronoq_store.schema import leader, metadata
 
 REPO = Path(__file__).resolve().parent.parent
@@ -292,3 +292,76 @@ def test_invalid_index_of_a_killed_concurrent_build_is_rebuilt(db_url: URL, engi
         assert_schema_complete(engine)
     finally:
         admin.dispose()
+
+
+FINISHED = 5
+
+
+def _populated_at_0004(engine: Engine) -> None:
+    _reset(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE IF EXISTS {migrate.VERSION_TABLE}"))
+    migrate.upgrade(engine, "0004_commit_seq")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO cronoq_tasks (id, seq, arrival_unix_ns, pool, kind, priority, "
+                "payload, deps, resources, tags, labels, status, terminal, attempt, "
+                "updated_unix_ns) VALUES (:id, :id, 0, 'p', 'k', 0, :payload, '[]', '{}', "
+                "'[]', '{}', 'succeeded', :terminal, 1, :updated)"
+            ),
+            [
+                {"id": i, "payload": b"x", "terminal": i < FINISHED, "updated": 100 + i}
+                for i in range(FINISHED + 1)
+            ],
+        )
+
+
+def test_killed_at_any_statement_of_an_online_revision_the_next_run_completes(
+    db_url: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0005 on a database with history: its column, each backfill batch (2 rows here), its
+    concurrent index build and drop, its storage parameters each commit on their own; killed
+    after any of them, the next run completes the revision, every finished task backfilled."""
+    monkeypatch.setattr(ddl, "BATCH_ROWS", 2)
+    plain = create_engine(db_url)
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if _is_write(statement):
+            seen.append(" ".join(statement.split())[:70])
+
+    try:
+        _populated_at_0004(plain)
+        event.listen(plain, "after_cursor_execute", record)
+        migrate.upgrade(plain)
+        event.remove(plain, "after_cursor_execute", record)
+        assert sum("SET finished_unix_ns" in w for w in seen) == 3, seen
+        for k, statement in enumerate(seen):
+            _populated_at_0004(plain)
+            victim = create_engine(db_url)
+            try:
+                with _killed_after(victim, k), pytest.raises(Killed):
+                    migrate.upgrade(victim)
+            finally:
+                gc.collect()
+                victim.dispose()
+            migrate.upgrade(plain)
+            assert migrate.current_revision(plain) == migrate.head_revision(), statement
+            with plain.connect() as conn:
+                done = dict(
+                    conn.execute(text("SELECT id, finished_unix_ns FROM cronoq_tasks")).all()
+                )
+                context = MigrationContext.configure(
+                    conn,
+                    opts={
+                        "include_name": migrate.cronoq_tables_only,
+                        "compare_type": True,
+                        "version_table": migrate.VERSION_TABLE,
+                    },
+                )
+                assert compare_metadata(context, metadata) == [], statement
+            want = {i: (100 + i if i < FINISHED else None) for i in range(FINISHED + 1)}
+            assert done == want, f"after a kill following {statement!r}"
+    finally:
+        plain.dispose()

@@ -287,14 +287,20 @@ def main() -> None:
     if args.json:
         with args.json.open("a") as fh:
             fh.write(json.dumps(result) + "\n")
-    if args.dialect != "sqlite":
-        admin = server_admin(args.dialect)
-        with admin.connect() as conn:
-            force = " WITH (FORCE)" if args.dialect == "postgresql" else ""
-            conn.execute(text(f"DROP DATABASE IF EXISTS {PREFIX}run{force}"))
-            if args.drop_template:
-                conn.execute(text(f"DROP DATABASE IF EXISTS {PREFIX}tpl_{args.rows}{force}"))
-        admin.dispose()
+    cleanup(args.dialect, args.rows, drop_template=args.drop_template)
+
+
+def cleanup(dialect: str, rows: int, *, drop_template: bool) -> None:
+    """Drop the run's database (a server's), and its template if asked."""
+    if dialect == "sqlite":
+        return
+    admin = server_admin(dialect)
+    with admin.connect() as conn:
+        force = " WITH (FORCE)" if dialect == "postgresql" else ""
+        conn.execute(text(f"DROP DATABASE IF EXISTS {PREFIX}run{force}"))
+        if drop_template:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {PREFIX}tpl_{rows}{force}"))
+    admin.dispose()
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ Online, dialect by dialect:
   transaction; an index a killed build left INVALID is dropped and built again. `backfill`
   updates `BATCH_ROWS` rows per transaction.
 - MariaDB/MySQL: DDL commits at once anyway; it asks for `ALGORITHM=INSTANT` or `INPLACE` and
-  `LOCK=NONE` (falling back where the server refuses), waits at most `lock_wait_timeout` (1 s)
-  for the table's metadata lock and is retried; `backfill` commits each batch.
+  `LOCK=NONE` (falling back where the server refuses). MariaDB: `NOWAIT`, so an ALTER never
+  waits in the metadata-lock queue (where it made a leader's commit a deadlock victim); MySQL:
+  a wait of at most `lock_wait_timeout` (1 s). Refused, it is retried after a pause.
+  `backfill` commits each batch, at READ COMMITTED.
 - SQLite: each step commits on its own, and `backfill` writes one batch per (short) write
   transaction, so the leader's busy timeout absorbs every one of them.
 
@@ -309,16 +311,23 @@ def _alter(statement: Callable[[], None], what: str) -> None:
             _retrying(statement, what)
 
 
-def _mysql_online(sql: str, clauses: Sequence[str], what: str) -> None:
-    """Run MySQL DDL `sql` with the first of `clauses` (", ALGORITHM=..., LOCK=...") the
-    server accepts for it (1845/1846: not supported for this operation), else plainly.
-    Offline: with the first clause."""
+def _mysql_online(table: str, action: str, clauses: Sequence[str], what: str) -> None:
+    """Run `ALTER TABLE table action` on MySQL with the first of `clauses` (", ALGORITHM=...,
+    LOCK=...") the server accepts for it (1845/1846: not supported), else plainly.
+
+    MariaDB: with `NOWAIT`, so it never waits in the metadata-lock queue at all. A waiting
+    ALTER made the old leader's commit a deadlock victim (1213, in the drill): the commit
+    reads cronoq_tasks, then writes it, and its second metadata lock queued behind the ALTER,
+    which waited for its first. Refused (1205), the statement is retried after a pause.
+    Offline: with the first clause, and without NOWAIT (a DBA's script waits)."""
     if is_offline():
-        op.execute(sql + clauses[0])
+        op.execute(f"ALTER TABLE {_target(table)} {action}{clauses[0]}")
         return
+    mariadb = bool(getattr(_context().dialect, "is_mariadb", False))
+    head = f"ALTER TABLE {_target(table)}{' NOWAIT' if mariadb else ''} {action}"
     for clause in (*clauses, ""):
 
-        def statement(text: str = sql + clause) -> None:
+        def statement(text: str = head + clause) -> None:
             op.get_bind().exec_driver_sql(text)
 
         try:
@@ -382,8 +391,8 @@ def create_index(name: str, table: str, columns: Sequence[str], **kw: Any) -> No
         if kw:
             raise TypeError(f"ddl.create_index on MySQL takes no {sorted(kw)}")
         cols = ", ".join(_quote(c) for c in columns)
-        sql = f"ALTER TABLE {_target(table)} ADD {unique}INDEX {_quote(name)} ({cols})"
-        _mysql_online(sql, (", ALGORITHM=INPLACE, LOCK=NONE",), f"create index {name}")
+        action = f"ADD {unique}INDEX {_quote(name)} ({cols})"
+        _mysql_online(table, action, (", ALGORITHM=INPLACE, LOCK=NONE",), f"create index {name}")
     else:
         with _own_transactions():
             op.create_index(name, table, list(columns), schema=schema(), **kw)
@@ -411,9 +420,8 @@ def drop_index(name: str, table: str) -> None:
                 if_exists=True,
             )
     elif which == "mysql":
-        sql = f"ALTER TABLE {_target(table)} DROP INDEX {_quote(name)}"
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
-        _mysql_online(sql, clauses, f"drop index {name}")
+        _mysql_online(table, f"DROP INDEX {_quote(name)}", clauses, f"drop index {name}")
     else:
         with _own_transactions():
             op.drop_index(name, table_name=table, schema=schema())
@@ -432,9 +440,8 @@ def add_column(table: str, column: sa.Column[Any]) -> None:
         return
     if _dialect() == "mysql":
         spec = sa.schema.CreateColumn(column._copy()).compile(dialect=_context().dialect)
-        sql = f"ALTER TABLE {_target(table)} ADD COLUMN {spec}"
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
-        _mysql_online(sql, clauses, f"add column {table}.{column.name}")
+        _mysql_online(table, f"ADD COLUMN {spec}", clauses, f"add column {table}.{column.name}")
         return
     _alter(
         lambda: op.add_column(table, column._copy(), schema=schema()),
@@ -447,10 +454,24 @@ def rename_column(table: str, old: str, new: str, **kw: Any) -> None:
     (a short lock wait, retried)."""
     if has_column(table, new) and not has_column(table, old):
         return
+    if _dialect() == "mysql" and _renames_in_place():
+        clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
+        action = f"RENAME COLUMN {_quote(old)} TO {_quote(new)}"
+        _mysql_online(table, action, clauses, f"rename column {table}.{old}")
+        return
     _alter(
         lambda: op.alter_column(table, old, new_column_name=new, schema=schema(), **kw),
         f"rename column {table}.{old}",
     )
+
+
+def _renames_in_place() -> bool:
+    """Whether the server has `RENAME COLUMN` (MariaDB 10.5+, MySQL 8.0+)."""
+    dialect = _context().dialect
+    version = tuple(dialect.server_version_info or ())
+    if is_offline() or not version:
+        return False
+    return version >= ((10, 5) if getattr(dialect, "is_mariadb", False) else (8, 0))
 
 
 def set_storage(table: str, parameters: Mapping[str, str]) -> None:
@@ -528,9 +549,8 @@ def backfill(
 @contextlib.contextmanager
 def _no_gap_locks(conn: sa.Connection | None) -> Iterator[None]:
     """MySQL: run the block at READ COMMITTED. At InnoDB's REPEATABLE READ a batch's UPDATE
-    locks the index gaps it scans, up to the next key: the leader, finishing a task of its
-    own (a new entry in that index), then waited on it, and a deadlock made its commit the
-    victim (1213, seen in the drill). Elsewhere nothing."""
+    also locks the index gaps it scans, up to the next key, where the leader inserts the
+    entries of the tasks it finishes. Elsewhere nothing."""
     if conn is None or _dialect() != "mysql":
         yield
         return

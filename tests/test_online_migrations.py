@@ -11,9 +11,12 @@ and 1.5 M tasks is benchmarks/drill_online_migration.py (timings there, not here
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +25,13 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from builders import wait_until
+from conftest import figures
 from sqlalchemy import URL, Engine, create_engine, event, text
 
 from cronoq_store import ddl, migrate
 from cronoq_store.schema import metadata
 
+REPO = Path(__file__).resolve().parent.parent
 BEFORE = "0004_commit_seq"
 FINISHED = 7
 LIVE = 3
@@ -244,3 +249,41 @@ def test_offline_the_helpers_emit_plain_statements(dialect: str) -> None:
     elif dialect == "mysql":
         assert "ADD INDEX ix_cronoq_tasks_finished_unix_ns (finished_unix_ns), ALGORITHM=" in since
         assert "ADD COLUMN finished_unix_ns BIGINT, ALGORITHM=INSTANT, LOCK=NONE" in since
+
+
+OLD_BUILD = "128166a"
+"""The build just before revision 0005 (head 0004): the issue's old leader."""
+DRILL_ROWS = {"postgresql": 1_500_000, "sqlite": 500_000, "mysql": 500_000}
+WORST_COMMIT_S = {"postgresql": 1.0, "sqlite": 2.0, "mysql": 1.0}
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("dialect", DRILL_ROWS)
+def test_drill_an_old_leader_commits_through_the_upgrade(dialect: str, tmp_path: Path) -> None:
+    """benchmarks/drill_online_migration.py as a test: the old build's leader, on a database
+    with the issue's history, keeps committing through this build's upgrade; worst commit
+    within the issue's bound (1 s, SQLite 2 s), no error, lease kept. Needs the servers and
+    git history (the old build is extracted with `git archive`)."""
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", OLD_BUILD], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    spec = importlib.util.spec_from_file_location(
+        "drill", REPO / "benchmarks" / "drill_online_migration.py"
+    )
+    assert spec is not None and spec.loader is not None
+    drill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(drill)
+    rows = DRILL_ROWS[dialect]
+    try:
+        url = drill.prepare(dialect, rows, old, tmp_path)
+        result = drill.drill(dialect, url, rows, old, REPO, tmp_path)
+    finally:
+        drill.cleanup(dialect, rows, drop_template=True)
+    figures("online migration drill")[dialect] = result
+    leader = result["leader"]
+    assert result["upgrade_ok"], result
+    assert leader["error_count"] == 0 and leader["lease_kept"], result
+    assert leader["worst_s"] <= WORST_COMMIT_S[dialect], result

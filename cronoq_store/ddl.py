@@ -328,7 +328,8 @@ def _mysql_online(table: str, action: str, clauses: Sequence[str], what: str) ->
     for clause in (*clauses, ""):
 
         def statement(text: str = head + clause) -> None:
-            op.get_bind().exec_driver_sql(text)
+            # Sent as it is: without parameters the driver formats nothing ('%' in a name).
+            op.get_bind().exec_driver_sql(text, execution_options={"no_parameters": True})
 
         try:
             _alter(statement, what)

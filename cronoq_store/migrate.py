@@ -210,16 +210,16 @@ def _check_known(conn: Connection, schema: str | None) -> None:
 
 
 @contextlib.contextmanager
-def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
-    """A connection in a transaction: the engine's, or the caller's (which it then commits)."""
+def _connection(bind: Engine | Connection) -> Iterator[Connection]:
+    """A connection outside any transaction: the engine's, or the caller's (whose open
+    transaction is committed first). The migrations commit step by step on it."""
     if isinstance(bind, Engine):
-        with bind.begin() as conn:
+        with bind.connect() as conn:
             yield conn
-    elif bind.in_transaction():
-        yield bind
-    else:
-        with bind.begin():
-            yield bind
+        return
+    if bind.in_transaction():
+        bind.commit()
+    yield bind
 
 
 def _run(bind: Engine | Connection, schema: str | None, action: str, revision: str) -> int | None:
@@ -227,21 +227,28 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
         check_schema_name(schema)  # before any DDL: a bad name must not leave half a schema
     restored = None
     try:
-        with _transaction(bind) as conn:
+        with _connection(bind) as conn:
             if schema and dialects.name(conn.dialect) == "postgresql":
-                conn.execute(CreateSchema(schema, if_not_exists=True))
+                with conn.begin():
+                    conn.execute(CreateSchema(schema, if_not_exists=True))
             with dialects.migration_lock(conn, schema=schema) as renew:
-                _check_known(conn, schema)
+                with conn.begin():
+                    _check_known(conn, schema)
+                    before = _heads(conn, schema)
                 cfg = alembic_config(conn, schema=schema)
                 cfg.attributes["renew_lock"] = renew
-                before = _heads(conn, schema)
+                # Each revision step commits on its own (env.py: transaction_per_migration),
+                # and the online steps inside it commit theirs (cronoq_store.ddl).
                 if action == "upgrade":
                     command.upgrade(cfg, revision)
-                    if _heads(conn, schema) == (head_revision(),):
-                        restored = _restore_leader_row(conn, schema)
                 else:
                     command.downgrade(cfg, revision)
-                after = _heads(conn, schema)
+                if conn.in_transaction():
+                    conn.commit()
+                with conn.begin():
+                    after = _heads(conn, schema)
+                    if action == "upgrade" and after == (head_revision(),):
+                        restored = _restore_leader_row(conn, schema)
                 if after != before:
                     _log_migrated(action, before, after, schema)
     except StoreError:
@@ -297,7 +304,8 @@ def upgrade(
     instance can lead).
 
     Args:
-        bind: An engine, or a connection in the caller's transaction (committed here).
+        bind: An engine, or a connection (a transaction the caller left open on it is
+            committed first: the migration commits step by step, online).
         revision: The revision to reach; "head" for this build's newest.
         schema: The PostgreSQL schema (created if missing) or MySQL database of the tables.
 

@@ -56,6 +56,9 @@ def _run(connection: Connection) -> None:
         include_name=cronoq_tables_only,
         compare_type=True,
         on_version_apply=[_renewal(config.attributes.get("renew_lock"))],
+        # Online: each revision commits on its own, and its steps commit theirs
+        # (cronoq_store.ddl), so no lock is held across a whole upgrade.
+        transaction_per_migration=True,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -84,6 +87,10 @@ def _require_schema(conn: Connection) -> None:
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
+        # The steps commit one by one (online): a transaction the caller left open on the
+        # connection is committed first, as `cronoq_store.migrate.upgrade` does.
+        if connection.in_transaction():
+            connection.commit()
         _run(connection)
         return
     url = _option("url", "CRONOQ_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
@@ -98,10 +105,14 @@ def run_migrations_online() -> None:
         engine = create_engine(parsed, poolclass=pool.NullPool, hide_parameters=True)  # task data
         try:
             schema = config.attributes.get("schema") or _option("schema", "CRONOQ_SCHEMA")
-            with engine.begin() as conn, dialects.migration_lock(conn, schema=schema) as renew:
+            with engine.connect() as conn, dialects.migration_lock(conn, schema=schema) as renew:
                 config.attributes["renew_lock"] = renew
                 _require_schema(conn)
+                if conn.in_transaction():
+                    conn.commit()
                 _run(conn)
+                if conn.in_transaction():
+                    conn.commit()
         finally:
             engine.dispose()
     except (SQLAlchemyError, StoreError) as exc:

@@ -27,11 +27,13 @@ OLDEST_WRITER = "0.1.0"
 CLASS = "online"
 
 
-# Every schema change here goes through cronoq_store.ddl (ddl.create_table, ddl.create_index,
-# ddl.rename_column, ...), never bare op.* DDL: MySQL commits each DDL statement at once, so a
-# run killed half-way must find what it already did and complete it on the next run. Add a
-# guarded helper there for any other kind of change. Data updates must be safe to run again,
-# or commit with the version row (after the last DDL statement).
+# Every schema change here goes through cronoq_store.ddl (ddl.add_column, ddl.create_index,
+# ddl.drop_index, ddl.set_storage, ddl.backfill, ddl.create_table, ...), never bare op.* DDL:
+# the helpers run online beside a committing leader (a short lock wait, retried; indexes built
+# CONCURRENTLY; backfills in batches), and each step commits on its own, so a run killed
+# half-way must find what it already did and complete it on the next run. Add a guarded,
+# online helper there for any other kind of change. Data updates go through ddl.backfill
+# (its WHERE excludes the rows already done), or commit with the version row.
 
 
 def upgrade() -> None:

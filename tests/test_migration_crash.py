@@ -5,7 +5,9 @@ MySQL and MariaDB commit each DDL statement at once, so a first migration that d
 `SqlStore.open` or `cronoq-store upgrade` must complete it rather than fail for good. The
 in-process test stops the migration after each write statement in turn (an exception no
 handler catches, and its connection dropped as a dying process's would be); one test kills a
-real process with SIGKILL.
+real process with SIGKILL. The migrations run online, each step committing on its own, so on
+every dialect a kill leaves part of a revision behind; on PostgreSQL one test kills a
+`CREATE INDEX CONCURRENTLY` mid-build, whose INVALID index the next run rebuilds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +26,10 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from builders import wait_until
 from sqlalchemy import URL, Engine, MetaData, create_engine, event, func, select, text
 
-from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, migrate
+from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, ddl, migrate
 from cronoq_store.schema import leader, metadata
 
 REPO = Path(__file__).resolve().parent.parent
@@ -221,3 +225,143 @@ def test_connection_killed_mid_migration_is_unavailable(db_url: URL, dialect: st
         assert_schema_complete(engine)
     finally:
         engine.dispose()
+
+
+def _index_valid(engine: Engine, name: str) -> bool | None:
+    """pg_index.indisvalid of the index `name`; None when there is none."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE c.relname = :name"
+            ),
+            {"name": name},
+        ).first()
+    return None if row is None else bool(row[0])
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"], indirect=True)
+def test_invalid_index_of_a_killed_concurrent_build_is_rebuilt(db_url: URL, engine: Engine) -> None:
+    """A `CREATE INDEX CONCURRENTLY` killed while it waits (here for a writer's open
+    transaction) leaves its index behind, INVALID: never used, yet kept up by every write.
+    The next run finds it so, drops it concurrently and builds it again."""
+    index = "ix_cronoq_tasks_finished_unix_ns"
+    migrate.upgrade(engine, "0004_commit_seq")
+    admin = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    writer = engine.connect()
+    victim = create_engine(db_url)
+    pids: list[int] = []
+
+    def before(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith(f"CREATE INDEX CONCURRENTLY {index}"):
+            pids.append(_session_id(conn.connection.driver_connection, "postgresql"))
+            writer.execute(text("LOCK TABLE cronoq_tasks IN ROW EXCLUSIVE MODE"))
+
+    event.listen(victim, "before_cursor_execute", before)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            migrate.upgrade(victim)
+        except BaseException as exc:  # the kill, reported below
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: bool(pids) and _index_valid(admin, index) is False, "an INVALID index", 30
+        )
+        with admin.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+        thread.join(timeout=60)
+    finally:
+        writer.rollback()
+        writer.close()
+        victim.dispose()
+    assert isinstance(failure[0], StoreUnavailable), failure
+    assert _index_valid(admin, index) is False  # what the killed build left
+    assert migrate.current_revision(engine) == "0004_commit_seq"
+    try:
+        with SqlStore.open(db_url, StoreConfig()) as store:  # migrates under the lock
+            store.acquire_leadership()
+            store.release_leadership()
+        assert _index_valid(admin, index) is True
+        with engine.begin() as conn:  # undo the lease for the schema check
+            conn.execute(leader.update().values(epoch=0))
+        assert_schema_complete(engine)
+    finally:
+        admin.dispose()
+
+
+FINISHED = 5
+
+
+def _populated_at_0004(engine: Engine) -> None:
+    _reset(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE IF EXISTS {migrate.VERSION_TABLE}"))
+    migrate.upgrade(engine, "0004_commit_seq")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO cronoq_tasks (id, seq, arrival_unix_ns, pool, kind, priority, "
+                "payload, deps, resources, tags, labels, status, terminal, attempt, "
+                "updated_unix_ns) VALUES (:id, :id, 0, 'p', 'k', 0, :payload, '[]', '{}', "
+                "'[]', '{}', 'succeeded', :terminal, 1, :updated)"
+            ),
+            [
+                {"id": i, "payload": b"x", "terminal": i < FINISHED, "updated": 100 + i}
+                for i in range(FINISHED + 1)
+            ],
+        )
+
+
+def test_killed_at_any_statement_of_an_online_revision_the_next_run_completes(
+    db_url: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0005 on a database with history: its column, each backfill batch (2 rows here), its
+    concurrent index build and drop, its storage parameters each commit on their own; killed
+    after any of them, the next run completes the revision, every finished task backfilled."""
+    monkeypatch.setattr(ddl, "BATCH_ROWS", 2)
+    plain = create_engine(db_url)
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if _is_write(statement):
+            seen.append(" ".join(statement.split())[:70])
+
+    try:
+        _populated_at_0004(plain)
+        event.listen(plain, "after_cursor_execute", record)
+        migrate.upgrade(plain)
+        event.remove(plain, "after_cursor_execute", record)
+        assert sum("SET finished_unix_ns" in w for w in seen) == 3, seen
+        for k, statement in enumerate(seen):
+            _populated_at_0004(plain)
+            victim = create_engine(db_url)
+            try:
+                with _killed_after(victim, k), pytest.raises(Killed):
+                    migrate.upgrade(victim)
+            finally:
+                gc.collect()
+                victim.dispose()
+            migrate.upgrade(plain)
+            assert migrate.current_revision(plain) == migrate.head_revision(), statement
+            with plain.connect() as conn:
+                done = dict(
+                    conn.execute(text("SELECT id, finished_unix_ns FROM cronoq_tasks")).all()
+                )
+                context = MigrationContext.configure(
+                    conn,
+                    opts={
+                        "include_name": migrate.cronoq_tables_only,
+                        "compare_type": True,
+                        "version_table": migrate.VERSION_TABLE,
+                    },
+                )
+                assert compare_metadata(context, metadata) == [], statement
+            want = {i: (100 + i if i < FINISHED else None) for i in range(FINISHED + 1)}
+            assert done == want, f"after a kill following {statement!r}"
+    finally:
+        plain.dispose()

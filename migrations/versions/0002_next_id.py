@@ -33,9 +33,9 @@ def _leader(column: str) -> sa.TableClause:
 
 
 def upgrade() -> None:
-    # Guarded (cronoq_store.ddl): on MySQL the rename commits at once, and a run killed after
-    # it finds it done. The update below commits with this revision's version row, so it runs
-    # exactly once.
+    # Online and guarded (cronoq_store.ddl): the rename waits at most a short lock timeout and
+    # retries, commits on its own, and a run killed after it finds it done. The update below
+    # commits with this revision's version row, so it runs exactly once.
     ddl.rename_column(
         "cronoq_leader",
         "max_id",

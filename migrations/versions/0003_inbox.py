@@ -35,7 +35,7 @@ def _mysql_args() -> dict[str, str]:
     return {
         "mysql_engine": "InnoDB",
         "mysql_charset": "utf8mb4",
-        "mysql_collate": mysql_collation(op.get_bind().dialect),
+        "mysql_collate": mysql_collation(op.get_context().dialect),
     }
 
 

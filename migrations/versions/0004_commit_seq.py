@@ -31,8 +31,9 @@ CLASS = "online"
 
 
 def upgrade() -> None:
-    # Guarded (cronoq_store.ddl): MySQL commits each ALTER at once, and a run killed between
-    # them finds the first ones done.
+    # Online and guarded (cronoq_store.ddl): each ALTER of the leader's lease row waits at most
+    # a short lock timeout and retries, commits on its own, and a run killed between them finds
+    # the first ones done. A constant default rewrites no row.
     ddl.add_column(
         "cronoq_leader",
         sa.Column("commit_seq", sa.BigInteger(), nullable=False, server_default=sa.text("0")),

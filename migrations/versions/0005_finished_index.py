@@ -57,24 +57,25 @@ def _storage_target() -> str:
 
 
 def upgrade() -> None:
-    # Guarded (cronoq_store.ddl): MySQL commits each DDL statement at once, and a run killed
-    # between them finds the first ones done. The backfill only fills what is still NULL.
+    # Online and guarded (cronoq_store.ddl): every step commits on its own, without a long
+    # lock on the table the leader writes, and a run killed after any of them finds it done.
+    # The column is nullable (no row rewritten); the backfill fills, in batches, only what is
+    # still NULL; the index is built (and the old one dropped) concurrently; the storage
+    # parameters take a lock that writes do not wait for.
     ddl.add_column("cronoq_tasks", sa.Column("finished_unix_ns", sa.BigInteger(), nullable=True))
-    tasks = _tasks("terminal", "updated_unix_ns", "finished_unix_ns")
-    op.execute(
-        tasks.update()
-        .where(tasks.c.terminal == sa.true(), tasks.c.finished_unix_ns.is_(None))
-        .values(finished_unix_ns=tasks.c.updated_unix_ns)
+    tasks = _tasks("id", "terminal", "updated_unix_ns", "finished_unix_ns")
+    ddl.backfill(
+        tasks,
+        {"finished_unix_ns": tasks.c.updated_unix_ns},
+        [tasks.c.terminal == sa.true(), tasks.c.finished_unix_ns.is_(None)],
     )
     ddl.create_index(op.f("ix_cronoq_tasks_finished_unix_ns"), "cronoq_tasks", ["finished_unix_ns"])
     ddl.drop_index(op.f("ix_cronoq_tasks_terminal_updated_unix_ns"), "cronoq_tasks")
-    if op.get_bind().dialect.name == "postgresql":
-        settings = ", ".join(f"{k} = {v}" for k, v in STORAGE.items())
-        op.execute(f"ALTER TABLE {_storage_target()} SET ({settings})")
+    ddl.set_storage("cronoq_tasks", STORAGE)
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
+    if op.get_context().dialect.name == "postgresql":
         op.execute(f"ALTER TABLE {_storage_target()} RESET ({', '.join(STORAGE)})")
     ddl.create_index(
         op.f("ix_cronoq_tasks_terminal_updated_unix_ns"),

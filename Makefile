@@ -18,7 +18,7 @@ PYTHON_NEWEST ?= $(call find_python,python3.13 $(wildcard $(HOME)/.pyenv/version
 # nor the dashboard's real-browser tests (`browser`), which exercise the browser, not the range.
 RANGE_TESTS := -m 'not postgresql and not mysql and not galera and not slow and not browser'
 
-.PHONY: demo test test-lowest test-newest lint docs venv clean screenshots
+.PHONY: demo test test-lowest test-newest lint docs venv clean screenshots mutants mutmut
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ demo: venv
 test: venv
 	scripts/test-servers
 	trap 'scripts/pg-pair clean' EXIT; CRONOQ_REQUIRE_DIALECTS=$${CRONOQ_REQUIRE_DIALECTS:-$${CI:+1}} $(BIN)/pytest
+
+# The named mutants of the central promises (scripts/mutants): each applied to a copy of the
+# package, its own few tests run against it; fails when one survives or no longer applies.
+mutants: venv
+	scripts/test-servers
+	$(BIN)/python scripts/mutants
 
 # Each from PyPI by uv, which also resolves the floors (--resolution lowest-direct).
 .venv-lowest/.installed: RANGE_PYTHON = $(PYTHON_LOWEST)

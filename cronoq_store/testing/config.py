@@ -74,8 +74,9 @@ class DriverConfig:
     """The fault that `arm_hang()` (SIGUSR2 for a process) arms when it names none."""
     watch_statements: bool = False
     """Watch the statements the engine's driver runs and its COMMITs (`testing.statements`),
-    as the STOP_IN_* points and AFTER_TX_COMMIT need. The store's statements take the same path either way (the path production
-    runs); off (the default), no statement pays for the hook."""
+    as the STOP_IN_* points and AFTER_TX_COMMIT need. The store's statements take the same
+    path either way (the path production runs); off (the default), no statement pays for
+    the hook."""
     acquire_slice: float = 0.25
     """Seconds per `acquire_leadership` call, so a standby notices a stop request."""
     key_pool: int = 16

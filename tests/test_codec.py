@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -254,9 +254,30 @@ def _json_texts() -> st.SearchStrategy[Any]:
     )
 
 
-def _decodes_or_corrupt(fn: Any, *args: Any) -> None:
-    with contextlib.suppress(CorruptValue):
-        fn(*args)
+def _decodes_or_corrupt(fn: Any, *args: Any, again: Callable[[Any], Any]) -> bool:
+    """`fn(*args)` is refused as `CorruptValue` (False), or returns a value the store could
+    have written (True): encoding it and decoding that, `again(value)`, gives it back."""
+    try:
+        value = fn(*args)
+    except CorruptValue:
+        return False
+    assert again(value) == value
+    return True
+
+
+_AGAIN: dict[Any, Callable[[Any], Any]] = {
+    codec.decode_deps: lambda v: codec.decode_deps(codec.encode_deps(v)),
+    codec.decode_retry: lambda v: codec.decode_retry(codec.encode_retry(v)),
+    codec.decode_tags: lambda v: codec.decode_tags(codec.encode_tags(v)),
+    codec.decode_labels: lambda v: codec.decode_labels(codec.encode_labels(v)),
+    codec.decode_resources: lambda v: codec.decode_resources(codec.encode_resources(v)),
+}
+
+
+def _recurring_again(base: TimeBase, name: str) -> Callable[[RecurringSpec], RecurringSpec]:
+    return lambda v: codec.decode_recurring(
+        base, name, codec.encode_recurring(base, v), v.template.payload
+    )
 
 
 @SETTINGS
@@ -269,8 +290,10 @@ def test_damaged_json_columns(text: Any) -> None:
         codec.decode_labels,
         codec.decode_resources,
     ):
-        _decodes_or_corrupt(fn, text)
-    _decodes_or_corrupt(codec.decode_recurring, TimeBase(unix_ns=0), "n", text, b"")
+        _decodes_or_corrupt(fn, text, again=_AGAIN[fn])
+    base = TimeBase(unix_ns=0)
+    again = _recurring_again(base, "n")
+    _decodes_or_corrupt(codec.decode_recurring, base, "n", text, b"", again=again)
 
 
 @SETTINGS
@@ -285,7 +308,8 @@ def test_damaged_recurring_from_valid(r: RecurringSpec, data: st.DataObject) -> 
         del target[key]
     else:
         target[key] = data.draw(shaped_values)
-    _decodes_or_corrupt(codec.decode_recurring, base, r.name, json.dumps(obj), b"")
+    again = _recurring_again(base, r.name)
+    _decodes_or_corrupt(codec.decode_recurring, base, r.name, json.dumps(obj), b"", again=again)
 
 
 garbage_scalar = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | any_text | st.floats()
@@ -303,7 +327,8 @@ def test_damaged_spec_columns(spec: TaskSpec, data: st.DataObject) -> None:
             row[column] = data.draw(_json_texts())
         else:
             row[column] = data.draw(garbage_scalar)
-    _decodes_or_corrupt(codec.spec_from_columns, base, row)
+    again = lambda v: codec.spec_from_columns(base, codec.spec_columns(base, v))  # noqa: E731
+    _decodes_or_corrupt(codec.spec_from_columns, base, row, again=again)
 
 
 # Model validation: refused at construction, the message naming the field.

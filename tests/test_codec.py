@@ -265,13 +265,14 @@ def _decodes_or_corrupt(fn: Any, *args: Any, again: Callable[[Any], Any]) -> boo
     return True
 
 
-_AGAIN: dict[Any, Callable[[Any], Any]] = {
-    codec.decode_deps: lambda v: codec.decode_deps(codec.encode_deps(v)),
-    codec.decode_retry: lambda v: codec.decode_retry(codec.encode_retry(v)),
-    codec.decode_tags: lambda v: codec.decode_tags(codec.encode_tags(v)),
-    codec.decode_labels: lambda v: codec.decode_labels(codec.encode_labels(v)),
-    codec.decode_resources: lambda v: codec.decode_resources(codec.encode_resources(v)),
-}
+_CODECS: tuple[tuple[Callable[[Any], Any], Callable[[Any], Any]], ...] = (
+    (codec.decode_deps, codec.encode_deps),
+    (codec.decode_retry, codec.encode_retry),
+    (codec.decode_tags, codec.encode_tags),
+    (codec.decode_labels, codec.encode_labels),
+    (codec.decode_resources, codec.encode_resources),
+)
+"""Each JSON column's decoder, and the encoder of what it returns."""
 
 
 def _recurring_again(base: TimeBase, name: str) -> Callable[[RecurringSpec], RecurringSpec]:
@@ -283,14 +284,8 @@ def _recurring_again(base: TimeBase, name: str) -> Callable[[RecurringSpec], Rec
 @SETTINGS
 @given(text=_json_texts())
 def test_damaged_json_columns(text: Any) -> None:
-    for fn in (
-        codec.decode_deps,
-        codec.decode_retry,
-        codec.decode_tags,
-        codec.decode_labels,
-        codec.decode_resources,
-    ):
-        _decodes_or_corrupt(fn, text, again=_AGAIN[fn])
+    for decode, encode in _CODECS:
+        _decodes_or_corrupt(decode, text, again=lambda v, d=decode, e=encode: d(e(v)))
     base = TimeBase(unix_ns=0)
     again = _recurring_again(base, "n")
     _decodes_or_corrupt(codec.decode_recurring, base, "n", text, b"", again=again)

@@ -46,6 +46,14 @@ mutants: venv
 	scripts/test-servers
 	$(BIN)/python scripts/mutants
 
+# mutmut over the pure modules (the fold, the codec, the leadership core; [tool.mutmut] in
+# pyproject.toml), against their own tests: not in CI (about N minutes). Then
+# `$(BIN)/mutmut results` lists the survivors, `$(BIN)/mutmut show NAME` shows one.
+mutmut: venv
+	rm -rf mutants
+	$(BIN)/mutmut run
+	$(BIN)/python scripts/mutmut-rates
+
 # Each from PyPI by uv, which also resolves the floors (--resolution lowest-direct).
 .venv-lowest/.installed: RANGE_PYTHON = $(PYTHON_LOWEST)
 .venv-lowest/.installed: RESOLUTION = --resolution lowest-direct

@@ -246,13 +246,32 @@ def test_checked_outputs_keeps_every_valid_pair_as_bytes(pairs: list[tuple[TaskI
 
 
 @pytest.mark.parametrize(
-    "pair",
-    [(True, b""), (2**63, b""), (1, "text"), (1,), "ab", 7],
+    ("pair", "why"),
+    [
+        ((True, b""), "outputs: a task id must be an int, not bool"),
+        ((2**63, b""), f"outputs: task id {2**63} is outside the 64-bit range"),
+        ((1, "text"), "outputs: the output of task 1 must be bytes"),
+        ((1,), "outputs must hold (task id, bytes) pairs"),
+        ("ab", "outputs: a task id must be an int, not str"),
+        (7, "outputs must hold (task id, bytes) pairs"),
+    ],
     ids=["bool id", "id out of range", "str output", "one value", "a str", "an int"],
 )
-def test_checked_outputs_refuses_what_no_task_could_hold(pair: Any) -> None:
-    with pytest.raises(InvalidValue, match="outputs"):
+def test_checked_outputs_refuses_what_no_task_could_hold(pair: Any, why: str) -> None:
+    """Refused before any write, the message saying what is wrong (docs/guarantees.md)."""
+    with pytest.raises(InvalidValue) as refused:
         folding.checked_outputs([pair])
+    assert str(refused.value) == why
+
+
+def test_dependency_rows_name_each_target_by_id_or_by_key() -> None:
+    """A live task's dependencies as the rows of cronoq_task_deps (its columns exactly), in
+    order, a key cleaned as every stored string is."""
+    deps = (Dep(target=ById(id=TaskId(7))), Dep(target=ByKey(key="k\x00"), on="finish"))
+    assert folding.dep_rows(3, deps) == [
+        {"task_id": 3, "ordinal": 0, "target_id": 7, "target_key": None},
+        {"task_id": 3, "ordinal": 1, "target_id": None, "target_key": "k\ufffd"},
+    ]
 
 
 def test_the_fold_imports_no_sqlalchemy() -> None:

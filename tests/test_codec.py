@@ -426,3 +426,28 @@ def test_is_terminal() -> None:
     terminal = {"succeeded", "failed", "cancelled", "expired", "skipped"}
     for s in TaskStatus:
         assert s.is_terminal == (s.value in terminal), s
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        (TaskSpec(payload=b"", kind="k" * 256), "template kind is 256 characters long"),
+        (TaskSpec(payload=b"", pool="p" * 129), "template pool is 129 characters long"),
+        (TaskSpec(payload=b"", key="x" * 513), "template key is 513 characters long"),
+        (TaskSpec(payload=b"", deadline=2**62), f"template deadline {2**62} is out"),
+        (
+            TaskSpec(payload=b"", fixed_start=FixedStart(at=2**62)),
+            f"template fixed_start {2**62} is out",
+        ),
+    ],
+    ids=["kind", "pool", "key", "deadline", "fixed_start"],
+)
+def test_a_schedule_template_that_cannot_be_stored_is_refused_naming_the_field(
+    template: TaskSpec, why: str
+) -> None:
+    """Refused before any write, the message naming the template's field (docs/guarantees.md,
+    "Bad values write nothing")."""
+    spec = RecurringSpec(name="s", template=template, interval_ns=10**9)
+    with pytest.raises(InvalidValue) as refused:
+        codec.encode_recurring(TimeBase(unix_ns=2**62), spec)  # 2**62 later: out of range
+    assert str(refused.value).startswith(why), refused.value

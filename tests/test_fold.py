@@ -227,8 +227,44 @@ def test_a_second_submission_of_a_task_in_one_batch_is_ignored() -> None:
 
 def test_the_fold_refuses_a_time_it_cannot_store() -> None:
     late = StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=INT64_MAX)
-    with pytest.raises(InvalidValue, match=r"StatusChanged\.at"):
+    with pytest.raises(InvalidValue, match=r"^StatusChanged\.at "):
         folding.fold(BASE, NOW, [late])
+    early = Submitted(id=TaskId(1), seq=1, arrival=INT64_MAX, spec=TaskSpec(payload=b""))
+    with pytest.raises(InvalidValue, match=r"^Submitted\.arrival "):
+        folding.fold(BASE, NOW, [early])
+
+
+def test_a_fold_holds_what_the_batch_says() -> None:
+    """The rows themselves, not only that two folds agree: a second submission of a task
+    changes nothing and stops nothing; a transition of a task submitted earlier in the batch
+    is in its insert; any other is an update of the stored task; times under the base."""
+    base = TimeBase(unix_ns=1000)
+    batch: list[Mutation] = [
+        Submitted(id=TaskId(1), seq=1, arrival=5, spec=TaskSpec(payload=b"a", deadline=50)),
+        Submitted(id=TaskId(1), seq=9, arrival=6, spec=TaskSpec(payload=b"b")),
+        Submitted(id=TaskId(2), seq=2, arrival=6, spec=TaskSpec(payload=b"c")),
+        StatusChanged(id=TaskId(2), status=TaskStatus.RUNNING, attempt=3, at=7, message="m"),
+        StatusChanged(id=TaskId(9), status=TaskStatus.FAILED, attempt=2, at=8, message=None),
+    ]
+    folded = folding.fold(base, 42, batch)
+    one, two = folded.inserts[1], folded.inserts[2]
+    assert (one["id"], one["seq"], one["payload"]) == (1, 1, b"a")
+    assert (one["arrival_unix_ns"], one["deadline_unix_ns"], one["updated_unix_ns"]) == (
+        1005,
+        1050,
+        42,
+    )
+    assert (one["status"], one["terminal"], one["attempt"], one["live_key"]) == (
+        "queued",
+        False,
+        0,
+        None,
+    )
+    assert (two["id"], two["status"], two["attempt"], two["message"]) == (2, "running", 3, "m")
+    assert (two["arrival_unix_ns"], two["updated_unix_ns"]) == (1006, 1007)
+    assert folded.updates == {
+        9: folding.FoldedStatus(status=TaskStatus.FAILED, attempt=2, at=1008, message=None)
+    }
 
 
 @given(

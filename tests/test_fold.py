@@ -29,7 +29,9 @@ from cronoq_store.model import (
     ById,
     ByKey,
     Dep,
+    InboxTaken,
     Mutation,
+    RecurringRemove,
     StatusChanged,
     Submitted,
     TaskId,
@@ -245,8 +247,13 @@ def test_a_fold_holds_what_the_batch_says() -> None:
         Submitted(id=TaskId(2), seq=2, arrival=6, spec=TaskSpec(payload=b"c")),
         StatusChanged(id=TaskId(2), status=TaskStatus.RUNNING, attempt=3, at=7, message="m"),
         StatusChanged(id=TaskId(9), status=TaskStatus.FAILED, attempt=2, at=8, message=None),
+        RecurringRemove(name="s"),
+        InboxTaken(inbox_id=5),
+        InboxTaken(inbox_id=5),
     ]
     folded = folding.fold(base, 42, batch)
+    assert folded.recurring == [RecurringRemove(name="s")]  # written in batch order
+    assert list(folded.inbox_taken) == [5]
     one, two = folded.inserts[1], folded.inserts[2]
     assert (one["id"], one["seq"], one["payload"]) == (1, 1, b"a")
     assert (one["arrival_unix_ns"], one["deadline_unix_ns"], one["updated_unix_ns"]) == (
@@ -254,6 +261,7 @@ def test_a_fold_holds_what_the_batch_says() -> None:
         1050,
         42,
     )
+    assert one["finished_unix_ns"] is None and one["message"] is None
     assert (one["status"], one["terminal"], one["attempt"], one["live_key"]) == (
         "queued",
         False,

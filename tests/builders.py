@@ -7,14 +7,17 @@ enough to prune); a test that is about time bases makes its own.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from cronoq_store import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
 from cronoq_store.testing import BASE
 
-__all__ = ["BASE", "keyed", "status", "submit", "wait_until"]
+__all__ = ["BASE", "found_empty", "keyed", "status", "submit", "wait_until"]
 
 
 def submit(
@@ -67,3 +70,21 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout} s")
         time.sleep(pause)
+
+
+def found_empty(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once a store's check of the inbox (`wait_inbox`'s, on either face) found it empty:
+    from then on an enqueue lands while the store waits, not before its first look."""
+    from cronoq_store import inbox
+
+    empty = threading.Event()
+    has_items = inbox.has_items
+
+    def checked(conn: Any) -> bool:
+        found = has_items(conn)
+        if not found:
+            empty.set()
+        return found
+
+    monkeypatch.setattr(inbox, "has_items", checked)
+    return empty

@@ -47,6 +47,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    copy = os.environ.get("CRONOQ_MUTANT_COPY")
+    if copy:  # scripts/mutants: the tests must run against the mutated copy, nothing else
+        import cronoq_store
+
+        imported = Path(cronoq_store.__file__).resolve()
+        if not imported.is_relative_to(Path(copy).resolve()):
+            pytest.exit(f"cronoq_store imported from {imported}, not the copy in {copy}", 3)
     for dialect in DIALECTS:
         config.addinivalue_line("markers", f"{dialect}: runs on {dialect}")
 

@@ -273,6 +273,7 @@ def test_lease_release(db_url: URL, store: SqlStore) -> None:
     assert "takes epoch 2" in released.stdout
     with pytest.raises(Fenced):
         store.commit(1, OLD, [submit(7)])
+    assert store.get_task(ById(id=TaskId(7))) is None  # the fenced commit wrote nothing
     assert json.loads(run(url, "status", "--json").stdout)["lease"]["state"] == "free"
     assert run(url, "lease", "release", "--force", "--yes").stdout == (
         "the lease is free: nothing to release\n"
@@ -364,13 +365,13 @@ def test_sqlite_reads_do_not_wait_for_the_writer(db_url: URL, store: SqlStore) -
     writer = sqlite3.connect(db_url.database or "", isolation_level=None)
     try:
         writer.execute("BEGIN IMMEDIATE")
-        started = time.monotonic()
+        # The writer holds the write lock throughout: a read that needed it would fail
+        # ("database is locked") once the busy timeout ran out, not merely be slow.
         url = cli_url(db_url)
         assert json.loads(run(url, "status", "--json").stdout)["lease"]["epoch"] == 1
         assert json.loads(run(url, "tasks", "--json").stdout)["tasks"][0]["id"] == 1
         assert "succeeded" in run(url, "show", "1").stdout
         assert run(url, "current").stdout == f"{migrate.head_revision()}\n"
-        assert time.monotonic() - started < 3  # no busy wait (the timeout is 5 s)
         writer.execute("ROLLBACK")
     finally:
         writer.close()

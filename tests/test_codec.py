@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -254,23 +254,41 @@ def _json_texts() -> st.SearchStrategy[Any]:
     )
 
 
-def _decodes_or_corrupt(fn: Any, *args: Any) -> None:
-    with contextlib.suppress(CorruptValue):
-        fn(*args)
+def _decodes_or_corrupt(fn: Any, *args: Any, again: Callable[[Any], Any]) -> bool:
+    """`fn(*args)` is refused as `CorruptValue` (False), or returns a value the store could
+    have written (True): encoding it and decoding that, `again(value)`, gives it back."""
+    try:
+        value = fn(*args)
+    except CorruptValue:
+        return False
+    assert again(value) == value
+    return True
+
+
+_CODECS: tuple[tuple[Callable[[Any], Any], Callable[[Any], Any]], ...] = (
+    (codec.decode_deps, codec.encode_deps),
+    (codec.decode_retry, codec.encode_retry),
+    (codec.decode_tags, codec.encode_tags),
+    (codec.decode_labels, codec.encode_labels),
+    (codec.decode_resources, codec.encode_resources),
+)
+"""Each JSON column's decoder, and the encoder of what it returns."""
+
+
+def _recurring_again(base: TimeBase, name: str) -> Callable[[RecurringSpec], RecurringSpec]:
+    return lambda v: codec.decode_recurring(
+        base, name, codec.encode_recurring(base, v), v.template.payload
+    )
 
 
 @SETTINGS
 @given(text=_json_texts())
 def test_damaged_json_columns(text: Any) -> None:
-    for fn in (
-        codec.decode_deps,
-        codec.decode_retry,
-        codec.decode_tags,
-        codec.decode_labels,
-        codec.decode_resources,
-    ):
-        _decodes_or_corrupt(fn, text)
-    _decodes_or_corrupt(codec.decode_recurring, TimeBase(unix_ns=0), "n", text, b"")
+    for decode, encode in _CODECS:
+        _decodes_or_corrupt(decode, text, again=lambda v, d=decode, e=encode: d(e(v)))
+    base = TimeBase(unix_ns=0)
+    again = _recurring_again(base, "n")
+    _decodes_or_corrupt(codec.decode_recurring, base, "n", text, b"", again=again)
 
 
 @SETTINGS
@@ -285,7 +303,8 @@ def test_damaged_recurring_from_valid(r: RecurringSpec, data: st.DataObject) -> 
         del target[key]
     else:
         target[key] = data.draw(shaped_values)
-    _decodes_or_corrupt(codec.decode_recurring, base, r.name, json.dumps(obj), b"")
+    again = _recurring_again(base, r.name)
+    _decodes_or_corrupt(codec.decode_recurring, base, r.name, json.dumps(obj), b"", again=again)
 
 
 garbage_scalar = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | any_text | st.floats()
@@ -303,7 +322,8 @@ def test_damaged_spec_columns(spec: TaskSpec, data: st.DataObject) -> None:
             row[column] = data.draw(_json_texts())
         else:
             row[column] = data.draw(garbage_scalar)
-    _decodes_or_corrupt(codec.spec_from_columns, base, row)
+    again = lambda v: codec.spec_from_columns(base, codec.spec_columns(base, v))  # noqa: E731
+    _decodes_or_corrupt(codec.spec_from_columns, base, row, again=again)
 
 
 # Model validation: refused at construction, the message naming the field.
@@ -406,3 +426,28 @@ def test_is_terminal() -> None:
     terminal = {"succeeded", "failed", "cancelled", "expired", "skipped"}
     for s in TaskStatus:
         assert s.is_terminal == (s.value in terminal), s
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        (TaskSpec(payload=b"", kind="k" * 256), "template kind is 256 characters long"),
+        (TaskSpec(payload=b"", pool="p" * 129), "template pool is 129 characters long"),
+        (TaskSpec(payload=b"", key="x" * 513), "template key is 513 characters long"),
+        (TaskSpec(payload=b"", deadline=2**62), f"template deadline {2**62} is out"),
+        (
+            TaskSpec(payload=b"", fixed_start=FixedStart(at=2**62)),
+            f"template fixed_start {2**62} is out",
+        ),
+    ],
+    ids=["kind", "pool", "key", "deadline", "fixed_start"],
+)
+def test_a_schedule_template_that_cannot_be_stored_is_refused_naming_the_field(
+    template: TaskSpec, why: str
+) -> None:
+    """Refused before any write, the message naming the template's field (docs/guarantees.md,
+    "Bad values write nothing")."""
+    spec = RecurringSpec(name="s", template=template, interval_ns=10**9)
+    with pytest.raises(InvalidValue) as refused:
+        codec.encode_recurring(TimeBase(unix_ns=2**62), spec)  # 2**62 later: out of range
+    assert str(refused.value).startswith(why), refused.value

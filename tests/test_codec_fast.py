@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import example, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 import cronoq_store.codec
@@ -142,15 +142,28 @@ def test_spec_read_back_is_one_post_init_accepts(spec: TaskSpec, data: st.DataOb
 
     base = TimeBase(unix_ns=0)
     row = codec.spec_columns(base, spec)
+    # Each column drawn gets garbage, or the same column of another valid spec: a row of
+    # valid columns must decode, so most examples reach the checks after the decode.
+    other = codec.spec_columns(base, data.draw(_specs))
+    garbled: list[str] = []
     for column in data.draw(st.lists(st.sampled_from(codec.SPEC_COLUMNS), max_size=3)):
-        if column in ("deps", "resources", "tags", "labels"):
+        if data.draw(st.booleans()):
+            row[column] = other[column]
+        elif column in ("deps", "resources", "tags", "labels"):
             row[column] = data.draw(_json_garbage)
+            garbled.append(column)
         elif column != "payload":
             row[column] = data.draw(_garbage)
+            garbled.append(column)
     try:
         decoded = codec.spec_from_columns(base, row)
     except CorruptValue:
+        assert garbled, "a row of valid columns was refused"
+        event("refused")
         return
+    event("decoded")
+    if not garbled:
+        assert codec.spec_columns(base, decoded) == row  # valid columns read back as written
     rebuilt = TaskSpec(**{f.name: getattr(decoded, f.name) for f in fields(TaskSpec)})
     assert rebuilt == decoded
     assert type(decoded.resources) is dict and type(decoded.tags) is frozenset

@@ -498,10 +498,12 @@ def test_demo(tmp_path: Path) -> None:
     assert report.ok, text
     assert report.acked_mutations_lost == 0 and report.partial_batches == 0
     assert report.fenced_commits >= 1 and report.old_leader_saw_loss
-    assert report.tasks_committed > 0 and report.tasks_recovered >= 0
+    # The new leader recovered what the killed one committed (live, or finished within
+    # retention): a recovery that returned nothing fails here.
+    assert report.tasks_committed > 0
+    assert report.tasks_recovered + report.finished_recovered > 0
     assert report.epochs == sorted(set(report.epochs))
     assert report.takeover_s <= TAKEOVER_BOUND
-    assert report.elapsed_s < 30
     assert "0 acknowledged mutations lost" in text
     assert report.engine_ran and "the example engine (docs/engine.md) led epoch" in text
     assert report.enqueues_committed > 0 and report.enqueues_rolled_back > 0

@@ -29,7 +29,9 @@ from cronoq_store.model import (
     ById,
     ByKey,
     Dep,
+    InboxTaken,
     Mutation,
+    RecurringRemove,
     StatusChanged,
     Submitted,
     TaskId,
@@ -227,8 +229,50 @@ def test_a_second_submission_of_a_task_in_one_batch_is_ignored() -> None:
 
 def test_the_fold_refuses_a_time_it_cannot_store() -> None:
     late = StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=INT64_MAX)
-    with pytest.raises(InvalidValue, match=r"StatusChanged\.at"):
+    with pytest.raises(InvalidValue, match=r"^StatusChanged\.at "):
         folding.fold(BASE, NOW, [late])
+    early = Submitted(id=TaskId(1), seq=1, arrival=INT64_MAX, spec=TaskSpec(payload=b""))
+    with pytest.raises(InvalidValue, match=r"^Submitted\.arrival "):
+        folding.fold(BASE, NOW, [early])
+
+
+def test_a_fold_holds_what_the_batch_says() -> None:
+    """The rows themselves, not only that two folds agree: a second submission of a task
+    changes nothing and stops nothing; a transition of a task submitted earlier in the batch
+    is in its insert; any other is an update of the stored task; times under the base."""
+    base = TimeBase(unix_ns=1000)
+    batch: list[Mutation] = [
+        Submitted(id=TaskId(1), seq=1, arrival=5, spec=TaskSpec(payload=b"a", deadline=50)),
+        Submitted(id=TaskId(1), seq=9, arrival=6, spec=TaskSpec(payload=b"b")),
+        Submitted(id=TaskId(2), seq=2, arrival=6, spec=TaskSpec(payload=b"c")),
+        StatusChanged(id=TaskId(2), status=TaskStatus.RUNNING, attempt=3, at=7, message="m"),
+        StatusChanged(id=TaskId(9), status=TaskStatus.FAILED, attempt=2, at=8, message=None),
+        RecurringRemove(name="s"),
+        InboxTaken(inbox_id=5),
+        InboxTaken(inbox_id=5),
+    ]
+    folded = folding.fold(base, 42, batch)
+    assert folded.recurring == [RecurringRemove(name="s")]  # written in batch order
+    assert list(folded.inbox_taken) == [5]
+    one, two = folded.inserts[1], folded.inserts[2]
+    assert (one["id"], one["seq"], one["payload"]) == (1, 1, b"a")
+    assert (one["arrival_unix_ns"], one["deadline_unix_ns"], one["updated_unix_ns"]) == (
+        1005,
+        1050,
+        42,
+    )
+    assert one["finished_unix_ns"] is None and one["message"] is None
+    assert (one["status"], one["terminal"], one["attempt"], one["live_key"]) == (
+        "queued",
+        False,
+        0,
+        None,
+    )
+    assert (two["id"], two["status"], two["attempt"], two["message"]) == (2, "running", 3, "m")
+    assert (two["arrival_unix_ns"], two["updated_unix_ns"]) == (1006, 1007)
+    assert folded.updates == {
+        9: folding.FoldedStatus(status=TaskStatus.FAILED, attempt=2, at=1008, message=None)
+    }
 
 
 @given(
@@ -246,13 +290,32 @@ def test_checked_outputs_keeps_every_valid_pair_as_bytes(pairs: list[tuple[TaskI
 
 
 @pytest.mark.parametrize(
-    "pair",
-    [(True, b""), (2**63, b""), (1, "text"), (1,), "ab", 7],
+    ("pair", "why"),
+    [
+        ((True, b""), "outputs: a task id must be an int, not bool"),
+        ((2**63, b""), f"outputs: task id {2**63} is outside the 64-bit range"),
+        ((1, "text"), "outputs: the output of task 1 must be bytes"),
+        ((1,), "outputs must hold (task id, bytes) pairs"),
+        ("ab", "outputs: a task id must be an int, not str"),
+        (7, "outputs must hold (task id, bytes) pairs"),
+    ],
     ids=["bool id", "id out of range", "str output", "one value", "a str", "an int"],
 )
-def test_checked_outputs_refuses_what_no_task_could_hold(pair: Any) -> None:
-    with pytest.raises(InvalidValue, match="outputs"):
+def test_checked_outputs_refuses_what_no_task_could_hold(pair: Any, why: str) -> None:
+    """Refused before any write, the message saying what is wrong (docs/guarantees.md)."""
+    with pytest.raises(InvalidValue) as refused:
         folding.checked_outputs([pair])
+    assert str(refused.value) == why
+
+
+def test_dependency_rows_name_each_target_by_id_or_by_key() -> None:
+    """A live task's dependencies as the rows of cronoq_task_deps (its columns exactly), in
+    order, a key cleaned as every stored string is."""
+    deps = (Dep(target=ById(id=TaskId(7))), Dep(target=ByKey(key="k\x00"), on="finish"))
+    assert folding.dep_rows(3, deps) == [
+        {"task_id": 3, "ordinal": 0, "target_id": 7, "target_key": None},
+        {"task_id": 3, "ordinal": 1, "target_id": None, "target_key": "k\ufffd"},
+    ]
 
 
 def test_the_fold_imports_no_sqlalchemy() -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from builders import BASE
+from builders import BASE, found_empty
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import (
@@ -468,24 +467,27 @@ def test_enqueue_notifies_in_its_own_round_trip_unless_told_not_to(
     assert len(store.read_inbox()) == 14
 
 
-def test_a_store_that_does_not_listen_polls(db_url: URL, engine: Engine) -> None:
+def test_a_store_that_does_not_listen_polls(
+    db_url: URL, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`inbox_listen=False`: no LISTEN connection; `wait_inbox` finds an item enqueued without
     a notification by its probe every `inbox_poll` (on every dialect)."""
     config = StoreConfig(inbox_listen=False, inbox_poll=timedelta(milliseconds=20))
     with SqlStore.open(db_url, config) as store:
         assert store._listener is None
         assert store.wait_inbox(0.05) is False
+        empty = found_empty(monkeypatch)
 
         def later() -> None:
+            assert empty.wait(30), "the store never looked at the inbox"
             with engine.begin() as conn:
                 enqueue(conn, TaskSpec(payload=b"quiet"), notify=False)
 
-        thread = threading.Timer(0.1, later)
+        thread = threading.Thread(target=later)
         thread.start()
         try:
-            began = time.monotonic()
+            # Enqueued after its first look found nothing: only a later probe can find it.
             assert store.wait_inbox(30) is True
-            print(f"woke after {time.monotonic() - began:.3f} s (enqueued at 0.1 s)")
         finally:
             thread.join(30)
         assert [item.spec.payload for item in store.read_inbox()] == [b"quiet"]

@@ -26,6 +26,7 @@ from sqlalchemy import URL
 from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, reader, spawn
 
 from cronoq_store.testing import check
+from cronoq_store.testing.config import HangPoint
 
 __all__ = ["reader", "spawn"]  # fixtures, shared with test_failover
 
@@ -43,13 +44,14 @@ def _rounds(
     began = time.monotonic()
     log = tmp_path / "acks.jsonl"
     url = db_url.render_as_string(hide_password=False)
-    procs = [spawn(f"d{i}", db_url, log) for i in range(2)]
+    # Watching COMMITs: a kill lands between a commit and what follows it (AFTER_TX_COMMIT).
+    procs = [spawn(f"d{i}", db_url, log, "--watch-statements") for i in range(2)]
     everyone = list(procs)
     _roles(procs)  # migrated, one leads: the apps may start
     apps = [
         enqueuer(url, log, tmp_path / f"app{i}.stderr", name=f"app{i}", seed=i) for i in range(APPS)
     ]
-    faults = {"sigkill": 0, "sigstop": 0}
+    faults = {"sigkill": 0, "sigkill_after_tx_commit": 0, "sigstop": 0}
     try:
         for app in apps:
             app.wait("started")
@@ -57,7 +59,15 @@ def _rounds(
             leader, standbys = _roles(procs)
             leader.wait("ack", start=leader.mark(), where=lambda e: e.get("inbox", 0) > 0)
             marks = [s.mark() for s in standbys]
-            if r % 2 == 0:
+            if r % 4 == 2:
+                # Right after a COMMIT of a commit, before anything follows it: were the
+                # inbox rows deleted in a transaction of their own, they would stay behind.
+                mark = leader.mark()
+                leader.arm(HangPoint.AFTER_TX_COMMIT)
+                leader.wait("hang", start=mark, where=lambda e: e["point"] == "after-tx-commit")
+                leader.kill()
+                faults["sigkill_after_tx_commit"] += 1
+            elif r % 2 == 0:
                 leader.kill()
                 faults["sigkill"] += 1
             else:
@@ -75,7 +85,7 @@ def _rounds(
             if r % 2 == 0:
                 leader.close()
                 procs = [p for p in procs if p is not leader] + [
-                    spawn(f"d{len(everyone)}", db_url, log)
+                    spawn(f"d{len(everyone)}", db_url, log, "--watch-statements")
                 ]
                 everyone.append(procs[-1])
             else:

@@ -223,6 +223,28 @@ def test_keeper_reasons() -> None:
     assert keeper.next(100) is None
 
 
+def test_keeper_reasons_name_the_last_failure_or_nothing() -> None:
+    """What an operator reads when the holder steps down: the last failed renewal's error, or
+    the TTL alone when no renewal ever ended."""
+    keeper = Keeping(every=1, ttl=4, renewed_at=0)
+    keeper.started(1)
+    keeper.ended(1.5, StoreUnavailable("down"))
+    assert step_down_reason(keeper, 4) == "the lease was not renewed within its TTL (4 s): down"
+
+    keeper = Keeping(every=5, ttl=4, renewed_at=0)  # the first renewal would be past the TTL
+    assert keeper.next(0) == Wait(4)
+    assert step_down_reason(keeper, 4) == "the lease was not renewed within its TTL (4 s)"
+
+
+def test_a_renewal_that_ends_after_the_keeper_finished_changes_nothing() -> None:
+    keeper = Keeping(every=1, ttl=4, renewed_at=0)
+    keeper.started(1)
+    keeper.stop()
+    assert keeper.ended(2, True) is None
+    assert keeper.deadline == 4  # not moved to the late renewal's start plus the TTL
+    assert keeper.next(2) is None
+
+
 # Acquiring: the acquire loop's decisions.
 
 
@@ -277,6 +299,28 @@ def test_acquire_notes_the_transitions() -> None:
     assert acquiring.attempted(1, StoreUnavailable("refused")).note is None
     assert acquiring.attempted(3, None).note == (logging.INFO, "the database is reachable again")
     assert acquiring.attempted(4, (1, 4.0)) == Taken()
+
+
+def test_acquire_notes_ride_on_the_decision_they_come_with() -> None:
+    """The transition's line is on whatever decision comes with it (a take right after the
+    database came back, a retry or a give-up under a deadline), and the give-up says why."""
+    warning = (logging.WARNING, "cannot reach the database to acquire leadership: refused")
+    acquiring = Acquiring(poll=1, max_delay=5, timeout=10, now=0)
+    step = acquiring.attempted(0, StoreUnavailable("refused"))
+    assert isinstance(step, Retry) and step.note == warning
+    assert acquiring.attempted(1, (1, 1.0)) == Taken(
+        (logging.INFO, "the database is reachable again")
+    )
+
+    acquiring = Acquiring(poll=1, max_delay=5, timeout=2, now=0)
+    assert acquiring.attempted(1, None).note is None
+    gave_up = acquiring.attempted(2, StoreUnavailable("refused"))
+    assert isinstance(gave_up, GiveUp) and gave_up.note == warning
+    assert str(gave_up.error) == "not leader after 2 s: the database is unreachable: refused"
+
+    held = Acquiring(poll=1, max_delay=5, timeout=2, now=0).attempted(2, None)
+    assert isinstance(held, GiveUp) and held.note is None
+    assert str(held.error) == "not leader after 2 s: another instance holds the lease"
 
 
 # Leadership: who leads, and which news is stale.

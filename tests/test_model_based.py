@@ -44,6 +44,7 @@ from cronoq_store import (
     Dep,
     Fenced,
     FixedStart,
+    InboxTaken,
     InvalidValue,
     Mutation,
     Priority,
@@ -65,9 +66,10 @@ from cronoq_store import (
     TaskStatus,
     TimeBase,
 )
+from cronoq_store.inbox import enqueue
 from cronoq_store.model import INT64_MAX, INT64_MIN
 from cronoq_store.model import SECOND_NS as SECOND
-from cronoq_store.schema import leader, recurring, task_deps, tasks
+from cronoq_store.schema import inbox, leader, recurring, task_deps, tasks
 
 HOUR = 3600 * SECOND
 START_UNIX = 1_700_000_000 * SECOND
@@ -128,12 +130,15 @@ class Model:
     schedules: dict[str, MSchedule] = field(default_factory=dict)
     high_water: int = 0
     """The first id never used, saturated at INT64_MAX (as the leader row keeps it)."""
+    inbox: dict[int, bytes] = field(default_factory=dict)
+    """Items waiting in the inbox: their payloads by inbox id."""
 
     def copy(self) -> Model:
         return Model(
             tasks={i: dataclasses.replace(t) for i, t in self.tasks.items()},
             schedules={n: dataclasses.replace(s) for n, s in self.schedules.items()},
             high_water=self.high_water,
+            inbox=dict(self.inbox),
         )
 
     def needed(self, task: MTask) -> bool:
@@ -187,49 +192,52 @@ def commit(
     batch: Sequence[Mutation],
     outputs: Sequence[tuple[int, bytes]],
 ) -> Model:
-    """The state after committing `batch`, by the documented rules; `Refused` if refused."""
+    """The state after committing `batch`, by the documented rules (docs/guarantees.md,
+    "Independent of batching"), read one mutation at a time; `Refused` if refused.
+
+    Written from the rule, not from the fold: a transition of a task whose `Submitted` came
+    earlier in the batch applies to that new task (to nothing, when the task was stored
+    already: its insert is ignored with everything folded into it); any other transition
+    applies to the task as stored before the batch, or to nothing (not stored, even if its
+    `Submitted` comes later in the batch); `InboxTaken` removes its item.
+    """
     after = model.copy()
-    inserts: dict[int, MTask] = {}
-    updates: dict[int, tuple[TaskStatus, int, int, str | None]] = {}
+    submitted: dict[int, bool] = {}
+    """Ids submitted so far in the batch: whether the submission made a new task."""
     for m in batch:
         if isinstance(m, Submitted):
-            if m.id in inserts:
-                continue
-            fixed = m.spec.fixed_start
-            inserts[m.id] = MTask(
-                id=m.id,
-                seq=m.seq,
-                arrival=unix(base, m.arrival),
-                spec=m.spec,
-                deadline=unix_opt(base, m.spec.deadline),
-                fixed_at=None if fixed is None else unix(base, fixed.at),
-                updated=now,
-            )
+            if m.id in submitted:
+                continue  # the first submission stands: nothing of this one is looked at
+            arrival = unix(base, m.arrival)
+            deadline = unix_opt(base, m.spec.deadline)
+            fixed = None if m.spec.fixed_start is None else unix(base, m.spec.fixed_start.at)
+            new = m.id not in model.tasks
+            submitted[m.id] = new
+            if new:
+                after.tasks[m.id] = MTask(
+                    id=m.id,
+                    seq=m.seq,
+                    arrival=arrival,
+                    spec=m.spec,
+                    deadline=deadline,
+                    fixed_at=fixed,
+                    updated=now,
+                )
         elif isinstance(m, StatusChanged):
             at = unix(base, m.at)
-            if m.id in inserts:
-                t = inserts[m.id]
-                t.status, t.attempt, t.updated = m.status, m.attempt, at
-                t.message = m.message if m.message is not None else t.message
-            else:
-                old = updates.get(m.id)
-                message = m.message if m.message is not None or old is None else old[3]
-                updates[m.id] = (m.status, m.attempt, at, message)
+            if submitted.get(m.id, m.id in model.tasks):
+                task = after.tasks[m.id]
+                task.status, task.attempt, task.updated = m.status, m.attempt, at
+                if m.message is not None:
+                    task.message = m.message
+        elif isinstance(m, InboxTaken):
+            after.inbox.pop(m.inbox_id, None)
         elif isinstance(m, RecurringUpsert):
             check_schedule(base, m.spec)
         elif isinstance(m, RecurringNext):
             unix_opt(base, m.next)
-    if inserts:
-        after.high_water = max(after.high_water, min(max(inserts) + 1, INT64_MAX))
-    for task_id, (status, attempt, at, message) in updates.items():
-        task = after.tasks.get(task_id)
-        if task is None:
-            continue  # not stored: no effect (the store warns)
-        task.status, task.attempt, task.updated = status, attempt, at
-        task.message = message if message is not None else task.message
-    for task_id, task in inserts.items():
-        if task_id not in model.tasks:  # insert or ignore
-            after.tasks[task_id] = task
+    if submitted:
+        after.high_water = max(after.high_water, min(max(submitted) + 1, INT64_MAX))
     live_keys = [t.spec.key for t in after.tasks.values() if t.live and t.spec.key is not None]
     if len(live_keys) != len(set(live_keys)):
         raise Refused(StoreError)
@@ -365,6 +373,7 @@ class Harness:
             conn.execute(delete(task_deps))
             conn.execute(delete(tasks))
             conn.execute(delete(recurring))
+            conn.execute(delete(inbox))
             conn.execute(update(leader).values(next_id=0))
 
     def take_over(self) -> SqlStore:
@@ -407,6 +416,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.model = Model()
         self.base = START_UNIX
         self.next_new = 0
+        self.next_inbox = 0
         self.history: list[tuple[int, list[Mutation], list[tuple[int, bytes]]]] = []
 
     @property
@@ -461,9 +471,30 @@ class StoreMachine(RuleBasedStateMachine):
         live_keys = {t.spec.key for t in self.model.tasks.values() if t.live and t.spec.key}
         for _ in range(draw(st.integers(1, 6))):
             kind = draw(
-                st.sampled_from(["submit", "submit", "status", "status", "status", "sched"])
+                st.sampled_from(
+                    ["submit", "submit", "status", "status", "status", "sched", "inbox"]
+                )
             )
-            if kind == "submit" or not seen:
+            if kind == "inbox":
+                # An item made into a task (with its InboxTaken), or dropped alone; now and
+                # then one already taken, or never enqueued (its InboxTaken changes nothing).
+                waiting = sorted(self.model.inbox)
+                inbox_id = draw(st.sampled_from([*waiting, self.next_inbox + 7]))
+                payload = self.model.inbox.get(inbox_id)
+                if payload is not None and draw(st.booleans()):
+                    task_id = self.next_new
+                    self.next_new += 1
+                    batch.append(
+                        Submitted(
+                            id=TaskId(task_id),
+                            seq=0,
+                            arrival=now_t,
+                            spec=TaskSpec(payload=payload),
+                        )
+                    )
+                    seen.append(task_id)
+                batch.append(InboxTaken(inbox_id=inbox_id))
+            elif kind == "submit" or not seen:
                 if draw(st.integers(0, 6)) == 0:
                     task_id = draw(st.sampled_from(EDGE_IDS))
                 elif seen and draw(st.integers(0, 5)) == 0:
@@ -585,6 +616,47 @@ class StoreMachine(RuleBasedStateMachine):
         for i in doomed:
             del self.model.tasks[i]
 
+    @rule(payload=st.binary(max_size=3))
+    def enqueue(self, payload: bytes) -> None:
+        """An app enqueues an item in its own transaction."""
+        with self.h.store.engine.begin() as conn:
+            inbox_id = enqueue(conn, TaskSpec(payload=payload))
+        self.model.inbox[inbox_id] = payload
+        self.next_inbox = max(self.next_inbox, inbox_id + 1)
+
+    @rule(data=st.data())
+    def damage(self, data: st.DataObject) -> None:
+        """A live task's row damaged by hand: the next recovery quarantines it (marked failed,
+        now, its key released) and returns everything else as before."""
+        live = sorted(i for i, t in self.model.tasks.items() if t.live)
+        if not live:
+            return
+        task_id = data.draw(st.sampled_from(live))
+        with self.h.store.engine.begin() as conn:
+            conn.execute(update(tasks).where(tasks.c.id == task_id).values(status="bogus"))
+        got = self.h.store.recover(TimeBase(self.base))
+        # The finished tasks were read while the damaged one still counted as live (those it
+        # depends on come back this once), then it was marked failed.
+        next_id, live_tasks, terminal, schedules = expected_recovery(
+            self.model, self.base, self.now
+        )
+        task = self.model.tasks[task_id]
+        task.status, task.updated = TaskStatus.FAILED, self.now
+        quarantined = RecoveredTerminal(
+            id=TaskId(task_id),
+            key=task.spec.key,
+            status=TaskStatus.FAILED,
+            at=saturate(self.now - self.base),
+        )
+        assert got.tasks == [t for t in live_tasks if t.id != task_id]
+        # What was set aside comes last (it was marked failed after the finished were read).
+        assert got.terminal == [*terminal, quarantined]
+        assert (got.next_id, got.recurring) == (next_id, schedules)
+        stored = self.h.store.get_task(ById(TaskId(task_id)))
+        assert stored is not None and stored.message is not None
+        assert stored.message.startswith("corrupt task row: ")
+        task.message = stored.message
+
     @rule(step=st.sampled_from([SECOND, 30 * 60 * SECOND, HOUR, 2 * HOUR]))
     def advance_clock(self, step: int) -> None:
         self.h.clock[0] += step
@@ -616,6 +688,11 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def recovery_matches(self) -> None:
         self.check_recovery(self.base)
+
+    @invariant()
+    def inbox_matches(self) -> None:
+        items = self.h.store.read_inbox(limit=1000)
+        assert {i.inbox_id: i.spec.payload for i in items} == self.model.inbox
 
     @invariant()
     def queries_match(self) -> None:

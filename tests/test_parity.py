@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 from conftest import new_database
 from faces import FACES, Blocking, open_face, store_engine
-from sqlalchemy import URL, Connection, create_engine, event
+from sqlalchemy import URL, Connection, create_engine, event, inspect
 
 from cronoq_store import (
     ById,
     ByKey,
     InboxTaken,
+    SchemaError,
     SqlStore,
     StatusChanged,
     StoreConfig,
@@ -322,19 +323,32 @@ def test_pooled_connections_are_pinged_only_when_idle(
 
 @pytest.mark.parametrize("face", FACES)
 def test_open_can_skip_the_schema_check(db_url: URL, face: str) -> None:
+    """On a database never migrated, `migrate=False` refuses to open unless told to skip the
+    check; skipping it opens, and writes nothing either way."""
     config = dataclasses.replace(QUIET, migrate=False)
-    if face == "sync":
-        SqlStore.open(db_url, config, check_schema=False).close()
-        return
-    from faces import LoopThread
 
-    loop = LoopThread()
+    def opened(check_schema: bool) -> None:
+        if face == "sync":
+            SqlStore.open(db_url, config, check_schema=check_schema).close()
+            return
+        from faces import LoopThread
+
+        loop = LoopThread()
+        try:
+
+            async def open_close() -> None:
+                store = await AsyncSqlStore.open(db_url, config, check_schema=check_schema)
+                await store.close()
+
+            loop.run(open_close())
+        finally:
+            loop.close()
+
+    with pytest.raises(SchemaError, match="upgrade"):
+        opened(check_schema=True)
+    opened(check_schema=False)
+    engine = create_engine(db_url)
     try:
-
-        async def open_close() -> None:
-            store = await AsyncSqlStore.open(db_url, config, check_schema=False)
-            await store.close()
-
-        loop.run(open_close())
+        assert inspect(engine).get_table_names() == []
     finally:
-        loop.close()
+        engine.dispose()

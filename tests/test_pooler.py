@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from builders import BASE, status, submit, wait_until
+from builders import BASE, found_empty, status, submit, wait_until
 from conftest import SERVER_URLS, _required, new_database
 from faces import FACES, open_face
 from sqlalchemy import URL, Engine, create_engine, make_url
@@ -176,7 +176,9 @@ def test_the_pooler_moves_transactions_between_server_connections(pooled_url: UR
 
 
 @pytest.mark.parametrize("face", FACES)
-def test_every_operation_through_the_pooler(face: str, pooled_url: URL, app_engine: Engine) -> None:
+def test_every_operation_through_the_pooler(
+    face: str, pooled_url: URL, app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cleanup: list[Callable[[], None]] = []
     try:
         store = open_face(face, pooled_url, POOLED, cleanup)  # migrates
@@ -221,8 +223,10 @@ def test_every_operation_through_the_pooler(face: str, pooled_url: URL, app_engi
         committed = threading.Event()
         committed_at: list[float] = []
 
+        empty = found_empty(monkeypatch)
+
         def enqueue_later() -> None:
-            time.sleep(0.3)
+            assert empty.wait(30), "the store never looked at the inbox"
             with app_engine.begin() as conn:
                 enqueue(conn, TaskSpec(payload=b"wake"))
             committed_at.append(time.monotonic())
@@ -326,6 +330,10 @@ def _wake(store: Any, app_engine: Engine, payload: bytes) -> float:
     committed: list[float] = []
 
     def later() -> None:
+        # Still a tuned sleep (issue #39): enqueued as soon as the store's first look found
+        # the inbox empty (`builders.found_empty`), the sync store behind the pooler fails
+        # its next commit with DuplicatePreparedStatement ("cronoq_0"), though its URL says
+        # prepare_threshold= : a bug this sleep hides, left to the pooler's owner.
         time.sleep(0.2)
         with app_engine.begin() as conn:
             enqueue(conn, TaskSpec(payload=payload))

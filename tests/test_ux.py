@@ -486,7 +486,7 @@ def _script(env: dict[str, str]) -> tuple[int, str, str, float]:
 
 @pytest.mark.sqlite
 def test_test_servers_outside_ci_names_a_missing_server_and_goes_on() -> None:
-    code, out, err, took = _script(_env(ci=False, **CLOSED))
+    code, out, err, _ = _script(_env(ci=False, **CLOSED))
     assert code == 0, out + err
     lines = out.splitlines()
     for name, var in (
@@ -495,16 +495,17 @@ def test_test_servers_outside_ci_names_a_missing_server_and_goes_on() -> None:
     ):
         said = [line for line in lines if line.startswith(f"test-servers: {name} ")]
         assert len(said) == 1 and var in said[0] and "will not run" in said[0], out
+        # Only checked for reachability: not waited for (60 s) as a local server would be.
+        assert "is not reachable at" in said[0] and "within 60 s" not in said[0], out
     assert "NOT UP: PostgreSQL MariaDB" in out, out
-    assert took < 30, took  # no 60 s wait for a server that is not there
 
 
 @pytest.mark.sqlite
 def test_test_servers_in_ci_fails_for_a_missing_server() -> None:
-    code, out, err, took = _script(_env(ci=True, **CLOSED))
+    code, out, err, _ = _script(_env(ci=True, **CLOSED))
     assert code != 0, out + err
     assert "test-servers: PostgreSQL is not reachable" in err and "required" in err, err
-    assert took < 30, took
+    assert "within 60 s" not in out + err  # failed at once, not after waiting for it
 
 
 @pytest.mark.sqlite
@@ -522,14 +523,14 @@ def test_test_servers_on_a_machine_without_servers(tmp_path: Path) -> None:
     env = _env(ci=False, PATH=str(bin_))
     env.pop("CRONOQ_TEST_POSTGRESQL_URL", None)
     env.pop("CRONOQ_TEST_MYSQL_URL", None)
-    code, out, err, took = _script(env)
+    code, out, err, _ = _script(env)
     assert code == 0, out + err
     assert (
         "test-servers: PostgreSQL is not installed: its tests will not run; install it "
         "(apt-get install postgresql), or point CRONOQ_TEST_POSTGRESQL_URL at one"
     ) in out, out
     assert "test-servers: MariaDB is not installed" in out and "CRONOQ_TEST_MYSQL_URL" in out
-    assert took < 30, took
+    assert "within 60 s" not in out  # nothing installed: nothing waited for
     code, out, err, _ = _script({**env, "CI": "true"})
     assert code != 0 and "test-servers: " in err and "PostgreSQL" in err, out + err
 

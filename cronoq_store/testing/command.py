@@ -205,7 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     drive.add_argument(
         "--watch-statements",
         action="store_true",
-        help="watch the engine's statements (the stop-in-* hang points need it)",
+        help=(
+            "watch the engine's statements and COMMITs (the stop-in-* and after-tx-commit "
+            "hang points need it)"
+        ),
     )
     enq.add_argument("--rollback", type=float, default=0.25, help="share rolled back")
     enq.add_argument("--keyed", type=float, default=0.1, help="share with a key (may clash)")

@@ -26,12 +26,19 @@ class HangPoint(enum.StrEnum):
     STOP_IN_TAKE = "stop-in-take"
     """SIGSTOP the whole process inside the transaction that takes the lease, right after its
     UPDATE of the leader row (SqlStore only)."""
+    AFTER_TX_COMMIT = "after-tx-commit"
+    """Inside a commit, right after a COMMIT returned at the driver (`testing.after_commits`),
+    before whatever follows it: a further transaction of the same commit, if the store ran
+    one, or the return (SqlStore only). The one point between a commit and a follow-up."""
 
 
 STOPS: Final = frozenset(
     {HangPoint.STOP_IN_RENEWAL, HangPoint.STOP_IN_COMMIT, HangPoint.STOP_IN_TAKE}
 )
-"""The hang points found by watching statements (`DriverConfig.watch_statements`)."""
+"""The hang points that stop the process (SIGSTOP) where a statement ran."""
+
+WATCHED: Final = STOPS | {HangPoint.AFTER_TX_COMMIT}
+"""The hang points found by watching statements and COMMITs (`DriverConfig.watch_statements`)."""
 
 SQL_ONLY: Final = frozenset(
     {
@@ -39,6 +46,7 @@ SQL_ONLY: Final = frozenset(
         HangPoint.STOP_IN_RENEWAL,
         HangPoint.STOP_IN_COMMIT,
         HangPoint.STOP_IN_TAKE,
+        HangPoint.AFTER_TX_COMMIT,
     }
 )
 """The hang points only a SqlStore reaches (they hook its engine)."""
@@ -65,9 +73,10 @@ class DriverConfig:
     hang_at: HangPoint | None = None
     """The fault that `arm_hang()` (SIGUSR2 for a process) arms when it names none."""
     watch_statements: bool = False
-    """Watch the statements the engine's driver runs (`testing.statements`), as the STOP_IN_*
-    points need. The store's statements take the same path either way (the path production
-    runs); off (the default), no statement pays for the hook."""
+    """Watch the statements the engine's driver runs and its COMMITs (`testing.statements`),
+    as the STOP_IN_* points and AFTER_TX_COMMIT need. The store's statements take the same
+    path either way (the path production runs); off (the default), no statement pays for
+    the hook."""
     acquire_slice: float = 0.25
     """Seconds per `acquire_leadership` call, so a standby notices a stop request."""
     key_pool: int = 16
@@ -81,7 +90,7 @@ class DriverConfig:
     @property
     def watches_statements(self) -> bool:
         """Whether a driver watches statements: told to, or configured to stop at a STOP_IN_*."""
-        return self.watch_statements or self.hang_at in STOPS
+        return self.watch_statements or self.hang_at in WATCHED
 
     def __post_init__(self) -> None:
         if self.batch < 1:

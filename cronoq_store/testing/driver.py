@@ -28,8 +28,8 @@ from ..model import (
 from ..store import SqlStore
 from .acklog import AckLog
 from .base import BASE, Emit, Event, Store, digest
-from .config import SQL_ONLY, STOPS, DriverConfig, HangPoint
-from .statements import after_statements
+from .config import SQL_ONLY, WATCHED, DriverConfig, HangPoint
+from .statements import after_commits, after_statements
 from .workload import Workload, _Live, _Phase, _Planned
 
 T = TypeVar("T")
@@ -200,8 +200,14 @@ class WorkloadDriver:
             elif not in_commit and not renewing and self._armed(HangPoint.STOP_IN_TAKE):
                 self._stop_here(HangPoint.STOP_IN_TAKE)
 
+        def after_commit(_driver_connection: Any) -> None:
+            """AFTER_TX_COMMIT: a COMMIT of the commit's returned at the driver."""
+            if getattr(self._in_commit, "on", False) and self._armed(HangPoint.AFTER_TX_COMMIT):
+                self._hang(HangPoint.AFTER_TX_COMMIT)
+
         if self.config.watches_statements:
             after_statements(store.engine, after_execute)
+            after_commits(store.engine, after_commit)
 
     def request_pause(self) -> None:
         """Stop this process (SIGSTOP) at the next point where it holds no connection."""
@@ -216,8 +222,8 @@ class WorkloadDriver:
         point = point or self.config.hang_at
         if point in SQL_ONLY and not self._sql:
             raise ValueError(f"hanging {point} needs a SqlStore")
-        if point in STOPS and not self.config.watches_statements:
-            raise ValueError(f"stopping at {point} needs DriverConfig.watch_statements")
+        if point in WATCHED and not self.config.watches_statements:
+            raise ValueError(f"hanging at {point} needs DriverConfig.watch_statements")
         self._hang_point = point
 
     def _armed(self, point: HangPoint) -> bool:

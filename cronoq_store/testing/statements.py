@@ -16,10 +16,12 @@ from typing import Any, Final
 
 from sqlalchemy import Engine, event
 
-__all__ = ["StatementHook", "after_statements"]
+__all__ = ["CommitHook", "StatementHook", "after_commits", "after_statements"]
 
 StatementHook = Callable[[Any, str], None]
 """Called with the driver cursor and the SQL, after a statement ran (not when it raised)."""
+CommitHook = Callable[[Any], None]
+"""Called with the driver connection, after a transaction on it committed."""
 
 
 def after_statements(engine: Engine, hook: StatementHook) -> None:
@@ -60,6 +62,59 @@ def after_statements(engine: Engine, hook: StatementHook) -> None:
     else:
         raise ValueError(f"no statement hook for the {driver} driver")
     engine.dispose()
+
+
+def after_commits(engine: Engine, hook: CommitHook) -> None:
+    """Call `hook` after every COMMIT on `engine`'s driver connections, from the next
+    connection the pool opens: once the driver's `commit()` returned (SQLAlchemy's, or any
+    other caller's), or once a COMMIT sent as a statement was answered (psycopg's flights,
+    `cronoq_store.wire`, through `after_statements`). So a fault lands between a commit and
+    whatever follows it, however the transaction was ended.
+
+    Args:
+        engine: A sync engine on sqlite3 (pysqlite), psycopg or PyMySQL.
+        hook: Called as `hook(driver_connection)` in the thread that committed.
+
+    Raises:
+        ValueError: For another driver.
+    """
+    driver = engine.dialect.driver
+    if driver == "pysqlite":
+        import sqlite3
+
+        _on_connect(engine, "factory", sqlite3.Connection, lambda c: _committing(c, hook))
+        engine.dispose()
+        return
+    if driver not in ("psycopg", "pymysql"):
+        raise ValueError(f"no commit hook for the {driver} driver")
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # Neither driver takes a connection class: the connection becomes one (a subclass
+        # with no slots of its own, so its layout is the same).
+        dbapi_connection.__class__ = _committing(type(dbapi_connection), hook)
+
+    if driver == "psycopg":
+
+        def commit_statement(cursor: Any, statement: str) -> None:
+            if statement.strip().upper() == "COMMIT":
+                hook(cursor.connection)
+
+        after_statements(engine, commit_statement)
+    engine.dispose()
+
+
+def _committing(base: type[Any], hook: CommitHook) -> type[Any]:
+    """A subclass of the connection class `base` that reports each `commit()` to `hook`."""
+
+    class Committing(base):  # type: ignore[misc]
+        __slots__ = ()
+
+        def commit(self) -> None:
+            super().commit()
+            hook(self)
+
+    return Committing
 
 
 def _on_connect(

@@ -10,19 +10,12 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-import pytest
 from builders import BASE, submit
 from click.testing import CliRunner
 from sqlalchemy import URL, create_engine
 
-from cronoq_store import ById, SqlStore, StoreConfig, TaskId, ddl, migrate
+from cronoq_store import ById, SqlStore, StoreConfig, TaskId, migrate
 from cronoq_store.cli import main
-
-# Offline, the guarded steps of `cronoq_store.ddl` must assume an empty database: that comes
-# with the online migrations (issue 37, item 1); without it this test cannot run.
-needs_offline_ddl = pytest.mark.skipif(
-    not hasattr(ddl, "is_offline"), reason="needs cronoq_store.ddl's offline mode (issue 37)"
-)
 
 
 def _apply_by_hand(db_url: URL, script: Path) -> None:
@@ -65,7 +58,6 @@ def _is_mariadb(db_url: URL) -> bool:
         engine.dispose()
 
 
-@needs_offline_ddl
 def test_upgrade_sql_applied_by_hand_opens_at_head(db_url: URL, tmp_path: Path) -> None:
     url = db_url.render_as_string(hide_password=False)
     for_sql = url

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -38,6 +39,28 @@ def after_statements(engine: Engine, hook: StatementHook) -> None:
     Raises:
         ValueError: For another driver.
     """
+    # One hooked class per engine, calling every hook in turn: a second subclass of the first
+    # would override its methods by name, and the first hook would never hear a statement.
+    hooks = _HOOKS.get(engine)
+    if hooks is not None:
+        hooks.append(hook)
+        engine.dispose()
+        return
+    hooks = [hook]
+
+    def every_hook(cursor: Any, statement: str) -> None:
+        for each in tuple(hooks):
+            each(cursor, statement)
+
+    _install(engine, every_hook)
+    _HOOKS[engine] = hooks
+
+
+_HOOKS: Final[weakref.WeakKeyDictionary[Engine, list[StatementHook]]] = weakref.WeakKeyDictionary()
+"""The hooks `after_statements` set on each engine."""
+
+
+def _install(engine: Engine, hook: StatementHook) -> None:
     driver = engine.dialect.driver
     if driver == "pysqlite":
         import sqlite3

@@ -325,16 +325,14 @@ def test_transaction_pooler_is_validated() -> None:
 WARNING = "StoreConfig(transaction_pooler=True)"
 
 
-def _wake(store: Any, app_engine: Engine, payload: bytes) -> float:
-    """Enqueue once `store` waits; seconds from the commit to its wake-up."""
+def _wake(store: Any, app_engine: Engine, payload: bytes, empty: threading.Event) -> float:
+    """Enqueue once `store` waits (its look found the inbox `empty`); seconds from the commit
+    to its wake-up."""
     committed: list[float] = []
+    empty.clear()
 
     def later() -> None:
-        # Still a tuned sleep (issue #39): enqueued as soon as the store's first look found
-        # the inbox empty (`builders.found_empty`), the sync store behind the pooler fails
-        # its next commit with DuplicatePreparedStatement ("cronoq_0"), though its URL says
-        # prepare_threshold= : a bug this sleep hides, left to the pooler's owner.
-        time.sleep(0.2)
+        empty.wait(10)
         with app_engine.begin() as conn:
             enqueue(conn, TaskSpec(payload=payload))
         committed.append(time.monotonic())
@@ -361,17 +359,22 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.mark.parametrize("face", FACES)
 def test_listening_behind_the_pooler_is_reported_once(
-    face: str, pooled_url: URL, app_engine: Engine, caplog: pytest.LogCaptureFixture
+    face: str,
+    pooled_url: URL,
+    app_engine: Engine,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="cronoq_store")
     cleanup: list[Callable[[], None]] = []
     # Without transaction_pooler, but preparing nothing (the URL form), so that only LISTEN
     # is wrong here.
-    url = make_url(pooled_url.render_as_string(hide_password=False) + "?prepare_threshold=")
+    url = pooled_url.update_query_dict({"prepare_threshold": ""})  # kept blank: None
     try:
         store = open_face(face, url, StoreConfig(lease_ttl=timedelta(seconds=5)), cleanup)
         store.acquire_leadership(timeout=30)
-        late = [_wake(store, app_engine, b"%d" % i) for i in range(3)]
+        empty = found_empty(monkeypatch)
+        late = [_wake(store, app_engine, b"%d" % i, empty) for i in range(3)]
         print(f"{face}: listening behind the pooler, woke after {[round(x, 3) for x in late]} s")
         assert len(_warnings(caplog)) == 1, caplog.text
     finally:
@@ -381,7 +384,10 @@ def test_listening_behind_the_pooler_is_reported_once(
 
 @pytest.mark.parametrize("face", FACES)
 def test_listening_directly_is_not_reported(
-    face: str, direct_url: URL, caplog: pytest.LogCaptureFixture
+    face: str,
+    direct_url: URL,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="cronoq_store")
     cleanup: list[Callable[[], None]] = []
@@ -389,7 +395,8 @@ def test_listening_directly_is_not_reported(
     try:
         store = open_face(face, direct_url, StoreConfig(lease_ttl=timedelta(seconds=5)), cleanup)
         store.acquire_leadership(timeout=30)
-        quick = [_wake(store, app_engine, b"%d" % i) for i in range(3)]
+        empty = found_empty(monkeypatch)
+        quick = [_wake(store, app_engine, b"%d" % i, empty) for i in range(3)]
         print(f"{face}: listening directly, woke after {[round(x, 3) for x in quick]} s")
         assert _warnings(caplog) == []
     finally:

@@ -238,8 +238,17 @@ def commit(
             unix_opt(base, m.next)
     if submitted:
         after.high_water = max(after.high_water, min(max(submitted) + 1, INT64_MAX))
-    live_keys = [t.spec.key for t in after.tasks.values() if t.live and t.spec.key is not None]
-    if len(live_keys) != len(set(live_keys)):
+    holders: dict[str, list[int]] = {}
+    for t in after.tasks.values():
+        if t.live and t.spec.key is not None:
+            holders.setdefault(t.spec.key, []).append(t.id)
+    clashes = [ids for ids in holders.values() if len(ids) > 1]
+    if clashes:
+        # Two tasks the batch submits under one key (a stored one submitted again included):
+        # the store names the batch (`InvalidValue`); a clash between a task of the batch and
+        # one it does not mention is the database's refusal, never `InvalidValue`.
+        if any(sum(i in submitted for i in ids) > 1 for ids in clashes):
+            raise Refused(InvalidValue)
         raise Refused(StoreError)
     for task_id, output in outputs:
         task = after.tasks.get(task_id)

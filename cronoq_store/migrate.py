@@ -231,6 +231,10 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
             if schema and dialects.name(conn.dialect) == "postgresql":
                 with conn.begin():
                     conn.execute(CreateSchema(schema, if_not_exists=True))
+            if action == "upgrade" and revision in ("head", head_revision()):
+                with conn.begin():
+                    if _settled(conn, schema):
+                        return None  # nothing to do: no lock, so no wait behind a migration
             with dialects.migration_lock(conn, schema=schema) as renew:
                 with conn.begin():
                     _check_known(conn, schema)
@@ -258,6 +262,22 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
     except Exception as exc:
         raise dialects.translate(exc) from exc
     return restored
+
+
+def _settled(conn: Connection, schema: str | None) -> bool:
+    """Whether the database is at this build's head with its lease and oldest-writer rows:
+    what an upgrade would leave, so the usual open (of a migrated database) takes no lock.
+
+    Behind a transaction pooler the lock (a session's) is not safe to take at all (docs/
+    deploying.md: migrate on a direct connection); this way the store's own opens there never
+    take it once the database is migrated."""
+    if _heads(conn, schema) != (head_revision(),):
+        return False
+    if oldest_writer_floor(conn, schema) is None:
+        return False
+    if schema:
+        conn = conn.execution_options(schema_translate_map={None: schema})
+    return conn.execute(recovery.leader_exists_stmt()).first() is not None
 
 
 def _schema_error(exc: CommandError) -> SchemaError:

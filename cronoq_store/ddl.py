@@ -377,13 +377,7 @@ def create_index(name: str, table: str, columns: Sequence[str], **kw: Any) -> No
     if which == "postgresql":
         with _own_transactions():
             if state == "invalid":
-                op.drop_index(
-                    name,
-                    table_name=table,
-                    schema=schema(),
-                    postgresql_concurrently=True,
-                    if_exists=True,
-                )
+                _drop_concurrently(name, table)
             op.create_index(
                 name, table, list(columns), schema=schema(), postgresql_concurrently=True, **kw
             )
@@ -397,6 +391,13 @@ def create_index(name: str, table: str, columns: Sequence[str], **kw: Any) -> No
     else:
         with _own_transactions():
             op.create_index(name, table, list(columns), schema=schema(), **kw)
+
+
+def _drop_concurrently(name: str, table: str) -> None:
+    """PostgreSQL's `DROP INDEX CONCURRENTLY IF EXISTS`, outside any transaction."""
+    op.drop_index(
+        name, table_name=table, schema=schema(), postgresql_concurrently=True, if_exists=True
+    )
 
 
 def drop_index(name: str, table: str) -> None:
@@ -413,13 +414,7 @@ def drop_index(name: str, table: str) -> None:
     which = _dialect()
     if which == "postgresql":
         with _own_transactions():
-            op.drop_index(
-                name,
-                table_name=table,
-                schema=schema(),
-                postgresql_concurrently=True,
-                if_exists=True,
-            )
+            _drop_concurrently(name, table)
     elif which == "mysql":
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
         _mysql_online(table, f"DROP INDEX {_quote(name)}", clauses, f"drop index {name}")

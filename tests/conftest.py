@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from builders import wait_until
+from hypothesis import settings
 from pgpair import PgPair, PgPairError
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
@@ -36,6 +37,11 @@ SERVER_URLS = {
 SERVER_ENV = {"postgresql": "CRONOQ_TEST_POSTGRESQL_URL", "mysql": "CRONOQ_TEST_MYSQL_URL"}
 DIALECTS = ("sqlite", "postgresql", "mysql")
 MYSQL_PACKET = 64 * 1024 * 1024
+
+# Hypothesis checks outcomes here, never speed: its per-example deadline (200 ms) is a
+# wall-clock assertion that a loaded CI machine fails at random (one did, in test_fold).
+settings.register_profile("cronoq", deadline=None)
+settings.load_profile("cronoq")
 
 
 def _required() -> bool:

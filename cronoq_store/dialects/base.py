@@ -10,7 +10,10 @@ asyncio) it reads once, when it is made.
 
 The public surface, all on `DefaultImpl`:
 - `name`, `dialect`: which database, and SQLAlchemy's dialect of the engine;
-- `pipelined`, `copies`, `binds_arrays`, `loses_connections`: what the driver can do;
+- `server`, `creates_schemas`, `schema_is_database`, `builds_indexes_concurrently`,
+  `sync_per_connection`, `galera_possible`: what the database is (class attributes, also
+  read before an engine exists: `class_of(url)`);
+- `pipelined`, `copies`, `binds_arrays`: what the driver can do;
 - `streaming_cursor`, `abandon`: cursors that hold a chunk of a result at a time;
 - `copy_rows`: a bulk load (COPY), where `copies`;
 - `interrupter`: how another thread stops the session's wait (the watchdog's);
@@ -24,12 +27,12 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
 
 from .statements import name as dialect_name
 
-__all__ = ["DefaultImpl", "dialect_of"]
+__all__ = ["DefaultImpl", "class_of", "dialect_of"]
 
 
 class DefaultImpl:
@@ -48,6 +51,22 @@ class DefaultImpl:
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset()
     """Error codes of a server whose disk is full."""
 
+    server: ClassVar[bool] = True
+    """A server's database: its connections can be lost, its settings are the server's. False
+    for a file (SQLite), whose connection is never lost."""
+    creates_schemas: ClassVar[bool] = False
+    """A `--schema` is a namespace inside the database, which the store creates (PostgreSQL)."""
+    schema_is_database: ClassVar[bool] = False
+    """A `--schema` is a database of its own on the server (MySQL, MariaDB)."""
+    builds_indexes_concurrently: ClassVar[bool] = False
+    """Indexes are built without blocking writes (CREATE INDEX CONCURRENTLY), and a build that
+    failed leaves an INVALID index behind, to look for (PostgreSQL)."""
+    sync_per_connection: ClassVar[bool] = False
+    """How durably a commit is written is each connection's own setting, not the database's
+    (SQLite's `synchronous`): a reader's says nothing of the writer's."""
+    galera_possible: ClassVar[bool] = False
+    """The server may be a Galera cluster's node (MariaDB, MySQL): `galera.is_galera` asks."""
+
     _registry: ClassVar[dict[str, type[DefaultImpl]]] = {}
 
     def __init_subclass__(cls, **kw: Any) -> None:
@@ -63,8 +82,6 @@ class DefaultImpl:
         """Rows can be loaded with COPY FROM STDIN (`copy_rows`)."""
         self.binds_arrays = False
         """An IN list runs better as one array parameter (`execution.run_in`)."""
-        self.loses_connections = True
-        """A connection can be lost under the store (a server's); a file's never is."""
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """A DB-API cursor of `dbapi_connection` that holds no more than a chunk of a result
@@ -96,6 +113,14 @@ class DefaultImpl:
 
 
 _IMPLS: weakref.WeakKeyDictionary[Dialect, DefaultImpl] = weakref.WeakKeyDictionary()
+
+
+def class_of(where: str | URL) -> type[DefaultImpl]:
+    """The class of the database that a URL, or a backend name ("sqlite", "postgresql",
+    "mysql", "mariadb"), names: for what is known before an engine exists (its class
+    attributes)."""
+    backend = where.get_backend_name() if isinstance(where, URL) else where
+    return DefaultImpl._registry.get("mysql" if backend == "mariadb" else backend, DefaultImpl)
 
 
 def dialect_of(where: Engine | Connection | Dialect) -> DefaultImpl:

@@ -48,6 +48,9 @@ class MySQLImpl(DefaultImpl):
         }
     )
 
+    schema_is_database: ClassVar[bool] = True
+    galera_possible: ClassVar[bool] = True
+
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
         self._pymysql = dialect.driver == "pymysql"

@@ -40,6 +40,8 @@ class PostgresqlImpl(DefaultImpl):
     )
     read_only_codes: ClassVar[frozenset[Any]] = frozenset({PG_READ_ONLY})
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset({PG_DISK_FULL})
+    creates_schemas: ClassVar[bool] = True
+    builds_indexes_concurrently: ClassVar[bool] = True
 
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)

@@ -71,7 +71,7 @@ def still_there(conn: Connection) -> bool:
     """Whether `conn`, kept checked out while unused for `PING_IDLE` or longer, may be used:
     the check the pool makes of an idle connection at checkout (`ping_when_idle`), for one
     that never went back to it. A lost one is invalidated. SQLite's is never lost."""
-    if not dialect_of(conn).loses_connections:
+    if not dialect_of(conn).server:
         return True
     dbapi_conn = conn.connection.dbapi_connection
     _bind_current(conn.dialect, dbapi_conn)

@@ -159,8 +159,10 @@ def _check(conn: Connection, schema: str | None) -> dict[str, Any]:
     revision = migrate.current_revision(conn, schema=schema)
     if revision == migrate.head_revision():  # otherwise the upgrade is the fix
         findings += _indexes(conn, schema)
-        if dialects.dialect_of(conn).builds_indexes_concurrently:  # PostgreSQL's
+        impl = dialects.dialect_of(conn)
+        if impl.builds_indexes_concurrently:
             findings += _invalid_indexes(conn, schema)
+        if impl.storage_parameters:
             findings += _storage(conn, schema)
     return {
         "ok": not findings,

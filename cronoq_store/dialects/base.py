@@ -11,8 +11,10 @@ asyncio) it reads once, when it is made.
 The public surface, all on `DefaultImpl`:
 - `name`, `dialect`: which database, and SQLAlchemy's dialect of the engine;
 - `server`, `creates_schemas`, `schema_is_database`, `builds_indexes_concurrently`,
-  `sync_per_connection`, `galera_possible`: what the database is (class attributes, also
-  read before an engine exists: `class_of(url)`);
+  `storage_parameters`, `alters_online`, `gap_locks`, `sync_per_connection`,
+  `galera_possible`: what the database is (class attributes, also read before an engine
+  exists: `class_of(url)`);
+- `short_lock_waits`: a migration's short bound on each lock wait of its session;
 - `pipelined`, `copies`, `binds_arrays`: what the driver can do;
 - `streaming_cursor`, `abandon`: cursors that hold a chunk of a result at a time;
 - `copy_rows`: a bulk load (COPY), where `copies`;
@@ -61,6 +63,14 @@ class DefaultImpl:
     builds_indexes_concurrently: ClassVar[bool] = False
     """Indexes are built without blocking writes (CREATE INDEX CONCURRENTLY), and a build that
     failed leaves an INVALID index behind, to look for (PostgreSQL)."""
+    storage_parameters: ClassVar[bool] = False
+    """Tables take storage parameters (`ALTER TABLE ... SET (fillfactor = ...)`: PostgreSQL)."""
+    alters_online: ClassVar[bool] = False
+    """ALTER TABLE takes `ALGORITHM=INSTANT|INPLACE, LOCK=NONE`, so an index or a column is
+    added or dropped without blocking writes (MySQL, MariaDB)."""
+    gap_locks: ClassVar[bool] = False
+    """At the default isolation level an UPDATE also locks the index gaps it scans (InnoDB's
+    REPEATABLE READ), where other sessions insert."""
     sync_per_connection: ClassVar[bool] = False
     """How durably a commit is written is each connection's own setting, not the database's
     (SQLite's `synchronous`): a reader's says nothing of the writer's."""
@@ -103,6 +113,15 @@ class DefaultImpl:
         `values(row)` in the statement's column order. Only where `copies`; the caller owns
         the cursor (and closes it) and wraps the driver's errors."""
         raise NotImplementedError(f"no COPY on {self.name}")
+
+    def short_lock_waits(
+        self, conn: Connection, *, ms: int, seconds: int
+    ) -> Callable[[], object] | None:
+        """Bound each lock wait of `conn`'s session: `ms` milliseconds where the server counts
+        them, `seconds` where it counts whole ones. Returns how to put the session's own
+        bound back, or None where nothing was bounded (a file's writer waits only for other
+        writers, as its busy timeout says)."""
+        return None
 
     def interrupter(self, driver_connection: Any) -> Callable[[], None] | None:
         """How another thread stops whatever the session of `driver_connection` (a driver's

@@ -25,9 +25,8 @@ The public surface, all on `DefaultImpl`:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
@@ -131,9 +130,6 @@ class DefaultImpl:
         return None
 
 
-_IMPLS: weakref.WeakKeyDictionary[Dialect, DefaultImpl] = weakref.WeakKeyDictionary()
-
-
 def class_of(where: str | URL) -> type[DefaultImpl]:
     """The class of the database that a URL, or a backend name ("sqlite", "postgresql",
     "mysql", "mariadb"), names: for what is known before an engine exists (its class
@@ -142,16 +138,31 @@ def class_of(where: str | URL) -> type[DefaultImpl]:
     return DefaultImpl._registry.get("mysql" if backend == "mariadb" else backend, DefaultImpl)
 
 
+_KEPT: Final = "_cronoq_impl"
+"""The attribute of SQLAlchemy's dialect object (one per engine) that keeps its class's
+instance: read with no call, it costs a commit nothing (a dictionary keyed by dialect cost two
+calls a lookup, and a batch-1 commit makes two)."""
+
+
 def dialect_of(where: Engine | Connection | Dialect) -> DefaultImpl:
     """The class of `where`'s database, made once per SQLAlchemy dialect (once per engine)
-    and kept as long as that dialect is.
+    and kept on it as long as that dialect is.
 
     Args:
         where: An engine, a connection, or SQLAlchemy's dialect of one.
     """
-    dialect = where.dialect if isinstance(where, (Engine, Connection)) else where
-    impl = _IMPLS.get(dialect)
+    try:
+        impl: DefaultImpl = where.dialect._cronoq_impl  # type: ignore[union-attr]
+    except AttributeError:
+        return _made(where if isinstance(where, Dialect) else where.dialect)
+    return impl
+
+
+def _made(dialect: Dialect) -> DefaultImpl:
+    """`dialect`'s instance, made on first use."""
+    impl: DefaultImpl | None = getattr(dialect, _KEPT, None)
     if impl is None:
         cls = DefaultImpl._registry.get(dialect_name(dialect), DefaultImpl)
-        impl = _IMPLS[dialect] = cls(dialect)
+        impl = cls(dialect)
+        setattr(dialect, _KEPT, impl)
     return impl

@@ -248,7 +248,7 @@ def _set_local_stmt(count: int) -> Select[Any]:
 
 def interrupter(conn: Connection) -> Callable[[], None] | None:
     """`interrupter_of` `conn`'s driver connection."""
-    return interrupter_of(conn.dialect, conn.connection.driver_connection)
+    return dialect_of(conn).interrupter(conn.connection.driver_connection)
 
 
 def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:

@@ -146,8 +146,7 @@ class Target:
 
     @property
     def dialect(self) -> str:
-        name = self.url.get_backend_name()
-        return "mysql" if name in ("mysql", "mariadb") else name
+        return dialects.class_of(self.url).name
 
 
 def _goal(

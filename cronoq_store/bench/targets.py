@@ -113,7 +113,7 @@ def resolve_targets(urls: Sequence[str], dialect_names: Sequence[str]) -> Iterat
         if not urls and not names:
             names = ["sqlite"]
         for name in dict.fromkeys(names):
-            if name == "sqlite":
+            if not dialects.class_of(name).server:  # a file
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cronoq-bench-"))
                 targets += _sqlite_targets(str(Path(tmp) / "bench.db"))
             else:

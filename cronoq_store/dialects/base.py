@@ -21,6 +21,10 @@ The public surface, all on `DefaultImpl`:
 - `interrupter`: how another thread stops the session's wait (the watchdog's);
 - `transient_codes`, `read_only_codes`, `disk_full_codes`: the server's error codes that
   `translation` reads.
+
+A new difference between databases (LISTEN, say) goes here: the generic behaviour as an
+attribute or method of `DefaultImpl`, documented, and an override in each database that
+differs; its caller asks `dialect_of(conn)` and never tests a name.
 """
 
 from __future__ import annotations

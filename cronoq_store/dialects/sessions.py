@@ -1,5 +1,6 @@
 """What each session is told: SQLite's pragmas and BEGIN, the server's bounds on an idle
-transaction and a statement's wait, and how another thread interrupts it."""
+transaction and a statement's wait; how another thread interrupts it is the database
+class's (`DefaultImpl.interrupter`)."""
 
 from __future__ import annotations
 

@@ -13,11 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 
 from cronoq_store import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
 from cronoq_store.testing import BASE
 
-__all__ = ["BASE", "found_empty", "keyed", "status", "submit", "wait_until"]
+__all__ = [
+    "BASE",
+    "found_empty",
+    "keyed",
+    "no_connection_left",
+    "status",
+    "submit",
+    "wait_until",
+]
 
 
 def submit(
@@ -88,3 +97,12 @@ def found_empty(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(inbox, "has_items", checked)
     return empty
+
+
+def no_connection_left(store: Any, engine: Engine) -> None:
+    """Fail when a connection stays checked out of `store`'s pool (`engine`'s) once it stopped
+    leading (a leader keeps one for its commits): one its keeper holds for a renewal is back
+    within moments; one a test or the store leaked never is."""
+    store.release_leadership()
+    pool: Any = engine.pool
+    wait_until(lambda: pool.checkedout() == 0, "every connection back in the pool", 10)

@@ -30,8 +30,8 @@ from typing import Any
 import psycopg
 import pytest
 from builders import BASE, found_empty, status, submit, wait_until
-from conftest import SERVER_URLS, _required, new_database
 from faces import FACES, open_face
+from servers import SERVER_URLS, new_database, required
 from sqlalchemy import URL, Engine, create_engine, make_url
 from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, spawn
 
@@ -76,7 +76,7 @@ def pooler_port() -> Iterator[int]:
     )
     if pgbouncer is None:
         why = "pgbouncer is not installed (scripts/pg-pooler install)"
-        if _required():
+        if required():
             pytest.fail(f"{why} (all dialects are required here)", pytrace=False)
         pytest.skip(why)
     upstream = make_url(SERVER_URLS["postgresql"])

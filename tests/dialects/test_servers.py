@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SERVER_URLS, raise_mysql_packet
+from servers import SERVER_URLS, raise_mysql_packet
 from sqlalchemy import Connection, create_engine, text
 
 ROOT = Path(__file__).resolve().parents[2]

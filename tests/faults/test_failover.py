@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import figures
+from figures import figures
 from sqlalchemy import URL, select
 
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from builders import wait_until
-from conftest import figures
+from figures import figures
 from sqlalchemy import URL
 from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, reader, spawn
 

@@ -41,7 +41,8 @@ from typing import Any
 
 import pytest
 from builders import BASE
-from conftest import _required, figures
+from figures import figures
+from servers import required
 from sqlalchemy import URL, create_engine, make_url, select, text
 
 from cronoq_store import (
@@ -76,7 +77,7 @@ pytestmark = pytest.mark.netlab
 
 def _unavailable(why: str) -> None:
     message = f"network lab unavailable: {why}"
-    if _required():
+    if required():
         pytest.fail(message)
     pytest.skip(message)
 

@@ -25,7 +25,7 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from builders import wait_until
-from conftest import figures
+from figures import figures
 from sqlalchemy import URL, Engine, create_engine, event, text
 
 from cronoq_store import ddl, migrate

@@ -9,6 +9,7 @@ the fixtures' one imports them from here (never from conftest).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -84,18 +85,25 @@ def new_database(dialect: str, tmp_path: Path) -> Iterator[URL]:
         yield make_url(f"sqlite:///{tmp_path / 'cronoq.db'}")
         return
     admin = admin_engine(dialect)
-    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
+    charset = " CHARACTER SET utf8mb4" if dialect == "mysql" else ""
+    try:
+        with created(admin, dialect, "cronoq_test", charset) as name:
+            yield make_url(SERVER_URLS[dialect]).set(database=name)
+    finally:
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def created(admin: Engine, dialect: str, prefix: str, options: str = "") -> Iterator[str]:
+    """A database of a fresh name (`prefix` and 12 hex digits) on `admin`'s server, created with
+    `options`, and dropped afterwards: forced on PostgreSQL, so that a connection a failed test
+    left open does not keep it."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     try:
         with admin.connect() as conn:
-            if dialect == "mysql":
-                conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
-            else:
-                conn.execute(text(f"CREATE DATABASE {name}"))
-        yield make_url(SERVER_URLS[dialect]).set(database=name)
+            conn.execute(text(f"CREATE DATABASE {name}{options}"))
+        yield name
     finally:
+        force = " WITH (FORCE)" if dialect == "postgresql" else ""
         with admin.connect() as conn:
-            if dialect == "postgresql":
-                conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            else:
-                conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-        admin.dispose()
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}{force}"))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import builders
 import pytest
-from builders import BASE
+from builders import BASE, execute
 from click.testing import CliRunner, Result
 from sqlalchemy import URL, create_engine, inspect, text
 
@@ -283,12 +283,7 @@ def test_lease_release(db_url: URL, store: SqlStore) -> None:
 def test_schema_too_new_is_refused(db_url: URL) -> None:
     url = cli_url(db_url)
     run(url, "upgrade")
-    engine = create_engine(db_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE cronoq_alembic_version SET version_num = '9999_future'"))
-    finally:
-        engine.dispose()
+    execute(db_url, "UPDATE cronoq_alembic_version SET version_num = '9999_future'")
     for args in (
         ["status"],
         ["tasks"],
@@ -547,23 +542,13 @@ def test_mysql_schema_names_a_database_upgrade_creates(db_url: URL) -> None:
         assert status["revision"] == migrate.head_revision()
         assert run(url, "--schema", schema, "current").stdout == f"{migrate.head_revision()}\n"
     finally:
-        engine = create_engine(db_url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(text(f"DROP DATABASE IF EXISTS {schema}"))
-        finally:
-            engine.dispose()
+        execute(db_url, f"DROP DATABASE IF EXISTS {schema}")
 
 
 def test_current_prints_an_unknown_revision(db_url: URL) -> None:
     url = cli_url(db_url)
     run(url, "upgrade")
-    engine = create_engine(db_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE cronoq_alembic_version SET version_num = '0777_later'"))
-    finally:
-        engine.dispose()
+    execute(db_url, "UPDATE cronoq_alembic_version SET version_num = '0777_later'")
     result = run(url, "current", code=1)
     assert result.stdout == "0777_later\n"
     assert "'0777_later', which this build of cronoq-store does not know" in result.stderr

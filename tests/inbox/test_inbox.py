@@ -615,6 +615,7 @@ def test_a_drained_spec_is_written_as_stored_not_encoded_again(
     with engine.begin() as conn:
         enqueue_many(conn, [unkeyed(i) for i in range(3)])
     monkeypatch.setattr(codec, "spec_columns", counting)
+    monkeypatch.setattr(codec.columns, "spec_columns", counting)  # what StoredSpecs calls
     epoch = store.acquire_leadership()
     a, b, c = store.read_inbox(base=BASE)
     fresh = TaskSpec(payload=b"fresh")

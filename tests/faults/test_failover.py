@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from figures import figures
+from figures import figures, rounds
 from sqlalchemy import URL, select
 
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId
@@ -290,19 +290,11 @@ def _paused_rounds(
     _seconds(dialect, f"paused_leader x{rounds}", began)
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("rounds", rounds(20, 200, pytest.mark.slow))
 def test_paused_leader_is_fenced(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any, rounds: int
 ) -> None:
-    _paused_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=20)
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(1800)
-def test_paused_leader_is_fenced_soak(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
-) -> None:
-    _paused_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=200)
+    _paused_rounds(dialect, db_url, tmp_path, spawn, reader, rounds)
 
 
 # Killed leader: SIGKILL at random points, inside a commit among them.
@@ -361,19 +353,11 @@ def _killed_rounds(
     _seconds(dialect, f"killed_leader x{rounds}", began)
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("rounds", rounds(8, 60, pytest.mark.slow))
 def test_killed_leader_loses_nothing(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any, rounds: int
 ) -> None:
-    _killed_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=8)
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(1800)
-def test_killed_leader_loses_nothing_soak(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
-) -> None:
-    _killed_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=60)
+    _killed_rounds(dialect, db_url, tmp_path, spawn, reader, rounds)
 
 
 # Release: a waiting standby takes a released lease within one poll.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,3 +108,10 @@ def created(admin: Engine, dialect: str, prefix: str, options: str = "") -> Iter
         force = " WITH (FORCE)" if dialect == "postgresql" else ""
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name}{force}"))
+
+
+def free_port() -> int:
+    """A loopback TCP port free now, for a server a test starts of its own."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -18,7 +18,7 @@ import random
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +242,24 @@ def _seconds(dialect: str, test: str, began: float) -> None:
     _figures(dialect)["seconds"][test] = round(time.monotonic() - began, 1)
 
 
+def _drill_end(
+    dialect: str,
+    drivers: Iterable[Driver],
+    reader: Any,
+    log: Path,
+    db_url: URL,
+    test: str,
+    began: float,
+) -> None:
+    """Stop `drivers` (none may have met an error), check the database against the log and
+    its integrity, and note the drill's seconds."""
+    for d in drivers:
+        assert d.stop()["errors"] == []
+    _check(dialect, reader, log)
+    _integrity(dialect, db_url)
+    _seconds(dialect, test, began)
+
+
 # Paused leader: SIGSTOP for 1.5 x TTL, a standby takes over, the old leader is fenced.
 
 
@@ -282,12 +300,7 @@ def _paused_rounds(
         _count(dialect, "paused_leader")
         _takeover(dialect, "paused_leader", takeover)
     _spontaneous(dialect, [a, b], caused=rounds)
-    for d in (a, b):
-        summary = d.stop()
-        assert summary["errors"] == []
-    _check(dialect, reader, log)
-    _integrity(dialect, db_url)
-    _seconds(dialect, f"paused_leader x{rounds}", began)
+    _drill_end(dialect, (a, b), reader, log, db_url, f"paused_leader x{rounds}", began)
 
 
 @pytest.mark.parametrize("rounds", rounds(20, 200, pytest.mark.slow))
@@ -346,11 +359,7 @@ def _killed_rounds(
         procs = [p for p in procs if p is not leader] + [spawn(f"k{len(everyone)}", db_url, log)]
         everyone.append(procs[-1])
     _spontaneous(dialect, everyone, caused=0)
-    for d in procs:
-        assert d.stop()["errors"] == []
-    _check(dialect, reader, log)
-    _integrity(dialect, db_url)
-    _seconds(dialect, f"killed_leader x{rounds}", began)
+    _drill_end(dialect, procs, reader, log, db_url, f"killed_leader x{rounds}", began)
 
 
 @pytest.mark.parametrize("rounds", rounds(8, 60, pytest.mark.slow))

@@ -138,6 +138,15 @@ def engine(db_url: URL) -> Iterator[Engine]:
 
 
 @pytest.fixture
+def empty_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`tmp_path`, made the working directory, with no `CRONOQ_DATABASE_URL` set: where a
+    command or an example finds no database but the one it is given."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
 def cleanup() -> Iterator[list[Callable[[], None]]]:
     """What closes the stores a test opened, run last-opened first."""
     done: list[Callable[[], None]] = []

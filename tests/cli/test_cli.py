@@ -341,16 +341,14 @@ def test_bad_url(url: str, why: str) -> None:
 
 @pytest.mark.sqlite
 def test_missing_sqlite_file_is_not_created(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    empty_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
     for args in (["status"], ["current"], ["tasks"]):
         assert "no SQLite database at cronoq.db" in one_error(run(None, *args, code=1))
-    assert not (tmp_path / "cronoq.db").exists()
-    monkeypatch.setenv("CRONOQ_DATABASE_URL", str(tmp_path / "env.db"))
+    assert not (empty_dir / "cronoq.db").exists()
+    monkeypatch.setenv("CRONOQ_DATABASE_URL", str(empty_dir / "env.db"))
     run(None, "upgrade")  # the URL comes from the environment
-    assert (tmp_path / "env.db").exists()
+    assert (empty_dir / "env.db").exists()
     assert "--schema is for PostgreSQL" in run(None, "--schema", "x", "status", code=2).stderr
 
 

@@ -35,16 +35,12 @@ def paste(argv: list[str], *, code: int = 0) -> Result:
 
 
 @pytest.mark.sqlite
-def test_a_missing_sqlite_file_hint_creates_that_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
+def test_a_missing_sqlite_file_hint_creates_that_file(empty_dir: Path) -> None:
     line = one_error(run("mydata.db", "status", code=1))
     assert "no SQLite database at mydata.db" in line
     assert hint(line) == ["--url", "mydata.db", "upgrade"]
     paste(hint(line))
-    assert (tmp_path / "mydata.db").exists() and not (tmp_path / "cronoq.db").exists()
+    assert (empty_dir / "mydata.db").exists() and not (empty_dir / "cronoq.db").exists()
     run("mydata.db", "status")
 
 

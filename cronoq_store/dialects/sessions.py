@@ -180,11 +180,12 @@ def bound(
     commit pays one statement for its bounds, not two. MySQL's are session settings sent only
     when they change, and SQLite needs neither. With `defer`, PostgreSQL's statement and its
     parameters are returned instead of run, for the caller to send with its own
-    (`lease.fencing`).
+    (`lease.fencing`). Each server's way is its class's `bound` (`dialect_of`).
     """
-    return dialect_of(conn).bound(
-        conn, idle=idle, timeout=timeout, idle_too=idle_too, defer=defer, lock=lock
-    )
+    impl = dialect_of(conn)
+    if not impl.server:  # a file has nothing to bound: its commit pays no second call
+        return None
+    return impl.bound(conn, idle=idle, timeout=timeout, idle_too=idle_too, defer=defer, lock=lock)
 
 
 def interrupter(conn: Connection) -> Callable[[], None] | None:

@@ -19,10 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .dialects import MySQLImpl, PostgresqlImpl, SQLiteImpl, class_of
-from .dialects import mysql as _mysql
-
-JEPSEN_GALERA: Final = _mysql.JEPSEN_GALERA
-"""Why a Galera node is never called safe (https://jepsen.io/analyses)."""
+from .dialects.mysql import JEPSEN_GALERA as JEPSEN_GALERA
 
 ACKNOWLEDGED: Final = {
     impl.name: impl.acknowledged for impl in (SQLiteImpl, PostgresqlImpl, MySQLImpl)

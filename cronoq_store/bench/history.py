@@ -1,19 +1,21 @@
 """`cronoq-store bench --history N`: what the store's own work costs as history piles up.
 
 The same measurements (recovery of `LIVE` live tasks, batch-`BATCH` commits, prune of `LIVE`
-old tasks) with `BASELINE` finished tasks older than the retention in the table, then with
-each larger history given, on the same database: the history is topped up between sizes.
+old tasks) on two databases in turns: one holding `BASELINE` finished tasks older than the
+retention, the other each history size given, topped up from one size to the next.
 The history is written straight into the table with one INSERT ... SELECT over a recursive
 row generator per chunk (server-side, no row crosses the wire), outside the store: filling
 10,000,000 tasks through commits would take longer than everything measured.
 
-The figures at each size are medians over `runs`; a ratio is a size's figure against the
-baseline's. Recovery should depend on the live tasks, not on the history (ratio <= 1.2);
-commits and prune should not slow down (>= 0.9).
+The figures at each size are medians over `runs` pairs, the order reversed from one pair to
+the next (a shared machine drifts); a ratio is the median of the per-pair ratios. Recovery
+should depend on the live tasks, not on the history (ratio <= 1.2); commits and prune should
+not slow down (>= 0.9).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import statistics
@@ -40,13 +42,14 @@ from sqlalchemy import (
     literal,
     select,
 )
+from sqlalchemy import exc as sa_exc
 
 from .. import codec, dialects
 from ..model import Mutation, StatusChanged, TaskSpec, TaskStatus, TimeBase
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
 from .results import Target
-from .targets import resolve_targets
+from .targets import raw_database, resolve_targets
 from .workload import PAYLOAD_BYTES, Workload, _batches
 
 BASELINE: Final = 10_000
@@ -72,7 +75,8 @@ LIVE_IDS: Final = 2_000_000_000_000
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HistoryFigures:
-    """Medians at one history size."""
+    """Medians at one history size, and the medians of its per-pair ratios against a database
+    holding `BASELINE` old tasks, measured in turns with it."""
 
     history: int
     """Finished tasks older than the retention in the table."""
@@ -82,11 +86,18 @@ class HistoryFigures:
     """Rows/s of batch-`BATCH` commits: submissions, then transitions (running, succeeded)."""
     prune_rows_s: float
     """Rows/s of `SqlStore.prune` deleting `LIVE` old tasks (the history stays)."""
+    base_recover_s: float
+    base_commit_rows_s: float
+    base_prune_rows_s: float
+    """The same figures on the `BASELINE` database, in the same turns."""
+    recover_ratio: float
+    """Median of recovery time at `history` over the baseline's (lower is better; goal 1.2)."""
+    commit_ratio: float
+    """Median of the commit rate over the baseline's (goal >= 0.9)."""
+    prune_ratio: float
+    """Median of the prune rate over the baseline's (goal >= 0.9)."""
     fill_s: float
     """Seconds the fill to this size took (not a figure of the store)."""
-    recover_ratio: float = 1.0
-    commit_ratio: float = 1.0
-    prune_ratio: float = 1.0
 
 
 def _ns_ago(age: timedelta) -> int:
@@ -163,10 +174,9 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 
 class _History:
-    """One database: its store leads; the history grows from size to size."""
+    """One database: its store leads; its history grows from size to size."""
 
-    def __init__(self, target: Target, runs: int) -> None:
-        self.runs = runs
+    def __init__(self, target: Target) -> None:
         config = StoreConfig(
             full_sync=target.full_sync,
             retention=RETENTION,
@@ -243,54 +253,85 @@ class _History:
             raise RuntimeError(f"pruned {pruned}, expected {LIVE}")
         return recover_s, 3 * LIVE / commit_s, LIVE / prune_s
 
-    def measure(self, fill_s: float) -> HistoryFigures:
-        runs = [self.one_run() for _ in range(self.runs)]
-        return HistoryFigures(
-            history=self.size,
-            recover_s=statistics.median(r[0] for r in runs),
-            commit_rows_s=statistics.median(r[1] for r in runs),
-            prune_rows_s=statistics.median(r[2] for r in runs),
-            fill_s=fill_s,
-        )
+
+def checkpoint(engine: Engine) -> None:
+    """Write out what a fill left to flush, so the measurements do not pay for it
+    (PostgreSQL's CHECKPOINT needs a privileged user: skipped where refused)."""
+    dialect = dialects.name(engine.dialect)
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            if dialect == "postgresql":
+                conn.exec_driver_sql("CHECKPOINT").close()
+            elif dialect == "sqlite":
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").close()
+        except sa_exc.DBAPIError:
+            pass
 
 
-def with_ratios(figures: Sequence[HistoryFigures]) -> list[HistoryFigures]:
-    """Each size's figures with its ratios against the first (the baseline)."""
-    first = figures[0]
-    out = []
-    for f in figures:
-        values = asdict(f) | {
-            "recover_ratio": f.recover_s / first.recover_s,
-            "commit_ratio": f.commit_rows_s / first.commit_rows_s,
-            "prune_ratio": f.prune_rows_s / first.prune_rows_s,
-        }
-        out.append(HistoryFigures(**values))
-    return out
+def measure(small: _History, big: _History, runs: int, fill_s: float) -> HistoryFigures:
+    """`runs` pairs, the order reversed from one pair to the next so that drift (a
+    neighbour's load, caches) favours neither side; medians and per-pair ratios."""
+    pairs = []
+    for run in range(runs):
+        first, second = (big, small) if run % 2 else (small, big)
+        one = first.one_run()
+        other = second.one_run()
+        pairs.append((one, other) if first is small else (other, one))
+
+    def med(side: int, i: int) -> float:
+        return statistics.median(p[side][i] for p in pairs)
+
+    def ratio(i: int) -> float:
+        return statistics.median(p[1][i] / p[0][i] for p in pairs)
+
+    return HistoryFigures(
+        history=big.size,
+        recover_s=med(1, 0),
+        commit_rows_s=med(1, 1),
+        prune_rows_s=med(1, 2),
+        base_recover_s=med(0, 0),
+        base_commit_rows_s=med(0, 1),
+        base_prune_rows_s=med(0, 2),
+        recover_ratio=ratio(0),
+        commit_ratio=ratio(1),
+        prune_ratio=ratio(2),
+        fill_s=fill_s,
+    )
 
 
 def run_history(
     target: Target, sizes: Sequence[int], *, runs: int
 ) -> tuple[str, list[HistoryFigures]]:
-    """The server's name and version, and the figures at `BASELINE` and at each of `sizes`
-    (ascending), on one target."""
-    bench = _History(target, runs)
-    click.echo(f"{bench.label}:", err=True)
-    try:
+    """The server's name and version, and the figures at each of `sizes` (ascending: the
+    target's history is topped up from one to the next), each beside a database of its own
+    (`targets.raw_database`) holding `BASELINE` old tasks."""
+    with contextlib.ExitStack() as stack:
+        base_url = stack.enter_context(raw_database(target))
+        small = _History(Target(url=base_url, full_sync=target.full_sync))
+        stack.callback(small.close)
+        big = _History(target)
+        stack.callback(big.close)
+        click.echo(f"{big.label}:", err=True)
+        small.grow(BASELINE)
+        checkpoint(small.engine)
         figures = []
-        for size in sorted({BASELINE, *sizes}):
-            fill_s = bench.grow(size)
+        for size in sorted(set(sizes)):
+            fill_s = big.grow(size)
+            checkpoint(big.engine)
             click.echo(f"  history {size}: filled in {fill_s:.1f} s", err=True)
-            figures.append(bench.measure(fill_s))
-            f = with_ratios(figures)[-1]
+            small.one_run()  # warm-up, untimed: caches, plans, the servers' own first reads
+            big.one_run()
+            f = measure(small, big, runs, fill_s)
+            figures.append(f)
             click.echo(
                 f"  history {size}: recover {f.recover_s:.3f} s (x{f.recover_ratio:.2f}), "
                 f"commits {f.commit_rows_s:.0f} rows/s (x{f.commit_ratio:.2f}), "
                 f"prune {f.prune_rows_s:.0f} rows/s (x{f.prune_ratio:.2f})",
                 err=True,
             )
-        return bench.label, with_ratios(figures)
-    finally:
-        bench.close()
+        return big.label, figures
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def history_command(
@@ -315,9 +356,10 @@ def history_command(
 
 
 def history_table(name: str, figures: Sequence[HistoryFigures]) -> str:
-    """The figures as a Markdown table, ratios against the first row."""
+    """The figures as a Markdown table, each size's ratios against the baseline database's."""
     lines = [
-        f"{name}: {LIVE} live tasks, batch {BATCH}, prune of {LIVE}",
+        f"{name}: recovery of {LIVE:,} live tasks, batch-{BATCH} commits, prune of {LIVE:,}; "
+        f"x: median per-pair ratio against {BASELINE:,} old tasks",
         "",
         "| old finished tasks | recover (s) | x | commits (rows/s) | x | prune (rows/s) | x |",
         "|---:|---:|---:|---:|---:|---:|---:|",

@@ -44,7 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 
-from .. import codec, dialects
+from .. import codec, dialects, inspection
 from ..model import Mutation, StatusChanged, TaskSpec, TaskStatus, TimeBase
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
@@ -86,9 +86,12 @@ class HistoryFigures:
     """Rows/s of batch-`BATCH` commits: submissions, then transitions (running, succeeded)."""
     prune_rows_s: float
     """Rows/s of `SqlStore.prune` deleting `LIVE` old tasks (the history stays)."""
+    looks_s: float
+    """Seconds of `cronoq-store status`'s and the dashboard overview's reads, together."""
     base_recover_s: float
     base_commit_rows_s: float
     base_prune_rows_s: float
+    base_looks_s: float
     """The same figures on the `BASELINE` database, in the same turns."""
     recover_ratio: float
     """Median of recovery time at `history` over the baseline's (lower is better; goal 1.2)."""
@@ -96,6 +99,8 @@ class HistoryFigures:
     """Median of the commit rate over the baseline's (goal >= 0.9)."""
     prune_ratio: float
     """Median of the prune rate over the baseline's (goal >= 0.9)."""
+    looks_ratio: float
+    """Median of status + overview time over the baseline's (lower is better)."""
     fill_s: float
     """Seconds the fill to this size took (not a figure of the store)."""
 
@@ -227,8 +232,20 @@ class _History:
             conn.execute(delete(task_deps).where(task_deps.c.task_id >= LIVE_IDS))
             conn.execute(delete(tasks).where(tasks.c.id >= LIVE_IDS, tasks.c.id < VICTIM_IDS))
 
-    def one_run(self) -> tuple[float, float, float]:
-        """Recovery seconds, commit rows/s, prune rows/s, once."""
+    def _looks(self) -> None:
+        """What an operator reads: `cronoq-store status` and the dashboard's overview (when
+        the web extra is installed)."""
+        with self.engine.connect() as conn:
+            inspection.status(conn, schema=None, retention=RETENTION)
+        try:
+            from ..web import views
+        except ImportError:  # pragma: no cover - without the web extra
+            return
+        with self.engine.connect() as conn:
+            views.overview(conn, schema=None, retention=RETENTION)
+
+    def one_run(self) -> tuple[float, float, float, float]:
+        """Recovery seconds, commit rows/s, prune rows/s, status + overview seconds, once."""
         subs = self.work.submissions(LIVE)
         t = self.work.now()
         running = [StatusChanged(id=m.id, status=TaskStatus.RUNNING, attempt=1, at=t) for m in subs]
@@ -240,6 +257,7 @@ class _History:
         recover_s = _timed(lambda: recovered.append(len(self.store.recover(self.base).tasks)))
         if recovered != [LIVE]:
             raise RuntimeError(f"recovered {recovered} live tasks, expected {LIVE}")
+        looks_s = _timed(self._looks)
         commit_s += _timed(
             partial(self.commit_all, _batches(running, BATCH) + _batches(done, BATCH))
         )
@@ -251,7 +269,7 @@ class _History:
         prune_s = _timed(lambda: pruned.append(self.store.prune(PRUNE_OLDER_THAN)))
         if pruned != [LIVE]:
             raise RuntimeError(f"pruned {pruned}, expected {LIVE}")
-        return recover_s, 3 * LIVE / commit_s, LIVE / prune_s
+        return recover_s, 3 * LIVE / commit_s, LIVE / prune_s, looks_s
 
 
 def checkpoint(engine: Engine) -> None:
@@ -290,12 +308,15 @@ def measure(small: _History, big: _History, runs: int, fill_s: float) -> History
         recover_s=med(1, 0),
         commit_rows_s=med(1, 1),
         prune_rows_s=med(1, 2),
+        looks_s=med(1, 3),
         base_recover_s=med(0, 0),
         base_commit_rows_s=med(0, 1),
         base_prune_rows_s=med(0, 2),
+        base_looks_s=med(0, 3),
         recover_ratio=ratio(0),
         commit_ratio=ratio(1),
         prune_ratio=ratio(2),
+        looks_ratio=ratio(3),
         fill_s=fill_s,
     )
 
@@ -327,7 +348,8 @@ def run_history(
             click.echo(
                 f"  history {size}: recover {f.recover_s:.3f} s (x{f.recover_ratio:.2f}), "
                 f"commits {f.commit_rows_s:.0f} rows/s (x{f.commit_ratio:.2f}), "
-                f"prune {f.prune_rows_s:.0f} rows/s (x{f.prune_ratio:.2f})",
+                f"prune {f.prune_rows_s:.0f} rows/s (x{f.prune_ratio:.2f}), "
+                f"status + overview {f.looks_s:.3f} s (x{f.looks_ratio:.2f})",
                 err=True,
             )
         return big.label, figures
@@ -361,13 +383,14 @@ def history_table(name: str, figures: Sequence[HistoryFigures]) -> str:
         f"{name}: recovery of {LIVE:,} live tasks, batch-{BATCH} commits, prune of {LIVE:,}; "
         f"x: median per-pair ratio against {BASELINE:,} old tasks",
         "",
-        "| old finished tasks | recover (s) | x | commits (rows/s) | x | prune (rows/s) | x |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| old finished tasks | recover (s) | x | commits (rows/s) | x | prune (rows/s) | x "
+        "| status + overview (s) | x |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for f in figures:
         lines.append(
             f"| {f.history:,} | {f.recover_s:.3f} | {f.recover_ratio:.2f} | "
             f"{f.commit_rows_s:,.0f} | {f.commit_ratio:.2f} | {f.prune_rows_s:,.0f} | "
-            f"{f.prune_ratio:.2f} |"
+            f"{f.prune_ratio:.2f} | {f.looks_s:.3f} | {f.looks_ratio:.2f} |"
         )
     return "\n".join(lines) + "\n"

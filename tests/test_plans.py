@@ -13,7 +13,7 @@ What each reads of `cronoq_tasks` is taken from the server's own account of the 
 - SQLite: `EXPLAIN QUERY PLAN` (no `SCAN` of the table), and the virtual machine's steps
   counted by a progress handler, which do not grow when the history grows five-fold.
 
-On the servers a statement that reads a tenth of the history fails: each reads what it
+On the servers a statement that reads a twentieth of the history fails: each reads what it
 returns (at most a few rows per live task), where recovery's finished query read every old
 finished task.
 """
@@ -33,7 +33,7 @@ from sqlalchemy import URL, Engine, Executable
 from cronoq_store import ById, ByKey, Dep, SqlStore, StoreConfig, TaskId, TimeBase
 from cronoq_store.bench import history
 from cronoq_store.model import StatusChanged, Submitted, TaskSpec, TaskStatus
-from cronoq_store.repository import operators, queries, recovery
+from cronoq_store.repository import operators, prune, queries, recovery
 from cronoq_store.schema import tasks
 
 HISTORY = 100_000
@@ -43,8 +43,9 @@ LIVE = 200
 RECENT = 50
 """Tasks finished now, within the retention."""
 LIVE_IDS = 10_000_000
-BUDGET = HISTORY // 10
-"""Rows of cronoq_tasks a statement may read (PostgreSQL, MariaDB)."""
+BUDGET = HISTORY // 20
+"""Rows of cronoq_tasks a statement may read (PostgreSQL, MariaDB): a prune batch's 1000 and
+a few per live task, never a share of the history."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ def _cases(now_ns: int) -> list[Case]:
         Case("live_tasks", recovery.live_tasks_stmt(), {}),
         Case("odd_flag_tasks", recovery.odd_flag_tasks_stmt(), {}),
         Case("finished", recovery.finished_stmt(), {"cutoff": cutoff}),
+        # Prune: one batch's victims, and the finished tasks without a finish time.
+        Case("prunable", prune.prunable_stmt(), {"cutoff": cutoff, "limit": 1000}),
+        Case("unstamped", prune.unstamped_stmt(), {"limit": 1000}),
         # Queries.
         Case("task_by_id", queries.task_by_id_stmt(), {"id": HISTORY // 2}),
         Case("task_by_key", queries.task_by_key_stmt(), {"key": f"history-{HISTORY // 3}"}),
@@ -83,7 +87,7 @@ def _cases(now_ns: int) -> list[Case]:
 
 def _by_key(i: int) -> int:
     """The old task live task `i` depends on by key: every tenth also by id (returned once)."""
-    return 1 + i * 37 if i % 10 == 0 else HISTORY - i * 41
+    return 1 + i * 499 if i % 10 == 0 else HISTORY - i * 41
 
 
 @pytest.fixture
@@ -103,7 +107,7 @@ def filled(db_url: URL) -> Iterator[Engine]:
                     payload=b"live",
                     key=f"live-{i}",
                     deps=(
-                        Dep(target=ById(id=TaskId(1 + i * 37))),
+                        Dep(target=ById(id=TaskId(1 + i * 499))),
                         Dep(target=ByKey(key=f"history-{_by_key(i)}")),
                     ),
                 ),
@@ -225,7 +229,7 @@ def test_reads_only_what_it_returns(filled: Engine, dialect: str, name: str) -> 
             steps = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params).all()
         lines = [str(row[-1]) for row in steps]
         assert not any(line.startswith(f"SCAN {tasks.name}") for line in lines), lines
-    assert returned <= LIVE + RECENT + 2 * LIVE
+    assert returned <= 1000 + LIVE + RECENT
 
 
 @pytest.mark.parametrize("dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)])
@@ -253,7 +257,7 @@ def test_recovery_returns_the_old_tasks_live_ones_need(filled: Engine) -> None:
             recovery.finished_stmt(), {"cutoff": time.time_ns() - 3600 * 10**9}
         ).all()
     ids = [r.id for r in rows]
-    by_id = {1 + i * 37 for i in range(LIVE)}
+    by_id = {1 + i * 499 for i in range(LIVE)}
     by_key = {_by_key(i) for i in range(LIVE)}
     recent = {LIVE_IDS + LIVE + i for i in range(RECENT)}
     assert sorted(ids) == sorted(by_id | by_key | recent)

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .bloat import as_rows, run_bloat
+from .history import history_command
 from .report import markdown_table, plot, print_table
 from .runner import run_bench
 from .targets import resolve_targets
@@ -71,6 +72,13 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[in
     "table sizes, commit rate and PostgreSQL's HOT share per cycle",
 )
 @click.option(
+    "--history",
+    "history_sizes",
+    callback=lambda ctx, param, v: None if v is None else _sizes(ctx, param, v),
+    help="instead: recovery of 10,000 live tasks, batch-1000 commits and prune with N "
+    "(comma-separated: each N in turn) old finished tasks in the table, against 10,000",
+)
+@click.option(
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -85,6 +93,7 @@ def bench(
     as_json: bool,
     as_markdown: bool,
     bloat_cycles: int | None,
+    history_sizes: tuple[int, ...] | None,
     plot_path: Path | None,
 ) -> None:
     """Measure the store beside the raw driver: commits, recovery, prune."""
@@ -95,6 +104,9 @@ def bench(
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if bloat_cycles is not None:
         _bloat(urls, dialect_names, bloat_cycles, tasks, as_json)
+        return
+    if history_sizes is not None:
+        history_command(urls, dialect_names, history_sizes, runs, as_json)
         return
     with resolve_targets(urls, dialect_names) as targets:
         result = run_bench(targets, tasks=tasks, batch_sizes=batch_sizes, runs=runs)

@@ -6,13 +6,35 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Final
 
-from sqlalchemy import Connection, Delete, Select, Update, bindparam, delete, select, update
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Connection,
+    Delete,
+    Select,
+    Update,
+    bindparam,
+    delete,
+    func,
+    literal,
+    select,
+    update,
+)
 
 from .. import codec, dialects
 from ..schema import task_deps, tasks
 
 PRUNE_BATCH: Final = 1000
 """Rows deleted per statement by `prune`."""
+
+
+def finished_flag() -> ColumnElement[bool]:
+    """`terminal` is true, in a form no dialect answers from an index: `(terminal, id)` holds
+    every finished task, and a filter on it with a condition on the finished-time index is
+    read from the latter alone. Given both, MariaDB intersected the two indexes (an "index
+    merge" that reads every finished task's entry: 0.7 s per prune over 1,000,000 of them)
+    and SQLite took the flag's. The flag is NOT NULL: the COALESCE changes no value."""
+    return func.coalesce(tasks.c.terminal, literal(False, Boolean())) == True  # noqa: E712
 
 
 def _prunable(*columns: Any) -> Select[Any]:
@@ -82,15 +104,9 @@ def unstamped_stmt() -> Select[Any]:
     """Up to `limit` finished tasks without a finish time: what a build older than revision
     0005 (release 0.1.0) leaves when it finishes a task on the newer schema, which it may
     (`cronoq_store.builds`). Read off the finished-time index's NULLs, which are the live
-    tasks and these (SQLite must not take `(terminal, id)`, which holds every finished task)."""
-    return (
-        select(tasks.c.id)
-        .where(
-            tasks.c.finished_unix_ns.is_(None),
-            dialects.unindexed(tasks.c.terminal) == True,  # noqa: E712
-        )
-        .limit(bindparam("limit"))
-    )
+    tasks and these (never `(terminal, id)`, which holds every finished task: `finished_flag`)."""
+    stmt = select(tasks.c.id).where(tasks.c.finished_unix_ns.is_(None), finished_flag())
+    return stmt.limit(bindparam("limit"))
 
 
 @cache

@@ -1,0 +1,263 @@
+"""Cost flat as history grows: recovery, the queries and the dashboard's counts read only what
+they return, through indexes, however many old finished tasks the table holds.
+
+Each statement runs over `HISTORY` finished tasks older than the retention (written straight
+into the table, as `cronoq-store bench --history` fills it) beside `LIVE` live tasks, some of
+which depend on old tasks by id and by key, and `RECENT` tasks finished within the retention.
+What each reads of `cronoq_tasks` is taken from the server's own account of the statement:
+
+- PostgreSQL: `EXPLAIN (ANALYZE, FORMAT JSON)`, the rows every scan of the table produced or
+  filtered out (after `ANALYZE`, as autovacuum leaves a table);
+- MariaDB: `ANALYZE FORMAT=JSON`, `r_rows` of every access to the table (after `ANALYZE
+  TABLE`, as InnoDB's persistent statistics do);
+- SQLite: `EXPLAIN QUERY PLAN` (no `SCAN` of the table), and the virtual machine's steps
+  counted by a progress handler, which do not grow when the history grows five-fold.
+
+On the servers a statement that reads a twentieth of the history fails: each reads what it
+returns (at most a few rows per live task), where recovery's finished query read every old
+finished task.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import URL, Engine, Executable
+
+from cronoq_store import ById, ByKey, Dep, SqlStore, StoreConfig, TaskId, TimeBase
+from cronoq_store.bench import history
+from cronoq_store.model import StatusChanged, Submitted, TaskSpec, TaskStatus
+from cronoq_store.repository import operators, prune, queries, recovery
+from cronoq_store.schema import tasks
+
+HISTORY = 100_000
+"""Old finished tasks (ids 1..HISTORY, keys `history-<id>`)."""
+LIVE = 200
+"""Live tasks (ids from `LIVE_IDS`), each depending on an old task by id or by key."""
+RECENT = 50
+"""Tasks finished now, within the retention."""
+LIVE_IDS = 10_000_000
+BUDGET = HISTORY // 20
+"""Rows of cronoq_tasks a statement may read (PostgreSQL, MariaDB): a prune batch's 1000 and
+a few per live task, never a share of the history."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """A statement, its parameters, and whether it is the store's own path or a count."""
+
+    name: str
+    stmt: Executable
+    params: dict[str, Any]
+
+
+def _cases(now_ns: int) -> list[Case]:
+    cutoff = now_ns - 3600 * 10**9
+    return [
+        # Recovery.
+        Case("high_water", recovery.high_water_stmt(), {}),
+        Case("live_tasks", recovery.live_tasks_stmt(), {}),
+        Case("odd_flag_tasks", recovery.odd_flag_tasks_stmt(), {}),
+        Case("finished", recovery.finished_stmt(), {"cutoff": cutoff}),
+        # Prune: one batch's victims, and the finished tasks without a finish time.
+        Case("prunable", prune.prunable_stmt(), {"cutoff": cutoff, "limit": 1000}),
+        Case("unstamped", prune.unstamped_stmt(), {"limit": 1000}),
+        # Queries.
+        Case("task_by_id", queries.task_by_id_stmt(), {"id": HISTORY // 2}),
+        Case("task_by_key", queries.task_by_key_stmt(), {"key": f"history-{HISTORY // 3}"}),
+        Case(
+            "list_finished",
+            queries.list_finished_stmt(pools=False, statuses=False, after=True),
+            {"after": HISTORY // 2, "limit": 50},
+        ),
+        Case("output_of", queries.output_of_stmt(), {"id": HISTORY // 4}),
+        # The dashboard's overview.
+        Case("live_counts", operators.live_counts_stmt(), {}),
+        Case("finished_since", operators.finished_since_count_stmt(), {"cutoff": cutoff}),
+        Case("finished_by_status", operators.finished_by_status_stmt(), {"since": cutoff}),
+        Case("finished_per_minute", operators.finished_per_minute_stmt(), {"since": cutoff}),
+    ]
+
+
+def _by_key(i: int) -> int:
+    """The old task live task `i` depends on by key: every tenth also by id (returned once)."""
+    return 1 + i * 499 if i % 10 == 0 else HISTORY - i * 41
+
+
+@pytest.fixture
+def filled(db_url: URL) -> Iterator[Engine]:
+    """The store's database holding the history, the live tasks and the recent ones."""
+    config = StoreConfig(retention=timedelta(hours=1), lease_ttl=timedelta(minutes=5))
+    with SqlStore.open(db_url, config) as store:
+        history.fill(store.engine, 1, HISTORY + 1, time.time_ns() - 2 * 3600 * 10**9 - HISTORY)
+        base = TimeBase(unix_ns=time.time_ns())
+        epoch = store.acquire_leadership(timeout=10)
+        live = [
+            Submitted(
+                id=TaskId(LIVE_IDS + i),
+                seq=i,
+                arrival=0,
+                spec=TaskSpec(
+                    payload=b"live",
+                    key=f"live-{i}",
+                    deps=(
+                        Dep(target=ById(id=TaskId(1 + i * 499))),
+                        Dep(target=ByKey(key=f"history-{_by_key(i)}")),
+                    ),
+                ),
+            )
+            for i in range(LIVE)
+        ]
+        store.commit(epoch, base, live)
+        recent_ids = [TaskId(LIVE_IDS + LIVE + i) for i in range(RECENT)]
+        store.commit(
+            epoch,
+            base,
+            [
+                Submitted(id=i, seq=i, arrival=0, spec=TaskSpec(payload=b"r", key=f"recent-{i}"))
+                for i in recent_ids
+            ]
+            + [
+                StatusChanged(id=i, status=TaskStatus.SUCCEEDED, attempt=1, at=1)
+                for i in recent_ids
+            ],
+        )
+        store.release_leadership()
+        history.analyze(store.engine)
+        yield store.engine
+
+
+def _compiled(engine: Engine, case: Case) -> tuple[str, Any]:
+    compiled = case.stmt.compile(dialect=engine.dialect)
+    params: Any = compiled.construct_params(case.params)
+    if compiled.positiontup is not None:
+        params = tuple(params[name] for name in compiled.positiontup)
+    return str(compiled), params
+
+
+def _pg_rows_read(plan: dict[str, Any]) -> int:
+    """Rows every scan of cronoq_tasks in `plan` produced or filtered out, over all loops."""
+    read = 0
+    if plan.get("Relation Name") == tasks.name:
+        per_loop = (
+            plan.get("Actual Rows", 0)
+            + plan.get("Rows Removed by Filter", 0)
+            + plan.get("Rows Removed by Index Recheck", 0)
+        )
+        read += per_loop * plan.get("Actual Loops", 1)
+    for child in plan.get("Plans", ()):
+        read += _pg_rows_read(child)
+    return read
+
+
+def _pg_node_types(plan: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
+    yield plan["Node Type"], plan.get("Relation Name")
+    for child in plan.get("Plans", ()):
+        yield from _pg_node_types(child)
+
+
+def _mysql_accesses(node: Any) -> Iterator[dict[str, Any]]:
+    """Every access to cronoq_tasks in an `ANALYZE FORMAT=JSON` document."""
+    if isinstance(node, dict):
+        if node.get("table_name") == tasks.name:
+            yield node
+        for value in node.values():
+            yield from _mysql_accesses(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _mysql_accesses(value)
+
+
+def _sqlite_steps(engine: Engine, sql: str, params: Any) -> int:
+    """Virtual machine instructions `sql` ran, in thousands (a progress handler's calls)."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    raw = engine.raw_connection()
+    try:
+        conn = raw.driver_connection
+        assert conn is not None
+        conn.set_progress_handler(count, 1000)
+        try:
+            conn.execute(sql, params).fetchall()
+        finally:
+            conn.set_progress_handler(None, 0)
+    finally:
+        raw.close()
+    return steps
+
+
+CASE_NAMES = [c.name for c in _cases(0)]
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_reads_only_what_it_returns(filled: Engine, dialect: str, name: str) -> None:
+    engine = filled
+    case = next(c for c in _cases(time.time_ns()) if c.name == name)
+    sql, params = _compiled(engine, case)
+    with engine.connect() as conn:
+        returned = len(conn.exec_driver_sql(sql, params).all())
+    if dialect == "postgresql":
+        with engine.connect() as conn:
+            doc = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).scalar()
+        plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
+        text = json.dumps(plan, indent=1)
+        scans = [t for t, rel in _pg_node_types(plan) if rel == tasks.name]
+        assert "Seq Scan" not in scans, text
+        read = _pg_rows_read(plan)
+        assert read <= BUDGET, f"{name} read {read} rows of {tasks.name}:\n{text}"
+    elif dialect == "mysql":
+        with engine.connect() as conn:
+            doc = conn.exec_driver_sql(f"ANALYZE FORMAT=JSON {sql}", params).scalar()
+        accesses = list(_mysql_accesses(json.loads(doc)))
+        text = json.dumps(accesses, indent=1)
+        assert all(a.get("access_type") not in ("ALL", "index") for a in accesses), text
+        read = sum(float(a.get("r_rows") or 1) * float(a.get("r_loops") or 1) for a in accesses)
+        assert read <= BUDGET, f"{name} read {read} rows of {tasks.name}:\n{text}"
+    else:
+        with engine.connect() as conn:
+            steps = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params).all()
+        lines = [str(row[-1]) for row in steps]
+        assert not any(line.startswith(f"SCAN {tasks.name}") for line in lines), lines
+    assert returned <= 1000 + LIVE + RECENT
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)])
+def test_sqlite_work_does_not_grow_with_history(filled: Engine) -> None:
+    """SQLite reports no rows read; the virtual machine's steps stand in. Five times the
+    history leaves every statement's steps as they were (within noise), where a statement
+    that reads the history takes about five times as many."""
+    now = time.time_ns()
+
+    def steps() -> dict[str, int]:
+        return {c.name: _sqlite_steps(filled, *_compiled(filled, c)) for c in _cases(now)}
+
+    before = steps()
+    history.fill(filled, HISTORY + 1, 5 * HISTORY + 1, now - 3 * 3600 * 10**9)
+    after = steps()
+    grown = {n: (before[n], after[n]) for n in before if after[n] > 1.5 * before[n] + 2}
+    assert not grown, f"steps (thousands) before and after 5x the history: {grown}"
+
+
+def test_recovery_returns_the_old_tasks_live_ones_need(filled: Engine) -> None:
+    """What the shaped finished query returns: the recent tasks, and the old ones a live task
+    depends on (by id, by key), each once; none of the rest of the history."""
+    with filled.connect() as conn:
+        rows = conn.execute(
+            recovery.finished_stmt(), {"cutoff": time.time_ns() - 3600 * 10**9}
+        ).all()
+    ids = [r.id for r in rows]
+    by_id = {1 + i * 499 for i in range(LIVE)}
+    by_key = {_by_key(i) for i in range(LIVE)}
+    recent = {LIVE_IDS + LIVE + i for i in range(RECENT)}
+    assert sorted(ids) == sorted(by_id | by_key | recent)

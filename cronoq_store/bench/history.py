@@ -50,7 +50,7 @@ from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
 from .results import Target
 from .targets import raw_database, resolve_targets
-from .workload import PAYLOAD_BYTES, Workload, _batches
+from .workload import PAYLOAD_BYTES, Workload, in_batches
 
 BASELINE: Final = 10_000
 """The history every size is compared with."""
@@ -252,14 +252,14 @@ class _History:
         done = [
             StatusChanged(id=m.id, status=TaskStatus.SUCCEEDED, attempt=1, at=t + 1) for m in subs
         ]
-        commit_s = _timed(partial(self.commit_all, _batches(subs, BATCH)))
+        commit_s = _timed(partial(self.commit_all, in_batches(subs, BATCH)))
         recovered: list[int] = []
         recover_s = _timed(lambda: recovered.append(len(self.store.recover(self.base).tasks)))
         if recovered != [LIVE]:
             raise RuntimeError(f"recovered {recovered} live tasks, expected {LIVE}")
         looks_s = _timed(self._looks)
         commit_s += _timed(
-            partial(self.commit_all, _batches(running, BATCH) + _batches(done, BATCH))
+            partial(self.commit_all, in_batches(running, BATCH) + in_batches(done, BATCH))
         )
         self._drop_live()
         fill(self.engine, VICTIM_IDS, VICTIM_IDS + LIVE, _ns_ago(PRUNED_AGE))

@@ -581,7 +581,7 @@ def test_postgresql_core_statement_for_other_drivers(
             rows = [codec.spec_columns(inbox_module.UNIX, s) for s in specs]
             for notify in (True, False):
                 stmt = inbox_module.insert_many_stmt(notify=notify)
-                ids = conn.execute(stmt, inbox_module._arrays(rows)).scalars()
+                ids = conn.execute(stmt, inbox_module.arrays(rows)).scalars()
                 assert len(sorted(ids)) == 3
         stored = conn.execute(select(inbox).order_by(inbox.c.id)).mappings().all()
     expected = mixed * 2 + plain * 2

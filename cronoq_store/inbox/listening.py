@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Generator
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from sqlalchemy.engine import Dialect, Engine
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:  # sync users never import the asyncio extension
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("cronoq_store.inbox")  # the package's, as before its split
+T = TypeVar("T")
 
 
 SLOW_CHECK_S: Final = 1.0
@@ -51,68 +54,140 @@ def _listen_sql(engine: Engine | AsyncEngine) -> str:
     return f"LISTEN {engine.dialect.identifier_preparer.quote(CHANNEL)}"
 
 
-class Listener:
-    """A dedicated PostgreSQL connection (outside the pool) listening on `CHANNEL`.
+Calls = Generator[Callable[[], Any], Any, T]
+"""Driver I/O written once for both faces: it yields each driver call as a thunk, is sent back
+its result (awaited first on the asyncio face, where the driver's calls are coroutines) or
+thrown its error, and returns what it returns (as `face.Steps` does with transactions)."""
 
-    `wait` returns True when a notification arrived within `timeout` seconds. Notifications
-    that arrive between waits queue on the connection, so none is lost between a check and
-    the next wait. A broken connection is dropped and made anew on the next wait.
+
+def run_calls(calls: Calls[T]) -> T:
+    """Drive `calls` blocking."""
+    try:
+        call = next(calls)
+        while True:
+            try:
+                result = call()
+            except Exception as exc:
+                call = calls.throw(exc)
+            else:
+                call = calls.send(result)
+    except StopIteration as stop:
+        value: T = stop.value
+        return value
+
+
+async def run_calls_async(calls: Calls[T]) -> T:
+    """Drive `calls` on an asyncio loop, awaiting each call's result that is awaitable."""
+    try:
+        call = next(calls)
+        while True:
+            try:
+                result = call()
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:
+                call = calls.throw(exc)
+            else:
+                call = calls.send(result)
+    except StopIteration as stop:
+        value: T = stop.value
+        return value
+
+
+class Listening:
+    """A dedicated PostgreSQL connection (outside the pool) listening on `CHANNEL`, its logic
+    written once (`Calls`) for `Listener` and `AsyncListener`, which only drive it.
+
+    A wait ends True when a notification arrived within its timeout. Notifications that
+    arrive between waits queue on the connection, so none is lost between a check and the
+    next wait. A broken connection is dropped and made anew on the next wait.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine | AsyncEngine) -> None:
         self._engine = engine
         self._conn: Any = None
         self._closed = False
-        self.lock = threading.Lock()
         self.warned = False
         """Whether it said that notifications do not reach it (`unheard`)."""
 
-    def unheard(self) -> None:
+    def _notified(self, timeout: float) -> Any:
+        """Whether a notification arrives within `timeout` (or an awaitable of it)."""
+        raise NotImplementedError
+
+    def _unheard(self) -> Calls[None]:
         """An item arrived that no notification announced while this listened: unless its
         notification is just late, say once why (a transaction pooler, most likely)."""
-        if self.warned or self.wait(UNHEARD_DRAIN_S):
+        if self.warned or (yield from self._waiting(UNHEARD_DRAIN_S)):
             return
         self.warned = True
         log.warning(UNHEARD_WARNING, SLOW_CHECK_S)
 
-    def listening(self) -> bool:
+    def _listening(self) -> Calls[bool]:
         """Start listening if not yet; False if the connection cannot be made (or closed)."""
         if self._conn is not None or self._closed:
             return self._conn is not None
         conn: Any = None
         try:
-            raw = self._engine.raw_connection()
+            raw = yield self._engine.raw_connection
             conn = raw.driver_connection
             raw.detach()  # ours for good: the pool makes another in its place
-            conn.rollback()
-            conn.autocommit = True
-            conn.execute(_listen_sql(self._engine))
+            yield conn.rollback
+            yield partial(conn.set_autocommit, True)
+            yield partial(conn.execute, _listen_sql(self._engine))
         except Exception as exc:
             log.warning("cannot listen for inbox notifications: %s", dialects.redact(str(exc)))
             if conn is not None:
                 with contextlib.suppress(Exception):
-                    conn.close()
+                    yield conn.close
             return False
         self._conn = conn
         return True
 
-    def wait(self, timeout: float) -> bool:
+    def _waiting(self, timeout: float) -> Calls[bool]:
+        """Whether a notification arrived within `timeout` seconds; True as well when the
+        connection was lost (the caller checks the inbox, then listens anew)."""
         try:
-            for _ in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-                return True
-            return False
+            return bool((yield partial(self._notified, max(0.0, timeout))))
         except Exception as exc:
             log.warning("inbox listener lost: %s", dialects.redact(str(exc)))
-            self.close(final=False)
-            return True  # the caller checks the inbox, then listens anew
+            yield from self._closing(final=False)
+            return True
 
-    def close(self, *, final: bool = True) -> None:
+    def _closing(self, final: bool) -> Calls[None]:
         """Close the connection; for good unless not `final` (a broken one is made anew)."""
         self._closed = self._closed or final
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):  # already broken
-                conn.close()
+                yield conn.close
+
+
+class Listener(Listening):
+    """`Listening` blocking, on psycopg's connection; `lock` is held by the one `wait`
+    that listens (others poll)."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.lock = threading.Lock()
+
+    def _notified(self, timeout: float) -> bool:
+        return next(self._conn.notifies(timeout=timeout, stop_after=1), None) is not None
+
+    def unheard(self) -> None:
+        """See `Listening._unheard`."""
+        run_calls(self._unheard())
+
+    def listening(self) -> bool:
+        """See `Listening._listening`."""
+        return run_calls(self._listening())
+
+    def wait(self, timeout: float) -> bool:
+        """See `Listening._waiting`."""
+        return run_calls(self._waiting(timeout))
+
+    def close(self, *, final: bool = True) -> None:
+        """See `Listening._closing`."""
+        run_calls(self._closing(final))
 
 
 def wait(
@@ -154,55 +229,29 @@ def wait(
             listener.lock.release()
 
 
-class AsyncListener:
-    """`Listener` on an asyncio loop, with the async driver's connection (psycopg's)."""
+class AsyncListener(Listening):
+    """`Listening` on an asyncio loop, with the async driver's connection (psycopg's)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
-        self._conn: Any = None
-        self._closed = False
-        self.warned = False
+        super().__init__(engine)
+
+    async def _notified(self, timeout: float) -> bool:
+        async for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+            return True
+        return False
 
     async def unheard(self) -> None:
-        """`Listener.unheard`."""
-        if self.warned or await self.wait(UNHEARD_DRAIN_S):
-            return
-        self.warned = True
-        log.warning(UNHEARD_WARNING, SLOW_CHECK_S)
+        """`Listener.unheard`, awaited."""
+        await run_calls_async(self._unheard())
 
     async def listening(self) -> bool:
-        if self._conn is not None or self._closed:
-            return self._conn is not None
-        conn: Any = None
-        try:
-            raw = await self._engine.raw_connection()
-            conn = raw.driver_connection
-            raw.detach()
-            await conn.rollback()
-            await conn.set_autocommit(True)
-            await conn.execute(_listen_sql(self._engine))
-        except Exception as exc:
-            log.warning("cannot listen for inbox notifications: %s", dialects.redact(str(exc)))
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
-            return False
-        self._conn = conn
-        return True
+        """`Listener.listening`, awaited."""
+        return await run_calls_async(self._listening())
 
     async def wait(self, timeout: float) -> bool:
-        try:
-            async for _ in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-                return True
-            return False
-        except Exception as exc:
-            log.warning("inbox listener lost: %s", dialects.redact(str(exc)))
-            await self.close(final=False)
-            return True
+        """`Listener.wait`, awaited."""
+        return await run_calls_async(self._waiting(timeout))
 
     async def close(self, *, final: bool = True) -> None:
-        self._closed = self._closed or final
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
+        """`Listener.close`, awaited."""
+        await run_calls_async(self._closing(final))

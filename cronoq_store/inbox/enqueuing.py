@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import (
     Connection,
+    Insert,
     Table,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
-from .. import codec, dialects, execution
+from .. import codec, compat, dialects, execution
 from ..config import DEFAULT_MAX_PAYLOAD
 from ..errors import InvalidValue, SchemaError
 from ..model import TaskSpec
@@ -116,12 +117,13 @@ def _write(
         columns = arrays(rows)
         if dialect.driver == "psycopg":
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
-            result = conn.exec_driver_sql(sql, {**params, **columns})
+            got = list(conn.exec_driver_sql(sql, {**params, **columns}).scalars())
         else:
             result = conn.execute(
                 insert_many_stmt(notify=notify), columns, execution_options=options
             )
-        ids = sorted(result.scalars())  # numbered in row order (`insert_many_stmt`)
+            got = list(result.scalars())
+        ids = sorted(got)  # numbered in row order (`insert_many_stmt`)
     elif len(rows) > 1 and dialects.name(dialect) == "sqlite" and _one_transaction(conn):
         # One executemany, no RETURNING (which SQLAlchemy runs a row at a time here to keep
         # the order): this transaction holds SQLite's write lock from its first INSERT on, so
@@ -135,8 +137,7 @@ def _write(
         ids = [execution.inserted_id(conn, insert_into_stmt(_table(options)), rows[0])]
     elif len(rows) == 1 and dialect.insert_returning:  # PostgreSQL: the notification with it
         stmt = insert_one_stmt(_table(options), notify=notify and postgresql)
-        ran = execution.run_stmt(conn, stmt, rows[0])
-        ids = [int(ran.rows[0][0])]
+        ids = [int(_run_opening(conn, stmt, rows[0])[0][0])]
     elif postgresql and notify:
         [row] = rows
         ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
@@ -156,6 +157,43 @@ def _write(
             key: Any = conn.execute(stmt, row, execution_options=options).inserted_primary_key
             ids.append(int(key[0]))
     return ids
+
+
+_BEGIN: Final = ("BEGIN", None, False)
+
+
+def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
+    """The rows of `stmt` run once with `params` (`execution.run_stmt`). Where it opens the
+    app's transaction on sync psycopg (`execution.pipelines`: nothing observes it), its BEGIN
+    leaves with it in one flight (`wire`): psycopg's own BEGIN is a round trip of its own, so
+    an enqueue that opens the transaction costs the app no round trip of its own."""
+    if not _opens(conn):
+        return execution.run_stmt(conn, stmt, params).rows
+    from .. import wire  # psycopg's: only a pipelined connection comes here
+
+    sql, getter = execution.driver_sql(conn, stmt, tuple(params))
+    values = params if getter is None else getter(params)
+    try:
+        try:
+            answers = wire.run(conn.connection.dbapi_connection, [_BEGIN, (sql, values, False)])
+        except wire.Failed as failed:
+            raise failed.error from None
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise compat.driver_error(conn, exc, sql) from exc
+    return answers[1][1]
+
+
+def _opens(conn: Connection) -> bool:
+    """Whether a statement now opens `conn`'s transaction on sync psycopg, whose BEGIN can
+    then leave with it (`_run_opening`; `execution.pipelines`: nothing observes it)."""
+    if not execution.pipelines(conn):
+        return False
+    driver: Any = conn.connection.dbapi_connection
+    return bool(driver.info.transaction_status == _IDLE and not driver.autocommit)
+
+
+_IDLE: Final = 0
+"""libpq's PQTRANS_IDLE: no transaction open on the server yet."""
 
 
 def _values_returning(

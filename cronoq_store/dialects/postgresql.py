@@ -40,6 +40,8 @@ class PostgresqlImpl(DefaultImpl):
     )
     read_only_codes: ClassVar[frozenset[Any]] = frozenset({PG_READ_ONLY})
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset({PG_DISK_FULL})
+    notifies: ClassVar[bool] = True
+    schema_word: ClassVar[str | None] = "PostgreSQL schema"
 
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
@@ -50,6 +52,10 @@ class PostgresqlImpl(DefaultImpl):
         # psycopg parses a statement of more than 50 parameters anew on every execution
         # (its cache stops there), a tenth of a 1000-row drain's time; one array, once.
         self.binds_arrays = psycopg
+        # psycopg 3's notifies wait, sync or asyncio; its dumpers send an array in binary
+        # without the escaping regex its text form runs element by element.
+        self.listens = dialect.driver == "psycopg"
+        self.binary_arrays = dialect.driver == "psycopg"
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """Sync psycopg's named (server-side) cursor."""

@@ -110,16 +110,18 @@ def _options(schema: str | None) -> Mapping[str, Any]:
 def _write(
     conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
-    """Insert `rows` in order and return their ids; on PostgreSQL, to `notify`, notify on
-    commit, in the same round trip as the ids."""
+    """Insert `rows` in order and return their ids; where the database `notifies`
+    (PostgreSQL), to `notify`, notify on commit, in the same round trip as the ids. What the
+    database does best is its class's to say (`dialects.dialect_of`)."""
     if not rows:
         return []
     stmt = insert_stmt()
     dialect = conn.dialect
-    postgresql = dialects.name(dialect) == "postgresql"
-    if len(rows) > 1 and postgresql:
+    impl = dialects.dialect_of(dialect)
+    notifies = impl.notifies
+    if len(rows) > 1 and notifies:  # PostgreSQL: one INSERT of unnested arrays
         columns = arrays(rows)
-        if dialect.driver == "psycopg":
+        if impl.binary_arrays:
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
             # On the driver's cursor (`execution.run`): SQLAlchemy's result fetched the ids
             # a row at a time, a sixth of a 1000-row enqueue's CPU.
@@ -130,10 +132,10 @@ def _write(
             )
             got = list(result.scalars())
         ids = sorted(got)  # numbered in row order (`insert_many_stmt`)
-    elif len(rows) > 1 and dialects.name(dialect) == "sqlite" and _one_transaction(conn):
-        # One executemany, no RETURNING (which SQLAlchemy runs a row at a time here to keep
-        # the order): this transaction holds SQLite's write lock from its first INSERT on, so
-        # AUTOINCREMENT numbers the rows one after another, the last one `last_insert_rowid`.
+    elif len(rows) > 1 and impl.numbers_in_order(conn.connection.driver_connection):
+        # SQLite: one executemany, no RETURNING (which SQLAlchemy runs a row at a time here
+        # to keep the order): its rows are numbered one after another, the last one
+        # `last_insert_rowid`.
         execution.run_many(conn, insert_into_stmt(_table(options)), rows)
         last = int(execution.run_stmt(conn, last_rowid_stmt()).rows[0][0])
         ids = list(range(last - len(rows) + 1, last + 1))
@@ -142,9 +144,9 @@ def _write(
         # the statement compiled once, unless something observes the connection's statements.
         ids = [execution.inserted_id(conn, insert_into_stmt(_table(options)), rows[0])]
     elif len(rows) == 1 and dialect.insert_returning:  # PostgreSQL: the notification with it
-        stmt = insert_one_stmt(_table(options), notify=notify and postgresql)
+        stmt = insert_one_stmt(_table(options), notify=notify and notifies)
         ids = [int(_run_opening(conn, stmt, rows[0])[0][0])]
-    elif postgresql and notify:
+    elif notifies and notify:
         [row] = rows
         ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
     elif len(rows) > 1 and (returned := _values_returning(conn, rows, options)) is not None:
@@ -218,16 +220,6 @@ def _table(options: Mapping[str, Any]) -> Table:
     return inbox if not options else inbox_in(options["schema_translate_map"][None])
 
 
-def _one_transaction(conn: Connection) -> bool:
-    """SQLite: whether an executemany now runs in one transaction (one begun, or one the
-    driver begins before a write), not a transaction per row (the driver's autocommit)."""
-    driver: Any = conn.connection.driver_connection
-    if driver.in_transaction:
-        return True
-    legacy = getattr(driver, "autocommit", -1) == -1  # sqlite3.LEGACY_TRANSACTION_CONTROL
-    return legacy and driver.isolation_level is not None
-
-
 def _write_or_explain(
     conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
@@ -251,9 +243,7 @@ def _write_or_explain(
 
 def _searched(conn: Connection, given: str | None) -> str:
     """Where a statement without a schema looked: the schema given, or the connection's own."""
-    kind = {"postgresql": "PostgreSQL schema", "mysql": "MySQL database"}.get(
-        dialects.name(conn.dialect)
-    )
+    kind = dialects.dialect_of(conn).schema_word
     if kind is None:
         return "this SQLite database"
     if given is not None:

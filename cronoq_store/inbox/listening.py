@@ -33,7 +33,7 @@ def can_listen(dialect: Dialect, *, pooled: bool = False) -> bool:
     wait), unless `pooled` by a transaction pooler (`StoreConfig.transaction_pooler`), which
     delivers no notification: a LISTEN holds for the server connection it ran on, which the
     pooler hands to other clients right after."""
-    return dialect.name == "postgresql" and dialect.driver == "psycopg" and not pooled
+    return dialects.dialect_of(dialect).listens and not pooled
 
 
 UNHEARD_DRAIN_S: Final = 0.05

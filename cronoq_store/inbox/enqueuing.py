@@ -324,27 +324,23 @@ def enqueue_many(
     notify: bool = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[int]:
-    """`enqueue` for several specs at once (all or none).
+    """`enqueue` for several specs at once (all or none), in the caller's transaction.
 
     Args:
         conn: The app's `Connection`, or its ORM `Session`.
         specs: The tasks, in order.
-        schema: The schema of the store's tables, as for `enqueue`.
-        notify: As for `enqueue`.
-        max_payload_bytes: As for `enqueue`.
+        schema: As for `enqueue` (the store's `StoreConfig.schema`).
+        notify: As for `enqueue`: one notification for them all.
+        max_payload_bytes: As for `enqueue`, for each spec.
 
     Returns:
         Their inbox ids, in order.
 
     Raises:
-        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
-            among them), a bad `schema`, or `conn` of another type (before anything is
-            written).
-        SchemaError: No cronoq inbox table where the statement looked: the message names
-            the schema searched (usually a store in a schema and no `schema=`).
-        StoreUnavailable: The database could not be reached (the caller's transaction
-            is then the caller's to roll back).
-        StoreError: Anything else the database refused; never a driver exception.
+        InvalidValue: As for `enqueue`: nothing is written when any spec is refused.
+        SchemaError: As for `enqueue`.
+        StoreUnavailable: As for `enqueue`.
+        StoreError: As for `enqueue`; never a driver exception.
     """
     rows = _rows(specs, max_payload_bytes)
     options = _options(schema)
@@ -365,27 +361,21 @@ async def enqueue_async(
     notify: bool = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> int:
-    """`enqueue` on an asyncio `AsyncConnection` or `AsyncSession`.
+    """`enqueue` awaited, on an asyncio `AsyncConnection` or `AsyncSession`.
 
     Args:
-        conn: The app's `AsyncConnection` or `AsyncSession`.
-        spec: The task to create once a leader drains the inbox.
-        schema: The schema of the store's tables, as for `enqueue`.
-        notify: As for `enqueue`.
-        max_payload_bytes: As for `enqueue`.
+        conn: The app's `AsyncConnection`, or its `AsyncSession` (whose transaction it joins).
+        spec: As for `enqueue`, and so are the arguments below.
+        schema: The store's `StoreConfig.schema`, if any.
+        notify: Whether a listening leader wakes on the commit (PostgreSQL).
+        max_payload_bytes: The longest payload accepted.
 
     Returns:
         The item's inbox id.
 
     Raises:
-        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
-            among them), a bad `schema`, or `conn` of another type (before anything is
-            written).
-        SchemaError: No cronoq inbox table where the statement looked: the message names
-            the schema searched (usually a store in a schema and no `schema=`).
-        StoreUnavailable: The database could not be reached (the caller's transaction
-            is then the caller's to roll back).
-        StoreError: Anything else the database refused; never a driver exception.
+        StoreError: Whatever `enqueue` raises, for the same reasons (`InvalidValue` also for
+            a `conn` of another type; `SchemaError`, `StoreUnavailable`).
     """
     ids = await enqueue_many_async(
         conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
@@ -401,27 +391,22 @@ async def enqueue_many_async(
     notify: bool = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[int]:
-    """`enqueue_many` on an asyncio `AsyncConnection` or `AsyncSession`.
+    """`enqueue_many` awaited: several specs (all or none) on an `AsyncConnection` or
+    `AsyncSession`, as `enqueue_async` writes one.
 
     Args:
-        conn: The app's `AsyncConnection` or `AsyncSession`.
+        conn: The app's asyncio connection or session, as for `enqueue_async`.
         specs: The tasks, in order.
-        schema: The schema of the store's tables, as for `enqueue`.
-        notify: As for `enqueue`.
-        max_payload_bytes: As for `enqueue`.
+        schema: As for `enqueue_async`.
+        notify: As for `enqueue_async`.
+        max_payload_bytes: As for `enqueue_async`, for each spec.
 
     Returns:
         Their inbox ids, in order.
 
     Raises:
-        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
-            among them), a bad `schema`, or `conn` of another type (before anything is
-            written).
-        SchemaError: No cronoq inbox table where the statement looked: the message names
-            the schema searched (usually a store in a schema and no `schema=`).
-        StoreUnavailable: The database could not be reached (the caller's transaction
-            is then the caller's to roll back).
-        StoreError: Anything else the database refused; never a driver exception.
+        StoreError: Whatever `enqueue_many` raises (`InvalidValue` also for a `conn` of
+            another type).
     """
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from sqlalchemy.engine import Dialect, Engine
 
@@ -62,36 +62,42 @@ thrown its error, and returns what it returns (as `face.Steps` does with transac
 
 def run_calls(calls: Calls[T]) -> T:
     """Drive `calls` blocking."""
-    try:
-        call = next(calls)
-        while True:
-            try:
-                result = call()
-            except Exception as exc:
-                call = calls.throw(exc)
-            else:
-                call = calls.send(result)
-    except StopIteration as stop:
-        value: T = stop.value
-        return value
+    done, got = _resume(calls, None, None)
+    while not done:
+        result, error = _called(got)
+        done, got = _resume(calls, result, error)
+    return cast(T, got)
 
 
 async def run_calls_async(calls: Calls[T]) -> T:
     """Drive `calls` on an asyncio loop, awaiting each call's result that is awaitable."""
-    try:
-        call = next(calls)
-        while True:
+    done, got = _resume(calls, None, None)
+    while not done:
+        result, error = _called(got)
+        if error is None and inspect.isawaitable(result):
             try:
-                result = call()
-                if inspect.isawaitable(result):
-                    result = await result
+                result = await result
             except Exception as exc:
-                call = calls.throw(exc)
-            else:
-                call = calls.send(result)
+                error = exc
+        done, got = _resume(calls, result, error)
+    return cast(T, got)
+
+
+def _called(call: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    """`call`'s result, or the error it raised (for `calls` to handle)."""
+    try:
+        return call(), None
+    except Exception as exc:
+        return None, exc
+
+
+def _resume(calls: Calls[Any], result: Any, error: Exception | None) -> tuple[bool, Any]:
+    """`calls` sent `result` (or thrown `error`): (False, its next call), or (True, what it
+    returned)."""
+    try:
+        return False, (calls.send(result) if error is None else calls.throw(error))
     except StopIteration as stop:
-        value: T = stop.value
-        return value
+        return True, stop.value
 
 
 class Listening:

@@ -37,7 +37,10 @@ from .listening import UNHEARD_WARNING as UNHEARD_WARNING
 from .listening import AsyncListener as AsyncListener
 from .listening import Listener as Listener
 from .listening import can_listen as can_listen
+from .listening import run_calls as run_calls
+from .listening import run_calls_async as run_calls_async
 from .listening import wait as wait
+from .listening import waiting as waiting
 from .statements import CHANNEL as CHANNEL
 from .statements import EMPTY as EMPTY
 from .statements import UNIX as UNIX

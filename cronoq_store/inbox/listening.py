@@ -196,6 +196,43 @@ class Listener(Listening):
         run_calls(self._closing(final))
 
 
+def waiting(
+    check: Callable[[], Any],
+    timeout: float,
+    *,
+    poll: float,
+    listener: Listening | None,
+    sleep: Callable[[float], Any],
+) -> Calls[bool]:
+    """Whether the inbox holds an item within `timeout` seconds (at once if it does now), as
+    `Calls` for either face: `check` looks (one probe), `sleep` pauses.
+
+    With a `listener` (PostgreSQL; the caller holds it alone) this waits on its
+    notifications, checking again on each and every `SLOW_CHECK_S`; otherwise it checks every
+    `poll` seconds.
+    """
+    deadline = time.monotonic() + max(0.0, timeout)
+    # Whether the last wait ended by a notification. An item found after one that timed out
+    # came without its notification, which the listener ought to have heard: it then says
+    # (once) that notifications do not reach it (`Listening._unheard`).
+    heard = True
+    while True:
+        # Listening (anew, if the connection was lost) before each check: a commit that
+        # lands after the check notifies a connection that already listens.
+        listening = listener is not None and (yield from listener._listening())
+        if (yield check):
+            if listening and not heard and listener is not None:
+                yield from listener._unheard()
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if listening and listener is not None:
+            heard = yield from listener._waiting(min(left, SLOW_CHECK_S))
+        else:
+            yield partial(sleep, min(left, poll))
+
+
 def wait(
     check: Callable[[], bool],
     timeout: float,
@@ -203,33 +240,14 @@ def wait(
     poll: float,
     listener: Listener | None,
 ) -> bool:
-    """Whether the inbox holds an item within `timeout` seconds (at once if it does now).
-
-    With a `listener` (PostgreSQL) this waits on its notifications, checking again on each and
-    every `SLOW_CHECK_S`; otherwise it checks every `poll` seconds.
-    """
-    deadline = time.monotonic() + max(0.0, timeout)
+    """`waiting`, blocking: with `listener` where this thread can hold its lock (another
+    thread that waits on it now leaves this one to poll)."""
     locked = listener is not None and listener.lock.acquire(blocking=False)
-    # Whether the last wait ended by a notification. An item found after one that timed out
-    # came without its notification, which the listener ought to have heard: it then says
-    # (once) that notifications do not reach it (`Listener.unheard`).
-    heard = True
     try:
-        while True:
-            # Listening (anew, if the connection was lost) before each check: a commit that
-            # lands after the check notifies a connection that already listens.
-            listening = locked and listener is not None and listener.listening()
-            if check():
-                if listening and not heard and listener is not None:
-                    listener.unheard()
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if listening and listener is not None:
-                heard = listener.wait(min(left, SLOW_CHECK_S))
-            else:
-                time.sleep(min(left, poll))
+        calls = waiting(
+            check, timeout, poll=poll, listener=listener if locked else None, sleep=time.sleep
+        )
+        return run_calls(calls)
     finally:
         if locked and listener is not None:
             listener.lock.release()

@@ -63,6 +63,7 @@ INTERNAL = (
 # `__all__` names what of them is public, and its reference page documents it.
 PARTS = {
     "dialects": ("statements", "sessions", "locks", "urls", "translation"),
+    "inbox": ("statements", "enqueuing", "draining", "listening"),
     "testing": (
         "base",
         "config",

@@ -197,7 +197,11 @@ def _opens(conn: Connection) -> bool:
     if not execution.pipelines(conn):
         return False
     driver: Any = conn.connection.dbapi_connection
-    return bool(driver.info.transaction_status == _IDLE and not driver.autocommit)
+    if driver.info.transaction_status != _IDLE or driver.autocommit:
+        return False
+    # psycopg's own BEGIN would carry the app's isolation level, read-only or deferrable
+    # setting: those transactions begin as psycopg begins them.
+    return driver.isolation_level is None and driver.read_only is None and not driver.deferrable
 
 
 _IDLE: Final = 0

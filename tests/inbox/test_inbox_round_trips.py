@@ -105,3 +105,24 @@ def test_an_enqueue_is_one_statement_on_mariadb(dialect: str, db_url: URL) -> No
         engine.dispose()
     # INSERT, COMMIT and one SHOW: an enqueue is one statement, as the app's INSERT is
     assert counts == {"app": [3, 3, 3], "enqueue": [3, 3, 3], "enqueue, then app": [4, 4, 4]}
+
+
+@pytest.mark.parametrize("isolation", ["SERIALIZABLE", "REPEATABLE READ"])
+def test_an_opening_enqueue_keeps_the_apps_isolation_level(
+    dialect: str, db_url: URL, isolation: str
+) -> None:
+    """An app engine with its own isolation level: the enqueue that opens the transaction
+    leaves the BEGIN to psycopg, which carries that level (a plain BEGIN would not)."""
+    if dialect != "postgresql":
+        pytest.skip("psycopg's BEGIN: PostgreSQL")
+    SqlStore.open(db_url).close()
+    engine = create_engine(db_url, isolation_level=isolation)
+    try:
+        with engine.connect() as conn:
+            conn.begin()
+            enqueue(conn, SPEC)
+            level = conn.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+            conn.commit()
+    finally:
+        engine.dispose()
+    assert level == isolation.lower()

@@ -181,9 +181,15 @@ def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> S
 
     sql, getter = execution.driver_sql(conn, stmt, tuple(params))
     values = params if getter is None else getter(params)
+    driver: Any = conn.connection.dbapi_connection
+    if driver.prepare_threshold is not None:
+        # Prepared once, as psycopg would from its fifth use: planned anew each time, a
+        # one-row enqueue cost the server more than the round trip saved. An app behind a
+        # transaction pooler turns psycopg's off (`prepare_threshold=None`): then so is this.
+        wire.prepare_on(driver)
     try:
         try:
-            answers = wire.run(conn.connection.dbapi_connection, [_BEGIN, (sql, values, False)])
+            answers = wire.run(driver, [_BEGIN, (sql, values, False)])
         except wire.Failed as failed:
             raise failed.error from None
     except conn.dialect.loaded_dbapi.Error as exc:

@@ -2,7 +2,9 @@
 
 One client, about 100-byte jobs, durable commits, each system in a fresh database of its own;
 jobs/s for one job per transaction and for 1,000 jobs per call, 3 repeats in alternating order,
-median. The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
+median; beside each rate the CPU per job (µs) of the client process and of the database's
+server backends (their /proc/PID/stat before and after each timed part: the server runs on this
+machine). The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
 
     python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json]
 
@@ -31,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from peers_cpu import Figures, Part, figures
 from sqlalchemy import create_engine, make_url, text
 
 SERVER = os.environ.get(
@@ -43,6 +46,7 @@ BATCHES = 10
 """Calls of 1,000 jobs per sample."""
 
 PROCRASTINATE = r"""
+from peers_cpu import Part, figures
 import json, sys, time, procrastinate
 dsn, single, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
@@ -52,33 +56,60 @@ with app.open():
     app.schema_manager.apply_schema()
     data = "x" * 100
     job.defer(payload=data)
-    t = time.perf_counter()
-    for _ in range(single):
-        job.defer(payload=data)
-    one = single / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for _ in range(batches):
-        job.batch_defer(*[{"payload": data}] * 1000)
-    many = batches * 1000 / (time.perf_counter() - t)
-print(json.dumps({"single": one, "batch": many}))
+    with Part(dsn, single) as one:
+        for _ in range(single):
+            job.defer(payload=data)
+    with Part(dsn, batches * 1000) as many:
+        for _ in range(batches):
+            job.batch_defer(*[{"payload": data}] * 1000)
+print(json.dumps(figures(one, many)))
 """
 
 NODE = r"""
 const [dsn, single, batches] = [process.argv[2], +process.argv[3], +process.argv[4]];
 const which = process.argv[5];
 const data = { payload: "x".repeat(100) };
+const payload = data;
+const fs = require("fs");
+const { Client } = require("pg");
+async function serverCpu() {  // as CPU's server_cpu: the database's backends but this one
+  const c = new Client({ connectionString: dsn });
+  await c.connect();
+  const { rows } = await c.query("SELECT pid FROM pg_stat_activity"
+    + " WHERE datname = current_database() AND pid <> pg_backend_pid()");
+  await c.end();
+  let used = 0;
+  for (const { pid } of rows) {
+    try {
+      const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+      const fields = stat.slice(stat.lastIndexOf(")") + 1).trim().split(/ +/);
+      used += (+fields[11] + +fields[12]) / 100;  // CLK_TCK
+    } catch (e) {}
+  }
+  return used;
+}
+async function part(jobs, fn) {
+  const server = await serverCpu();
+  const client = process.cpuUsage();
+  const t = process.hrtime.bigint();
+  await fn();
+  const wall = Number(process.hrtime.bigint() - t) / 1e9;
+  const used = process.cpuUsage(client);
+  const serverUs = ((await serverCpu()) - server) / jobs * 1e6;
+  return { rate: jobs / wall, client_us: (used.user + used.system) / jobs, server_us: serverUs };
+}
 async function graphile() {
   const { makeWorkerUtils } = require("graphile-worker");
   const utils = await makeWorkerUtils({ connectionString: dsn });
   await utils.migrate();
   await utils.addJob("job", data);
-  let t = process.hrtime.bigint();
-  for (let i = 0; i < single; i++) await utils.addJob("job", data);
-  const one = single / (Number(process.hrtime.bigint() - t) / 1e9);
-  t = process.hrtime.bigint();
-  for (let b = 0; b < batches; b++)
-    await utils.addJobs(Array.from({ length: 1000 }, () => ({ identifier: "job", payload: data })));
-  const many = (batches * 1000) / (Number(process.hrtime.bigint() - t) / 1e9);
+  const one = await part(single, async () => {
+    for (let i = 0; i < single; i++) await utils.addJob("job", data);
+  });
+  const many = await part(batches * 1000, async () => {
+    for (let b = 0; b < batches; b++)
+      await utils.addJobs(Array.from({ length: 1000 }, () => ({ identifier: "job", payload })));
+  });
   await utils.release();
   return { single: one, batch: many };
 }
@@ -89,13 +120,13 @@ async function pgboss() {
   await boss.start();
   await boss.createQueue("job");
   await boss.send("job", data);
-  let t = process.hrtime.bigint();
-  for (let i = 0; i < single; i++) await boss.send("job", data);
-  const one = single / (Number(process.hrtime.bigint() - t) / 1e9);
-  t = process.hrtime.bigint();
-  for (let b = 0; b < batches; b++)
-    await boss.insert(Array.from({ length: 1000 }, () => ({ name: "job", data })));
-  const many = (batches * 1000) / (Number(process.hrtime.bigint() - t) / 1e9);
+  const one = await part(single, async () => {
+    for (let i = 0; i < single; i++) await boss.send("job", data);
+  });
+  const many = await part(batches * 1000, async () => {
+    for (let b = 0; b < batches; b++)
+      await boss.insert(Array.from({ length: 1000 }, () => ({ name: "job", data })));
+  });
   await boss.stop({ graceful: false, wait: true });
   return { single: one, batch: many };
 }
@@ -124,7 +155,7 @@ def _dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def cronoq(url: str) -> dict[str, float]:
+def cronoq(url: str) -> Figures:
     from cronoq_store import SqlStore, TaskSpec, enqueue, enqueue_many
 
     SqlStore.open(url).close()  # migrate
@@ -134,24 +165,22 @@ def cronoq(url: str) -> dict[str, float]:
         conn.begin()
         enqueue(conn, spec)
         conn.commit()
-        t = time.perf_counter()
-        for _ in range(SINGLE):
-            conn.begin()
-            enqueue(conn, spec)
-            conn.commit()
-        one = SINGLE / (time.perf_counter() - t)
+        with Part(_dsn(url), SINGLE) as one:
+            for _ in range(SINGLE):
+                conn.begin()
+                enqueue(conn, spec)
+                conn.commit()
         specs = [spec] * 1000
-        t = time.perf_counter()
-        for _ in range(BATCHES):
-            conn.begin()
-            enqueue_many(conn, specs)
-            conn.commit()
-        many = BATCHES * 1000 / (time.perf_counter() - t)
+        with Part(_dsn(url), BATCHES * 1000) as many:
+            for _ in range(BATCHES):
+                conn.begin()
+                enqueue_many(conn, specs)
+                conn.commit()
     engine.dispose()
-    return {"single": one, "batch": many}
+    return figures(one, many)
 
 
-def leader(url: str) -> dict[str, float]:
+def leader(url: str) -> Figures:
     """The engine's side: the leader's commit of new tasks (no keys, no deps), one per commit
     and 1,000 per commit: what a job lands by when the engine, not an app, creates it."""
     from cronoq_store import SqlStore, Submitted, TaskId, TaskSpec, TimeBase
@@ -170,20 +199,18 @@ def leader(url: str) -> dict[str, float]:
         epoch = store.acquire_leadership()
         store.commit(epoch, base, submitted(1))
         singles = [submitted(1) for _ in range(SINGLE)]
-        t = time.perf_counter()
-        for batch in singles:
-            store.commit(epoch, base, batch)
-        one = SINGLE / (time.perf_counter() - t)
+        with Part(_dsn(url), SINGLE) as one:
+            for batch in singles:
+                store.commit(epoch, base, batch)
         batches = [submitted(1000) for _ in range(BATCHES)]
-        t = time.perf_counter()
-        for batch in batches:
-            store.commit(epoch, base, batch)
-        many = BATCHES * 1000 / (time.perf_counter() - t)
+        with Part(_dsn(url), BATCHES * 1000) as many:
+            for batch in batches:
+                store.commit(epoch, base, batch)
         store.release_leadership()
-    return {"single": one, "batch": many}
+    return figures(one, many)
 
 
-def raw(url: str) -> dict[str, float]:
+def raw(url: str) -> Figures:
     import psycopg
 
     with psycopg.connect(_dsn(url)) as conn:
@@ -193,43 +220,40 @@ def raw(url: str) -> dict[str, float]:
         )
         conn.commit()
         sql = "INSERT INTO jobs (enqueued_unix_ns, kind, payload, tags) VALUES (%s, %s, %s, %s)"
-        t = time.perf_counter()
-        for _ in range(SINGLE):
-            conn.execute(sql, (time.time_ns(), "job", PAYLOAD, "[]"))
-            conn.commit()
-        one = SINGLE / (time.perf_counter() - t)
-        t = time.perf_counter()
-        for _ in range(BATCHES):
-            with (
-                conn.cursor() as cur,
-                cur.copy("COPY jobs (enqueued_unix_ns, kind, payload, tags) FROM STDIN") as copy,
-            ):
-                for _ in range(1000):
-                    copy.write_row((time.time_ns(), "job", PAYLOAD, "[]"))
-            conn.commit()
-        many = BATCHES * 1000 / (time.perf_counter() - t)
-    return {"single": one, "batch": many}
+        with Part(_dsn(url), SINGLE) as one:
+            for _ in range(SINGLE):
+                conn.execute(sql, (time.time_ns(), "job", PAYLOAD, "[]"))
+                conn.commit()
+        with Part(_dsn(url), BATCHES * 1000) as many:
+            for _ in range(BATCHES):
+                copy_sql = "COPY jobs (enqueued_unix_ns, kind, payload, tags) FROM STDIN"
+                with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                    for _ in range(1000):
+                        copy.write_row((time.time_ns(), "job", PAYLOAD, "[]"))
+                conn.commit()
+    return figures(one, many)
 
 
-def external(command: list[str], cwd: Path, env: dict[str, str]) -> dict[str, float]:
+def external(command: list[str], cwd: Path, env: dict[str, str]) -> Figures:
     done = subprocess.run(
         command, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"{command[0]} failed: {done.stderr[-2000:]}")
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: Figures = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def systems(peers: Path) -> dict[str, Callable[[str], dict[str, float]]]:
+def systems(peers: Path) -> dict[str, Callable[[str], Figures]]:
     scratch = Path(tempfile.mkdtemp(prefix="cronoq-peers-"))
     (scratch / "procrastinate_bench.py").write_text(PROCRASTINATE)
     (scratch / "node_bench.js").write_text(NODE)
+    (scratch / "peers_cpu.py").write_text((Path(__file__).parent / "peers_cpu.py").read_text())
     python = str(peers / "venv" / "bin" / "python")
     node_env = {"NODE_PATH": str(peers / "node_modules")}
     counts = [str(SINGLE), str(BATCHES)]
 
-    def node(which: str) -> Callable[[str], dict[str, float]]:
+    def node(which: str) -> Callable[[str], Figures]:
         return lambda url: external(
             ["node", "node_bench.js", _dsn(url), *counts, which], scratch, node_env
         )
@@ -253,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     runs = systems(args.peers)
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    samples: dict[str, list[Figures]] = {name: [] for name in runs}
     for repeat in range(args.repeats):
         order = list(runs.items())
         if repeat % 2:
@@ -263,19 +287,29 @@ def main(argv: list[str] | None = None) -> int:
                 samples[name].append(fn(url))
             print(f"  {name}: {samples[name][-1]}", file=sys.stderr)
     table: dict[str, Any] = {
-        name: {kind: round(statistics.median(s[kind] for s in got)) for kind in ("single", "batch")}
+        name: {
+            part: {
+                figure: round(statistics.median(s[part][figure] for s in got), 1)
+                for figure in ("rate", "client_us", "server_us")
+            }
+            for part in ("single", "batch")
+        }
         for name, got in samples.items()
     }
     if args.json:
         print(json.dumps(table, indent=2))
         return 0
     print(
-        f"| one client, jobs/s, median of {args.repeats} | one job per transaction | "
-        "1,000 jobs per call |"
+        f"| one client, median of {args.repeats} | one job per transaction: jobs/s, "
+        "client / server CPU µs per job | 1,000 jobs per call: jobs/s, client / server µs |"
     )
     print("|---|---|---|")
     for name, row in table.items():
-        print(f"| {name} | {row['single']:,} | {row['batch']:,} |")
+        cells = [
+            f"{p['rate']:,.0f} ({p['client_us']:.0f} / {p['server_us']:.0f})"
+            for p in (row["single"], row["batch"])
+        ]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
     return 0
 
 

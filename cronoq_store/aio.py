@@ -672,26 +672,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        deadline = time.monotonic() + max(0.0, timeout)
         listener = self._listener
         if listener is not None and self._listening.locked():
             listener = None  # another task listens: poll
         async with contextlib.AsyncExitStack() as stack:
             if listener is not None:
                 await stack.enter_async_context(self._listening)
-            heard = True  # no wait yet ended without a notification (see `inbox.wait`)
-            while True:
-                # Listening (anew, if its connection was lost) before each check.
-                listening = listener is not None and await listener.listening()
-                if await self._run("has_items", inbox.has_items):
-                    if listening and not heard and listener is not None:
-                        await listener.unheard()
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                if listening and listener is not None:
-                    heard = await listener.wait(min(left, inbox.SLOW_CHECK_S))
-                else:
-                    await asyncio.sleep(min(left, self.config.inbox_poll.total_seconds()))
-        raise AssertionError("unreachable")
+            calls = inbox.waiting(
+                lambda: self._run("has_items", inbox.has_items),
+                timeout,
+                poll=self.config.inbox_poll.total_seconds(),
+                listener=listener,
+                sleep=asyncio.sleep,
+            )
+            return await inbox.run_calls_async(calls)

@@ -20,7 +20,9 @@ The public surface, all on `DefaultImpl`:
 - `copy_rows`: a bulk load (COPY), where `copies`;
 - `interrupter`: how another thread stops the session's wait (the watchdog's);
 - `transient_codes`, `read_only_codes`, `disk_full_codes`: the server's error codes that
-  `translation` reads.
+  `translation` reads;
+- the inbox's: `notifies`, `listens` (NOTIFY and LISTEN), `binary_arrays`, `numbers_in_order`
+  (how many rows are best inserted), `schema_word` (what a schema is called).
 
 A new difference between databases (LISTEN, say) goes here: the generic behaviour as an
 attribute or method of `DefaultImpl`, documented, and an override in each database that
@@ -64,6 +66,11 @@ class DefaultImpl:
     """Error codes of a server that refuses writes (not the primary now)."""
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset()
     """Error codes of a server whose disk is full."""
+    notifies: ClassVar[bool] = False
+    """A transaction can notify listeners when it commits (PostgreSQL's `pg_notify`)."""
+    schema_word: ClassVar[str | None] = None
+    """What the database calls a schema, in messages ("PostgreSQL schema"); None: it has
+    none (one file)."""
 
     server: ClassVar[bool] = True
     """A server's database: its connections can be lost, its settings are the server's. False
@@ -104,6 +111,11 @@ class DefaultImpl:
         """Rows can be loaded with COPY FROM STDIN (`copy_rows`)."""
         self.binds_arrays = False
         """An IN list runs better as one array parameter (`execution.run_in`)."""
+        self.listens = False
+        """A connection can LISTEN and wait for notifications (`inbox.Listener`)."""
+        self.binary_arrays = False
+        """Arrays can be sent in binary (psycopg's `%(name)b`): the inbox's many rows go as
+        one array per column."""
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """A DB-API cursor of `dbapi_connection` that holds no more than a chunk of a result
@@ -125,6 +137,12 @@ class DefaultImpl:
         `values(row)` in the statement's column order. Only where `copies`; the caller owns
         the cursor (and closes it) and wraps the driver's errors."""
         raise NotImplementedError(f"no COPY on {self.name}")
+
+    def numbers_in_order(self, driver_connection: Any) -> bool:
+        """Whether the rows an executemany inserts now on `driver_connection` are numbered
+        one after another (a single writer, in one transaction), so that their ids follow
+        from the last one (the inbox's `enqueue_many`)."""
+        return False
 
     def short_lock_waits(
         self, conn: Connection, *, ms: int, seconds: int

@@ -29,6 +29,7 @@ class MySQLImpl(DefaultImpl):
     sessions are interrupted by shutting their socket down."""
 
     name: ClassVar[str] = "mysql"
+    schema_word: ClassVar[str | None] = "MySQL database"
     transient_codes: ClassVar[frozenset[Any]] = frozenset(
         {
             1205,  # lock wait timeout

@@ -49,6 +49,8 @@ class PostgresqlImpl(DefaultImpl):
     )
     read_only_codes: ClassVar[frozenset[Any]] = frozenset({PG_READ_ONLY})
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset({PG_DISK_FULL})
+    notifies: ClassVar[bool] = True
+    schema_word: ClassVar[str | None] = "PostgreSQL schema"
     creates_schemas: ClassVar[bool] = True
     builds_indexes_concurrently: ClassVar[bool] = True
     storage_parameters: ClassVar[bool] = True
@@ -62,6 +64,10 @@ class PostgresqlImpl(DefaultImpl):
         # psycopg parses a statement of more than 50 parameters anew on every execution
         # (its cache stops there), a tenth of a 1000-row drain's time; one array, once.
         self.binds_arrays = psycopg
+        # psycopg 3's notifies wait, sync or asyncio; its dumpers send an array in binary
+        # without the escaping regex its text form runs element by element.
+        self.listens = dialect.driver == "psycopg"
+        self.binary_arrays = dialect.driver == "psycopg"
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """Sync psycopg's named (server-side) cursor."""

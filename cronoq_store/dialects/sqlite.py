@@ -35,6 +35,16 @@ class SQLiteImpl(DefaultImpl):
         """pysqlite's plain cursor (aiosqlite's only SQLAlchemy drives)."""
         return dbapi_connection.cursor() if self._pysqlite else None
 
+    def numbers_in_order(self, driver_connection: Any) -> bool:
+        """In one transaction (one begun, or one the driver begins before a write; not one per
+        row, the driver's autocommit), SQLite's single writer holds the write lock from the
+        first INSERT on: AUTOINCREMENT numbers the rows one after another."""
+        driver = driver_connection  # sqlite3's or aiosqlite's: both say so alike
+        if driver.in_transaction:
+            return True
+        legacy = getattr(driver, "autocommit", -1) == -1  # sqlite3.LEGACY_TRANSACTION_CONTROL
+        return bool(legacy and driver.isolation_level is not None)
+
     def interrupter(self, driver_connection: Any) -> Any:
         """`interrupt()`, which rolls back the transaction it stops (aiosqlite's connection
         once it runs)."""

@@ -76,6 +76,7 @@ PARTS = {
         "urls",
         "translation",
     ),
+    "inbox": ("statements", "enqueuing", "draining", "listening"),
     "testing": (
         "base",
         "config",

@@ -60,6 +60,7 @@ from cronoq_store import inbox as inbox_module
 from cronoq_store.aio import AsyncSqlStore, async_url
 from cronoq_store.schema import inbox, inbox_rejects, leader, tasks
 from cronoq_store.testing import AckLog, check, digest
+from cronoq_store.testing.statements import after_statements
 
 CONFIG = StoreConfig(lease_ttl=timedelta(seconds=5), inbox_poll=timedelta(milliseconds=20))
 
@@ -523,8 +524,10 @@ def test_enqueue_many_numbers_items_in_order_in_one_statement(
     """An empty list writes nothing; a large one (rich and plain specs mixed, Nones in every
     optional column) gets ascending ids in its order, and drains as given. PostgreSQL does it
     in one statement, its columns bound as arrays."""
-    statements: list[str] = []
-    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    statements: list[str] = []  # counted at the driver, where enqueue_many runs them
+    after_statements(engine, lambda _cursor, sql: statements.append(sql))
+    with engine.connect():  # a new connection's own settings (SQLite's PRAGMA) come first
+        statements.clear()
     with engine.begin() as conn:
         assert enqueue_many(conn, []) == []
     assert statements == [] and count(engine, inbox) == 0
@@ -555,6 +558,7 @@ def test_a_column_unset_in_every_spec_is_sent_as_one_null(
     sent: list[Any] = []
     event.listen(engine, "before_cursor_execute", lambda *a: sent.append(a[3]))
     with engine.begin() as conn:
+        conn.execution_options(cronoq_observed=True)  # through SQLAlchemy: its listener sees it
         ids = enqueue_many(conn, specs)
     assert [(i.inbox_id, i.spec) for i in store.read_inbox()] == list(zip(ids, specs, strict=True))
     if dialect == "postgresql":
@@ -580,7 +584,7 @@ def test_postgresql_core_statement_for_other_drivers(
             rows = [codec.spec_columns(inbox_module.UNIX, s) for s in specs]
             for notify in (True, False):
                 stmt = inbox_module.insert_many_stmt(notify=notify)
-                ids = conn.execute(stmt, inbox_module._arrays(rows)).scalars()
+                ids = conn.execute(stmt, inbox_module.arrays(rows)).scalars()
                 assert len(sorted(ids)) == 3
         stored = conn.execute(select(inbox).order_by(inbox.c.id)).mappings().all()
     expected = mixed * 2 + plain * 2

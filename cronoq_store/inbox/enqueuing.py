@@ -1,0 +1,433 @@
+"""The app's side: enqueue in the caller's own transaction, which this never commits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from sqlalchemy import (
+    Connection,
+    Insert,
+    Table,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Session
+
+from .. import codec, compat, dialects, execution
+from ..config import DEFAULT_MAX_PAYLOAD
+from ..errors import InvalidValue, SchemaError
+from ..model import TaskSpec
+from ..repository.folding import check_payload
+from ..schema import check_schema_name, inbox
+from .statements import (
+    EMPTY,
+    UNIX,
+    inbox_in,
+    insert_into_stmt,
+    insert_many_stmt,
+    insert_notify_stmt,
+    insert_one_stmt,
+    insert_stmt,
+    last_rowid_stmt,
+)
+
+if TYPE_CHECKING:  # sync users never import the asyncio extension
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+log = logging.getLogger("cronoq_store.inbox")  # the package's, as before its split
+
+
+_BINARY: dict[tuple[type[Dialect], str | None, bool], tuple[str, dict[str, Any]]] = {}
+
+
+def _binary(dialect: Dialect, schema: str | None, *, notify: bool) -> tuple[str, dict[str, Any]]:
+    """`insert_many_stmt` as psycopg's SQL with its arrays sent in binary (`%(a_...)b`), and
+    its other parameters' values: psycopg dumps a text array element by element through an
+    escaping regex, a binary one without (a third of the CPU of a 100-row enqueue_many)."""
+    key = (type(dialect), schema, notify)
+    hit = _BINARY.get(key)
+    if hit is None:
+        table = inbox if schema is None else inbox_in(schema)
+        compiled = insert_many_stmt(notify=notify, table=table).compile(dialect=dialect)
+        sql = str(compiled)
+        params = dict(compiled.construct_params({f"a_{n}": None for n in codec.SPEC_COLUMNS}))
+        for name in codec.SPEC_COLUMNS:
+            placeholder = f"%(a_{name})s"
+            if sql.count(placeholder) != 1:
+                raise RuntimeError(f"unexpected placeholder {placeholder} in {sql}")
+            sql = sql.replace(placeholder, f"%(a_{name})b")
+            del params[f"a_{name}"]
+        hit = _BINARY.setdefault(key, (sql, params))
+    return hit
+
+
+MAX_PAYLOAD_SETTING: Final = (
+    "enqueue's max_payload_bytes; the store's StoreConfig.max_payload_bytes"
+)
+
+
+def _rows(specs: Iterable[TaskSpec], max_payload: int | None) -> list[dict[str, Any]]:
+    """The inbox rows of `specs`; refuses (`InvalidValue`) any that cannot be stored, or
+    whose payload is longer than `max_payload`."""
+    if max_payload is not None and (
+        not isinstance(max_payload, int) or isinstance(max_payload, bool) or max_payload < 1
+    ):
+        raise InvalidValue("max_payload_bytes must be a positive int or None")
+    rows = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, TaskSpec):
+            raise InvalidValue(f"specs[{i}] must be a TaskSpec, not {type(spec).__name__}")
+        check_payload(spec.payload, max_payload, MAX_PAYLOAD_SETTING)
+        rows.append(codec.spec_columns(UNIX, spec))
+    return rows
+
+
+def arrays(rows: list[dict[str, Any]]) -> dict[str, list[Any] | None]:
+    """The arrays `insert_many_stmt` unnests, one per column. A column NULL (or, for a JSON
+    one, empty) in every row is sent as one NULL, which `unnest` pads to the rows' length:
+    most specs leave most fields unset, and psycopg dumps an array element by element."""
+    names = codec.SPEC_COLUMNS
+    if tuple(rows[0]) == names:  # `codec.spec_columns`' order: one transposition, in C
+        columns: Any = zip(*[row.values() for row in rows], strict=True)
+    else:
+        columns = ([row[name] for row in rows] for name in names)
+    arrays: dict[str, list[Any] | None] = {}
+    for name, values in zip(names, columns, strict=True):
+        unset = values.count(EMPTY.get(name))
+        arrays[f"a_{name}"] = None if unset == len(values) else list(values)
+    return arrays
+
+
+def _options(schema: str | None) -> Mapping[str, Any]:
+    if schema is None:
+        return {}
+    check_schema_name(schema)
+    return {"schema_translate_map": {None: schema}}
+
+
+def _write(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+) -> list[int]:
+    """Insert `rows` in order and return their ids; where the database `notifies`
+    (PostgreSQL), to `notify`, notify on commit, in the same round trip as the ids. What the
+    database does best is its class's to say (`dialects.dialect_of`)."""
+    if not rows:
+        return []
+    stmt = insert_stmt()
+    dialect = conn.dialect
+    impl = dialects.dialect_of(dialect)
+    notifies = impl.notifies
+    if len(rows) > 1 and notifies:  # PostgreSQL: one INSERT of unnested arrays
+        columns = arrays(rows)
+        if impl.binary_arrays:
+            sql, params = _binary(dialect, _schema(conn, options), notify=notify)
+            # On the driver's cursor (`execution.run`): SQLAlchemy's result fetched the ids
+            # a row at a time, a sixth of a 1000-row enqueue's CPU.
+            got = [row[0] for row in execution.run(conn, sql, {**params, **columns}).rows]
+        else:
+            result = conn.execute(
+                insert_many_stmt(notify=notify), columns, execution_options=options
+            )
+            got = list(result.scalars())
+        ids = sorted(got)  # numbered in row order (`insert_many_stmt`)
+    elif len(rows) > 1 and impl.numbers_in_order(conn.connection.driver_connection):
+        # SQLite: one executemany, no RETURNING (which SQLAlchemy runs a row at a time here
+        # to keep the order): its rows are numbered one after another, the last one
+        # `last_insert_rowid`.
+        execution.run_many(conn, insert_into_stmt(_table(options)), rows)
+        last = int(execution.run_stmt(conn, last_rowid_stmt()).rows[0][0])
+        ids = list(range(last - len(rows) + 1, last + 1))
+    elif len(rows) == 1 and dialects.says_lastrowid(dialect):
+        # SQLAlchemy's execution is most of a small enqueue's CPU: the driver's cursor runs
+        # the statement compiled once, unless something observes the connection's statements.
+        ids = [execution.inserted_id(conn, insert_into_stmt(_table(options)), rows[0])]
+    elif len(rows) == 1 and dialect.insert_returning:  # PostgreSQL: the notification with it
+        stmt = insert_one_stmt(_table(options), notify=notify and notifies)
+        ids = [int(_run_opening(conn, stmt, rows[0])[0][0])]
+    elif notifies and notify:
+        [row] = rows
+        ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
+    elif len(rows) > 1 and (returned := _values_returning(conn, rows, options)) is not None:
+        ids = sorted(returned)  # numbered in row order, as the rows go in
+    elif len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
+        ids = list(
+            conn.execute(
+                stmt.returning(inbox.c.id, sort_by_parameter_order=True),
+                rows,
+                execution_options=options,
+            ).scalars()
+        )
+    else:
+        ids = []
+        for row in rows:
+            key: Any = conn.execute(stmt, row, execution_options=options).inserted_primary_key
+            ids.append(int(key[0]))
+    return ids
+
+
+_BEGIN: Final = ("BEGIN", None, False)
+
+
+def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
+    """The rows of `stmt` run once with `params` (`execution.run_stmt`). Where it opens the
+    app's transaction on sync psycopg (`execution.pipelines`: nothing observes it), its BEGIN
+    leaves with it in one flight (`wire`): psycopg's own BEGIN is a round trip of its own, so
+    an enqueue that opens the transaction costs the app no round trip of its own."""
+    if not _opens(conn):
+        return execution.run_stmt(conn, stmt, params).rows
+    from .. import wire  # psycopg's: only a pipelined connection comes here
+
+    sql, getter = execution.driver_sql(conn, stmt, tuple(params))
+    values = params if getter is None else getter(params)
+    driver: Any = conn.connection.dbapi_connection
+    if driver.prepare_threshold is not None:
+        # Prepared once, as psycopg would from its fifth use: planned anew each time, a
+        # one-row enqueue cost the server more than the round trip saved. An app behind a
+        # transaction pooler turns psycopg's off (`prepare_threshold=None`): then so is this.
+        wire.prepare_on(driver)
+    try:
+        try:
+            answers = wire.run(driver, [_BEGIN, (sql, values, False)])
+        except wire.Failed as failed:
+            raise failed.error from None
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise compat.driver_error(conn, exc, sql) from exc
+    return answers[1][1]
+
+
+def _opens(conn: Connection) -> bool:
+    """Whether a statement now opens `conn`'s transaction on sync psycopg, whose BEGIN can
+    then leave with it (`_run_opening`; `execution.pipelines`: nothing observes it)."""
+    if not execution.pipelines(conn):
+        return False
+    driver: Any = conn.connection.dbapi_connection
+    if driver.info.transaction_status != _IDLE or driver.autocommit:
+        return False
+    # psycopg's own BEGIN would carry the app's isolation level, read-only or deferrable
+    # setting: those transactions begin as psycopg begins them.
+    return driver.isolation_level is None and driver.read_only is None and not driver.deferrable
+
+
+_IDLE: Final = 0
+"""libpq's PQTRANS_IDLE: no transaction open on the server yet."""
+
+
+def _values_returning(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any]
+) -> list[Any] | None:
+    """MariaDB: the ids of `rows`, inserted by one INSERT ... VALUES of every row, RETURNING
+    (`execution.insert_returning`), or None where that is not to be had."""
+    if not conn.dialect.insert_returning:
+        return None
+    table = _table(options)
+    return execution.insert_returning(conn, insert_into_stmt(table), table.c.id, rows)
+
+
+def _table(options: Mapping[str, Any]) -> Table:
+    """The inbox, or for a `schema=` argument the inbox in that schema."""
+    return inbox if not options else inbox_in(options["schema_translate_map"][None])
+
+
+def _write_or_explain(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+) -> list[int]:
+    """`_write`, its driver errors translated: where the inbox table is not, a `SchemaError`
+    naming the schema searched and `schema=` (an app's usual slip is to leave it out)."""
+    try:
+        return _write(conn, rows, options, notify=notify)
+    except sa_exc.DBAPIError as exc:
+        if not dialects.missing_table(exc):
+            raise dialects.translate(exc) from exc
+        dialects.hide_parameters(exc)
+        given = (options.get("schema_translate_map") or {}).get(None)
+        raise SchemaError(
+            f"no table {inbox.name} in {_searched(conn, given)}: pass enqueue(..., schema=) "
+            f"the schema of the store's tables (its StoreConfig.schema), or create them there "
+            f"(`cronoq-store upgrade`)"
+        ) from exc
+    except sa_exc.SQLAlchemyError as exc:
+        raise dialects.translate(exc) from exc
+
+
+def _searched(conn: Connection, given: str | None) -> str:
+    """Where a statement without a schema looked: the schema given, or the connection's own."""
+    kind = dialects.dialect_of(conn).schema_word
+    if kind is None:
+        return "this SQLite database"
+    if given is not None:
+        return f"{kind} {given!r} (schema=)"
+    return f"{kind} {conn.dialect.default_schema_name!r} (the connection's default; no schema=)"
+
+
+def _schema(conn: Connection, options: Mapping[str, Any]) -> str | None:
+    """The schema a statement without one is translated to by `options` or by `conn`."""
+    translate = options.get("schema_translate_map") or conn.get_execution_options().get(
+        "schema_translate_map"
+    )
+    schema: str | None = (translate or {}).get(None)
+    return schema
+
+
+def _connection(conn: Connection | Session) -> Connection:
+    if isinstance(conn, Session):
+        return conn.connection()  # joins (or begins) the session's transaction
+    if isinstance(conn, Connection):
+        return conn
+    raise InvalidValue(f"enqueue needs a Connection or Session, not {type(conn).__name__}")
+
+
+def enqueue(
+    conn: Connection | Session,
+    spec: TaskSpec,
+    *,
+    schema: str | None = None,
+    notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+) -> int:
+    """Write `spec` into the inbox in the caller's transaction.
+
+    Never commits: the item exists once the caller's transaction commits, and a rollback leaves
+    no trace.
+
+    PostgreSQL: the transaction also notifies a listening leader when it commits, unless not
+    `notify`. A notifying commit holds a database-wide lock through its WAL flush, so where
+    commits are slow such commits run one at a time (docs/tuning.md, "Waking the leader").
+    Without it the leader finds the item by its probe: every `StoreConfig.inbox_poll` when it
+    polls (`inbox_listen=False`, or `transaction_pooler=True`, behind which no notification
+    arrives anyway); within `SLOW_CHECK_S` if it listens.
+
+    Args:
+        conn: The app's `Connection`, or its ORM `Session` (its transaction is joined).
+        spec: The task to create once a leader drains the inbox.
+        schema: The PostgreSQL schema (MySQL database) of the store's tables, if any: the
+            store's `StoreConfig.schema`.
+        notify: PostgreSQL: wake a listening leader when the transaction commits (above).
+        max_payload_bytes: The longest payload accepted (`InvalidValue` past it): the
+            store's `StoreConfig.max_payload_bytes` (16 MiB by default), whose leader sets
+            aside an item longer than its own; None accepts any.
+
+    Returns:
+        The item's inbox id.
+
+    Raises:
+        InvalidValue: A spec that cannot be stored (a payload over `max_payload_bytes`
+            among them), a bad `schema`, or `conn` of another type (before anything is
+            written).
+        SchemaError: No cronoq inbox table where the statement looked: the message names
+            the schema searched (usually a store in a schema and no `schema=`).
+        StoreUnavailable: The database could not be reached (the caller's transaction
+            is then the caller's to roll back).
+        StoreError: Anything else the database refused; never a driver exception.
+    """
+    return enqueue_many(
+        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
+    )[0]
+
+
+def enqueue_many(
+    conn: Connection | Session,
+    specs: Iterable[TaskSpec],
+    *,
+    schema: str | None = None,
+    notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+) -> list[int]:
+    """`enqueue` for several specs at once (all or none), in the caller's transaction.
+
+    Args:
+        conn: The app's `Connection`, or its ORM `Session`.
+        specs: The tasks, in order.
+        schema: As for `enqueue` (the store's `StoreConfig.schema`).
+        notify: As for `enqueue`: one notification for them all.
+        max_payload_bytes: As for `enqueue`, for each spec.
+
+    Returns:
+        Their inbox ids, in order.
+
+    Raises:
+        InvalidValue: As for `enqueue`: nothing is written when any spec is refused.
+        SchemaError: As for `enqueue`.
+        StoreUnavailable: As for `enqueue`.
+        StoreError: As for `enqueue`; never a driver exception.
+    """
+    rows = _rows(specs, max_payload_bytes)
+    options = _options(schema)
+    return _write_or_explain(_connection(conn), rows, options, notify=_notify(notify))
+
+
+def _notify(notify: object) -> bool:
+    if not isinstance(notify, bool):
+        raise InvalidValue(f"notify must be a bool, not {type(notify).__name__}")
+    return notify
+
+
+async def enqueue_async(
+    conn: AsyncConnection | AsyncSession,
+    spec: TaskSpec,
+    *,
+    schema: str | None = None,
+    notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+) -> int:
+    """`enqueue` awaited, on an asyncio `AsyncConnection` or `AsyncSession`.
+
+    Args:
+        conn: The app's `AsyncConnection`, or its `AsyncSession` (whose transaction it joins).
+        spec: As for `enqueue`, and so are the arguments below.
+        schema: The store's `StoreConfig.schema`, if any.
+        notify: Whether a listening leader wakes on the commit (PostgreSQL).
+        max_payload_bytes: The longest payload accepted.
+
+    Returns:
+        The item's inbox id.
+
+    Raises:
+        StoreError: Whatever `enqueue` raises, for the same reasons (`InvalidValue` also for
+            a `conn` of another type; `SchemaError`, `StoreUnavailable`).
+    """
+    ids = await enqueue_many_async(
+        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
+    )
+    return ids[0]
+
+
+async def enqueue_many_async(
+    conn: AsyncConnection | AsyncSession,
+    specs: Iterable[TaskSpec],
+    *,
+    schema: str | None = None,
+    notify: bool = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+) -> list[int]:
+    """`enqueue_many` awaited: several specs (all or none) on an `AsyncConnection` or
+    `AsyncSession`, as `enqueue_async` writes one.
+
+    Args:
+        conn: The app's asyncio connection or session, as for `enqueue_async`.
+        specs: The tasks, in order.
+        schema: As for `enqueue_async`.
+        notify: As for `enqueue_async`.
+        max_payload_bytes: As for `enqueue_async`, for each spec.
+
+    Returns:
+        Their inbox ids, in order.
+
+    Raises:
+        StoreError: Whatever `enqueue_many` raises (`InvalidValue` also for a `conn` of
+            another type).
+    """
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    rows = _rows(specs, max_payload_bytes)
+    options = _options(schema)
+    notify = _notify(notify)
+    if isinstance(conn, AsyncSession):
+        conn = await conn.connection()
+    if not isinstance(conn, AsyncConnection):
+        raise InvalidValue(
+            f"enqueue_many_async needs an AsyncConnection or AsyncSession, "
+            f"not {type(conn).__name__}"
+        )
+    return await conn.run_sync(lambda c: _write_or_explain(c, rows, options, notify=notify))

@@ -1,0 +1,128 @@
+"""An app's `enqueue` in its own transaction costs the app no round trip of its own.
+
+Counted, never timed: on PostgreSQL by a proxy that counts the client's Sync and Query
+messages (`test_round_trips.SyncCounter`: each waits for its ReadyForQuery), on MariaDB by
+the server's own count of statements (`Questions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import URL, Connection, create_engine
+from test_round_trips import SyncCounter
+
+from cronoq_store import SqlStore, TaskSpec, enqueue
+
+SPEC = TaskSpec(payload=b"x" * 100, kind="job")
+WARM = 6
+"""Transactions run before counting: psycopg prepares a statement on its fifth use."""
+
+
+def _app_insert(conn: Connection) -> None:
+    conn.exec_driver_sql("INSERT INTO app_rows (v) VALUES (1)")
+
+
+def _counts(
+    conn: Connection, count: Callable[[], int], bodies: dict[str, Callable[[Connection], Any]]
+) -> dict[str, list[int]]:
+    """Round trips of each body's transaction (begin, body, commit), three times each."""
+    conn.exec_driver_sql(
+        "CREATE TABLE app_rows (id INTEGER PRIMARY KEY AUTO_INCREMENT, v INT)"
+        if conn.dialect.name == "mysql"
+        else "CREATE TABLE app_rows (id serial PRIMARY KEY, v int)"
+    )
+    conn.commit()
+    found: dict[str, list[int]] = {}
+    for name, body in bodies.items():
+        for _ in range(WARM):
+            conn.begin()
+            body(conn)
+            conn.commit()
+        found[name] = []
+        for _ in range(3):
+            before = count()
+            conn.begin()
+            body(conn)
+            conn.commit()
+            found[name].append(count() - before)
+    return found
+
+
+BODIES: dict[str, Callable[[Connection], Any]] = {
+    "app": _app_insert,
+    "enqueue": lambda conn: enqueue(conn, SPEC),
+    "enqueue, then app": lambda conn: (enqueue(conn, SPEC), _app_insert(conn)),
+}
+
+
+def test_an_enqueue_that_opens_the_transaction_rides_its_begin(dialect: str, db_url: URL) -> None:
+    """PostgreSQL: psycopg sends its BEGIN as a round trip of its own; an enqueue that opens
+    the app's transaction sends it in the same flight as its INSERT, so the app's
+    BEGIN/INSERT/COMMIT with an enqueue costs what it costs without (3), and a transaction
+    of an enqueue alone 2."""
+    if dialect != "postgresql":
+        pytest.skip("psycopg's BEGIN: PostgreSQL")
+    SqlStore.open(db_url).close()  # the tables
+    proxy = SyncCounter(db_url.host or "127.0.0.1", db_url.port or 5432)
+    url = db_url.set(host="127.0.0.1", port=proxy.port).update_query_dict(
+        {"sslmode": "disable", "gssencmode": "disable"}
+    )
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            counts = _counts(conn, lambda: proxy.syncs, BODIES)
+    finally:
+        engine.dispose()
+        proxy.close()
+    assert counts == {"app": [3, 3, 3], "enqueue": [2, 2, 2], "enqueue, then app": [3, 3, 3]}
+
+
+def test_an_enqueue_is_one_statement_on_mariadb(dialect: str, db_url: URL) -> None:
+    """MariaDB: an enqueue is its INSERT alone (the id comes with its answer), counted by
+    the server: the transaction of an enqueue costs what the app's own INSERT + COMMIT
+    does."""
+    if dialect != "mysql":
+        pytest.skip("the server's Questions: MariaDB")
+    SqlStore.open(db_url).close()
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+
+            def questions() -> int:
+                """The session's statements so far, on the driver's cursor (no SQLAlchemy
+                transaction begins), this SHOW not counted."""
+                cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+                cursor.execute("SHOW SESSION STATUS LIKE 'Questions'")
+                seen = int(cursor.fetchone()[1]) - 1
+                cursor.close()
+                return seen
+
+            counts = _counts(conn, questions, BODIES)
+    finally:
+        engine.dispose()
+    # INSERT, COMMIT and one SHOW: an enqueue is one statement, as the app's INSERT is
+    assert counts == {"app": [3, 3, 3], "enqueue": [3, 3, 3], "enqueue, then app": [4, 4, 4]}
+
+
+@pytest.mark.parametrize("isolation", ["SERIALIZABLE", "REPEATABLE READ"])
+def test_an_opening_enqueue_keeps_the_apps_isolation_level(
+    dialect: str, db_url: URL, isolation: str
+) -> None:
+    """An app engine with its own isolation level: the enqueue that opens the transaction
+    leaves the BEGIN to psycopg, which carries that level (a plain BEGIN would not)."""
+    if dialect != "postgresql":
+        pytest.skip("psycopg's BEGIN: PostgreSQL")
+    SqlStore.open(db_url).close()
+    engine = create_engine(db_url, isolation_level=isolation)
+    try:
+        with engine.connect() as conn:
+            conn.begin()
+            enqueue(conn, SPEC)
+            level = conn.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+            conn.commit()
+    finally:
+        engine.dispose()
+    assert level == isolation.lower()

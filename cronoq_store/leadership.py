@@ -327,6 +327,13 @@ class Leadership(Generic[K]):
         self.sent += 1
         return self.sent, self.acked
 
+    def begin_commit(self, epoch: int) -> tuple[int, int] | None:
+        """`next_commit` when a commit under `epoch` may be tried (`may_commit`), else None."""
+        if self.lost or epoch != self.epoch:
+            return None
+        self.sent += 1
+        return self.sent, self.acked
+
     def lose(self, *, keeper: K | None = None, epoch: int | None = None) -> Lost[K] | None:
         """Step down, once: a `Lost`, or None when already lost or when the news is stale (from
         a `keeper` that no longer keeps the current lease, still finishing a hung renewal, or a

@@ -35,10 +35,10 @@ from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, execution, face, inbox, lease, migrate
+from . import dialects, execution, face, inbox, migrate
 from .config import StoreConfig
 from .durability import Durability
-from .errors import InvalidValue, StoreError, StoreUnavailable
+from .errors import InvalidValue, StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
 from .face import Op, Outputs, Step, Steps, engines, transactions
 from .face.transactions import Commit
@@ -328,21 +328,25 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
 
     async def _run_commit(self, c: Commit) -> None:
         """As `SqlStore._run_commit` (`transactions.commit` inside `run_sync`)."""
-        tx = self._commit_tx
-        bound = None if tx.deadline is None else tx.deadline.total_seconds()
-        with face.translated(), execution.bounded(bound) as armed:
-            if not self._holds:
-                async with self.engine.connect() as conn:
-                    return await conn.run_sync(transactions.commit, c, tx, armed)
-            conn = await self._held_connection()
-            try:
-                await conn.run_sync(transactions.commit, c, tx, armed)
-            except BaseException:
-                await conn.close()
+        commit, tx = transactions.commit, self._commit_tx
+        try:
+            with execution.bounded(self._commit_bound) as armed:
+                if not self._holds:
+                    async with self.engine.connect() as conn:
+                        return await conn.run_sync(commit, c, tx, armed)
+                conn = await self._held_connection()
+                try:
+                    await conn.run_sync(commit, c, tx, armed)
+                except BaseException:
+                    await conn.close()
+                    raise
+                if not self._keep_held(conn):
+                    await conn.close()
+        except transactions.DATABASE_ERRORS as exc:
+            if (error := transactions.translate(exc)) is exc:
                 raise
-            if not self._keep_held(conn):
-                await conn.close()
-            return None
+            raise error from exc
+        return None
 
     async def _held_connection(self) -> AsyncConnection:
         held = self._take_held()
@@ -407,31 +411,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """
         return await _wait(self._lost, timeout)
 
-    async def _lose(
-        self,
-        why: str | StoreError,
-        level: int = logging.ERROR,
-        *,
-        about: AsyncKeeper | int | None = None,
-        released: bool = False,
-    ) -> None:
-        """Step down (once), then await the callbacks (`_step_down` decides, with no await);
-        `released` when by choice, else lost for `why`."""
-        callbacks = self._step_down(why, level, about, released)
-        await self._close_held(lost=not released)
-        for callback in callbacks:
-            try:
-                if inspect.isawaitable(result := callback()):
-                    await result
-            except Exception:
-                log.exception("leadership-lost callback failed")
-
-    async def _try_take(
-        self, ttl_ns: int, bound: timedelta | None
-    ) -> lease.Lease | StoreUnavailable | None:
-        """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
-        return await self._drive(self._taking(ttl_ns, bound))
-
     async def acquire_leadership(self, timeout: float | None = None) -> int:
         """Wait until this instance leads; returns the new fencing epoch.
 
@@ -450,10 +429,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
         return await self._drive(self._acquiring(timeout))
-
-    async def _renew(self, epoch: int) -> bool:
-        """One renewal of our lease (the keeper's); False once another instance took it."""
-        return await self._drive(self._renewing(epoch))
 
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

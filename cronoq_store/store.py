@@ -29,7 +29,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine
 from . import execution, face, inbox, lease, migrate
 from .config import MAX_WAIT, StoreConfig
 from .durability import Durability
-from .errors import InvalidValue, StoreError, StoreUnavailable
+from .errors import InvalidValue, StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
 from .face import Op, Outputs, Step, Steps, engines, transactions
 from .face.transactions import Commit
@@ -196,22 +196,25 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
 
     def _run_commit(self, c: Commit) -> None:
         """`c` (`transactions.commit`) on the connection the last commit kept, if any
-        (`face.Face._keep_held`), or a new one, kept again after."""
-        tx = self._commit_tx
-        bound = None if tx.deadline is None else tx.deadline.total_seconds()
-        with face.translated(), execution.bounded(bound) as armed:
-            if not self._holds:
-                with self.engine.connect() as conn:
-                    return transactions.commit(conn, c, tx, armed)
-            conn = self._held_connection()
-            try:
-                transactions.commit(conn, c, tx, armed)
-            except BaseException:
-                conn.close()
+        (`face.Face._keep_held`), or a new one, kept again after; errors translated."""
+        try:
+            with execution.bounded(self._commit_bound) as armed:
+                if not self._holds:
+                    with self.engine.connect() as conn:
+                        return transactions.commit(conn, c, self._commit_tx, armed)
+                conn = self._held_connection()
+                try:
+                    transactions.commit(conn, c, self._commit_tx, armed)
+                except BaseException:
+                    conn.close()
+                    raise
+                if not self._keep_held(conn):
+                    conn.close()
+        except transactions.DATABASE_ERRORS as exc:
+            if (error := transactions.translate(exc)) is exc:
                 raise
-            if not self._keep_held(conn):
-                conn.close()
-            return None
+            raise error from exc
+        return None
 
     def _held_connection(self) -> Connection:
         held = self._take_held()
@@ -270,30 +273,6 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """
         return self._lost.wait(timeout)
 
-    def _lose(
-        self,
-        why: str | StoreError,
-        level: int = logging.ERROR,
-        *,
-        about: lease.Keeper | int | None = None,
-        released: bool = False,
-    ) -> None:
-        """Step down (once), then call the callbacks (`_step_down` decides); `released` when
-        by choice, else lost for `why` (a keeper's reason or the error that showed it)."""
-        callbacks = self._step_down(why, level, about, released)
-        self._close_held(lost=not released)
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("leadership-lost callback failed")
-
-    def _try_take(
-        self, ttl_ns: int, bound: timedelta | None
-    ) -> lease.Lease | StoreUnavailable | None:
-        """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
-        return self._drive(self._taking(ttl_ns, bound))
-
     def acquire_leadership(self, timeout: float | None = None) -> int:
         """Block until this instance leads; returns the new fencing epoch.
 
@@ -313,10 +292,6 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
         return self._drive(self._acquiring(timeout))
-
-    def _renew(self, epoch: int) -> bool:
-        """One renewal of our lease (the keeper's); False once another instance took it."""
-        return self._drive(self._renewing(epoch))
 
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)

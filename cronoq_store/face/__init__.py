@@ -143,7 +143,7 @@ class _Keeper(Protocol):
 
 E = TypeVar("E", bound=_Engine)
 K = TypeVar("K", bound=_Keeper)
-C = TypeVar("C")
+C = TypeVar("C", bound=Callable[[], object])
 H = TypeVar("H")
 
 
@@ -219,6 +219,8 @@ class Face(Generic[E, K, C, H]):
         made on an app's engine reads it with `read_durability`)."""
         self._commit_tx = plan("commit", self.config)
         """How every commit runs (`transactions.plan`), worked out once."""
+        deadline = self._commit_tx.deadline
+        self._commit_bound = None if deadline is None else deadline.total_seconds()
         self._ttl_ns = ns(self.config.lease_ttl)
         self._max_payload = self.config.max_payload_bytes
         self._telemetry = telemetry.Telemetry(dialects.name(self.engine.dialect))
@@ -457,19 +459,47 @@ class Face(Generic[E, K, C, H]):
         about: K | int | None = None,
         released: bool = False,
     ) -> Any:
-        """Step down (once), then call the callbacks (`_step_down` decides)."""
+        """Step down (once), then call the callbacks (`_losing`, driven: on the asyncio face
+        what returns is awaited)."""
+        return self._drive(self._losing(why, level, about, released))
+
+    def _losing(
+        self, why: str | StoreError, level: int, about: K | int | None, released: bool
+    ) -> Steps[None]:
+        """Step down (once: `_step_down` decides), close the kept connection (after a loss
+        without a word to the server, which may be cut off), then call each callback (the
+        asyncio face awaits a coroutine it returns); a callback that fails only logs.
+        `released` when by choice, else lost for `why` (a keeper's reason or the error that
+        showed it)."""
+        callbacks = self._step_down(why, level, about, released)
+        yield partial(self._close_held, lost=not released)
+        for callback in callbacks:
+            try:
+                yield callback
+            except Exception:
+                self._log.exception("leadership-lost callback failed")
+
+    def _try_take(self, ttl_ns: int, bound: timedelta | None) -> Any:
+        """One attempt at the lease, within `bound`: taken, held (None), or unreachable
+        (`_taking`, driven)."""
+        return self._drive(self._taking(ttl_ns, bound))
+
+    def _renew(self, epoch: int) -> Any:
+        """One renewal of our lease (the keeper's: `_renewing`, driven); False once another
+        instance took it."""
+        return self._drive(self._renewing(epoch))
+
+    def _drive(self, steps: Steps[T]) -> Any:
+        """Run what `steps` asks for, in turn: blocking, or awaiting (what returns is then
+        awaited)."""
+        raise NotImplementedError
+
+    def _close_held(self, *, lost: bool = False) -> Any:
+        """Close the kept connection (`lost`: without a word to the server)."""
         raise NotImplementedError
 
     def _stop(self, within: float | None = None) -> Any:
         """Stop the keeper (waiting for it up to `within` seconds)."""
-        raise NotImplementedError
-
-    def _try_take(self, ttl_ns: int, bound: timedelta | None) -> Any:
-        """One attempt at the lease, within `bound` (`_taking`, driven)."""
-        raise NotImplementedError
-
-    def _renew(self, epoch: int) -> Any:
-        """One renewal (`_renewing`, driven)."""
         raise NotImplementedError
 
     def _sleep(self, seconds: float) -> Any:

@@ -45,19 +45,28 @@ def lease_bound(config: StoreConfig, deadline: timedelta | None) -> timedelta:
     return bound if deadline is None else min(deadline, bound)
 
 
+DATABASE_ERRORS: Final = (StoreError, sa_exc.SQLAlchemyError, OSError)
+"""What `translate` makes a `StoreError` of."""
+
+
+def translate(exc: BaseException) -> BaseException:
+    """The `StoreError` that `exc` (one of `DATABASE_ERRORS`) leaves the store as: `exc`
+    itself when it is one already (`dialects.translate` strips task data from its chain)."""
+    error = dialects.translate(exc)
+    if error is not exc and isinstance(exc, sa_exc.IntegrityError):
+        return StoreError(f"the batch conflicts with stored tasks (a live key in use?): {error}")
+    return error
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
     """Every database error leaves the store as a `StoreError` (sync and asyncio alike)."""
     try:
         yield
-    except (StoreError, sa_exc.SQLAlchemyError, OSError) as exc:
-        error = dialects.translate(exc)  # which also strips task data from exc's chain
+    except DATABASE_ERRORS as exc:
+        error = translate(exc)
         if error is exc:
             raise
-        if isinstance(exc, sa_exc.IntegrityError):
-            error = StoreError(
-                f"the batch conflicts with stored tasks (a live key in use?): {error}"
-            )
         raise error from exc
 
 

@@ -52,6 +52,7 @@ from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnEleme
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from . import compat
+from .dialects.base import dialect_of
 from .errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,8 @@ def stream(conn: Connection, stmt: Select[Any], size: int) -> Generator[Sequence
     recovery. An observed connection (`observed`), or a driver with no such cursor known
     here, streams through SQLAlchemy's result.
     """
-    cursor = None if observed(conn) else _streaming_cursor(conn)
+    impl = dialect_of(conn)
+    cursor = None if observed(conn) else impl.streaming_cursor(conn.connection.dbapi_connection)
     if cursor is None:
         result = conn.execute(stmt.execution_options(yield_per=size))
         try:
@@ -310,35 +312,8 @@ def stream(conn: Connection, stmt: Select[Any], size: int) -> Generator[Sequence
         raise compat.driver_error(conn, exc, sql, cursor=cursor) from exc
     finally:
         if conn.invalidated:  # lost: nothing is left to read or close on the server
-            _abandon(cursor)
+            impl.abandon(cursor)
         cursor.close()
-
-
-def _abandon(cursor: Any) -> None:
-    """Mark a PyMySQL unbuffered result of a lost connection finished. Closed, or collected,
-    it would read the rest of the result from the closed socket and fail (an AttributeError,
-    "Exception ignored" when collected: PyMySQL pull request #810, open); any other cursor
-    closes without the server."""
-    result = getattr(cursor, "_result", None)
-    if getattr(result, "unbuffered_active", False):
-        result.unbuffered_active = False  # type: ignore[union-attr]
-
-
-_cursor_names = itertools.count()
-
-
-def _streaming_cursor(conn: Connection) -> Any:
-    """A DB-API cursor of `conn` that fetches a chunk at a time (None where none is known):
-    psycopg's named (server-side) cursor, PyMySQL's unbuffered one, SQLite's plain one."""
-    dbapi_conn: Any = conn.connection.dbapi_connection
-    dialect = conn.dialect
-    if dialect.name == "sqlite" and dialect.driver == "pysqlite":
-        return dbapi_conn.cursor()
-    if _can_copy(conn):  # sync psycopg
-        return dbapi_conn.cursor(name=f"cronoq_stream_{next(_cursor_names)}")
-    if dialect.name in ("mysql", "mariadb") and dialect.driver == "pymysql":
-        return dbapi_conn.cursor(dialect.loaded_dbapi.cursors.SSCursor)
-    return None
 
 
 PING_IDLE: Final = 1.0
@@ -388,17 +363,15 @@ def _bind_current(dialect: Dialect, dbapi_connection: Any) -> None:
     pinged): a ping of a connection whose server went silent waits no longer than it."""
     deadline = _BOUND.get()
     if deadline is not None:
-        from .dialects import sessions  # it imports this module
-
         driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
-        WATCHDOG.bind(deadline, sessions.interrupter_of(dialect, driver))
+        WATCHDOG.bind(deadline, dialect_of(dialect).interrupter(driver))
 
 
 def still_there(conn: Connection) -> bool:
     """Whether `conn`, kept checked out while unused for `PING_IDLE` or longer, may be used:
     the check the pool makes of an idle connection at checkout (`ping_when_idle`), for one
     that never went back to it. A lost one is invalidated. SQLite's is never lost."""
-    if conn.dialect.name == "sqlite":
+    if not dialect_of(conn).loses_connections:
         return True
     dbapi_conn = conn.connection.dbapi_connection
     _bind_current(conn.dialect, dbapi_conn)
@@ -616,8 +589,7 @@ def bound_connects(engine: Engine, key: str, *, whole: bool) -> None:
 def pipelines(conn: Connection) -> bool:
     """Whether `conn` can send statements without waiting for each answer: sync psycopg's
     pipeline mode, on the DB-API cursor (`run`'s path: nothing observes the connection)."""
-    dialect = conn.dialect
-    return dialect.driver == "psycopg" and not dialect.is_async and not observed(conn)
+    return dialect_of(conn).pipelined and not observed(conn)
 
 
 def ended(conn: Connection) -> bool:
@@ -829,7 +801,7 @@ def run_in(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[
     compiled once with that many plain placeholders, instead of rendering the placeholders on
     every execution (a third of a batch-1 commit's statement overhead).
     """
-    if _binds_arrays(conn):
+    if dialect_of(conn).binds_arrays:
         return run_stmt(conn, _in_as_any(stmt), {"ids": list(ids)})
     count = len(ids)
     if count != IN_CHUNK and not 0 < count <= SMALL_IN:
@@ -852,14 +824,6 @@ def run_in(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequence[
     if names_or_none is None:
         return run(conn, sql, tuple(ids))
     return run(conn, sql, dict(zip(names_or_none, ids, strict=True)))
-
-
-def _binds_arrays(conn: Connection) -> bool:
-    """Whether an IN list runs better as one array parameter (`_in_as_any`): psycopg parses a
-    statement of more than 50 parameters anew on every execution (its cache stops there), a
-    tenth of a 1000-row drain's time; a statement of one array it parses once."""
-    dialect = conn.dialect
-    return dialect.name == "postgresql" and dialect.driver in ("psycopg", "psycopg_async")
 
 
 @cache
@@ -885,15 +849,6 @@ def _expanded(conn: Connection, stmt: Select[Any] | Update | Delete, ids: Sequen
     """`stmt` with its IN list rendered for `ids` by SQLAlchemy (any length)."""
     result = conn.execute(stmt, {"ids": list(ids)})
     return Ran(counted(result.rowcount), result.all() if result.returns_rows else [])
-
-
-def _can_copy(conn: Connection) -> bool:
-    """Whether `conn` is sync psycopg, whose COPY FROM STDIN loads rows fastest."""
-    return (
-        conn.dialect.name == "postgresql"
-        and conn.dialect.driver == "psycopg"
-        and not conn.dialect.is_async
-    )
 
 
 def _copy_sql(conn: Connection, stmt: Insert, columns: Sequence[str]) -> str:
@@ -943,16 +898,14 @@ def insert_many(conn: Connection, stmt: Insert, rows: Sequence[Mapping[str, Any]
     reaches no statement listener, so an observed connection (`observed`) inserts
     with executemany, which they see.
     """
-    if len(rows) < 2 or not _can_copy(conn) or observed(conn):
+    impl = dialect_of(conn)
+    if len(rows) < 2 or not impl.copies or observed(conn):
         run_many(conn, stmt, rows)
         return
     copy_sql, getter = _copy_form(conn, stmt, tuple(rows[0]))
     cursor: Any = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        with cursor.copy(copy_sql) as copy:
-            write = copy.write_row
-            for row in rows:
-                write(getter(row))
+        impl.copy_rows(cursor, copy_sql, rows, getter)
     except conn.dialect.loaded_dbapi.Error as exc:
         raise compat.driver_error(conn, exc, copy_sql, cursor=cursor) from exc
     finally:

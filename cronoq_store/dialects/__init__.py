@@ -1,24 +1,33 @@
 """Every difference between SQLite, PostgreSQL and MariaDB/MySQL that the store must know.
 
 Everything else is dialect-neutral Core. Keep this package small: when a difference can be
-expressed portably, it does not belong here. Its rooms: `statements` (what each dialect
-writes its own way), `sessions` (what each session is told, and how it is interrupted),
-`locks` (the migration lock), `urls` (parsing, checks, advice, redaction) and `translation`
-(errors in the store's terms). Callers use the names here, as `dialects.X`.
+expressed portably, it does not belong here. Each database is one class (`base.DefaultImpl`
+and its subclasses in `sqlite`, `postgresql`, `mysql`), chosen once per engine
+(`dialect_of`): what a database does differently is a method override there. The other
+rooms: `statements` (what each dialect writes its own way), `sessions` (what each session
+is told), `sockets` (shutting a session's socket down), `locks` (the migration lock), `urls`
+(parsing, checks, advice, redaction) and `translation` (errors in the store's terms).
+Callers use the names here, as `dialects.X`.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "DefaultImpl",
     "configure_sqlite",
+    "dialect_of",
     "redact",
     "translate",
 ]
 
+from .base import DefaultImpl as DefaultImpl
+from .base import dialect_of as dialect_of
 from .locks import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
 from .locks import MIGRATION_LOCK_NAME as MIGRATION_LOCK_NAME
 from .locks import MIGRATION_LOCK_TIMEOUT_S as MIGRATION_LOCK_TIMEOUT_S
 from .locks import migration_lock as migration_lock
+from .mysql import MySQLImpl as MySQLImpl
+from .postgresql import PostgresqlImpl as PostgresqlImpl
 from .sessions import IDLE_INFO as IDLE_INFO
 from .sessions import READ_ONLY as READ_ONLY
 from .sessions import bound as bound
@@ -32,6 +41,7 @@ from .sessions import net_options as net_options
 from .sessions import pool_options as pool_options
 from .sessions import reset_after_commit as reset_after_commit
 from .sessions import tune_sockets as tune_sockets
+from .sqlite import SQLiteImpl as SQLiteImpl
 from .statements import Vacuum as Vacuum
 from .statements import create_database as create_database
 from .statements import database_exists as database_exists

@@ -17,8 +17,9 @@ from sqlalchemy import URL, Connection, Engine, Select, bindparam, event, func, 
 from sqlalchemy.engine.interfaces import Dialect
 
 from .. import execution
+from .base import dialect_of
+from .sqlite import SQLITE_TRANSIENT
 from .statements import name
-from .translation import SQLITE_TRANSIENT
 
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
 
@@ -252,69 +253,15 @@ def interrupter(conn: Connection) -> Callable[[], None] | None:
 
 def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:
     """How another thread stops whatever the session of `driver` (a driver's connection)
-    waits on (None: no way known), for an operation's deadline (`execution.Watchdog`). Safe
-    to call from any thread, and it never blocks: no new connection to the server.
+    waits on (None: no way known), for an operation's deadline (`execution.Watchdog`): the
+    database class's `interrupter` (`dialect_of`). Safe to call from any thread, and it never
+    blocks: no new connection to the server.
 
     PostgreSQL (psycopg, sync and asyncio) and MariaDB/MySQL (PyMySQL, asyncmy): the socket is
-    shut down, so the blocked read fails at once as a lost connection, whether or not the
-    server can still be reached. (psycopg's `cancel()` sends a cancel request on a connection
-    of its own: to a server cut off silently, it waited as long as the network let it, holding
-    the GIL, and every thread of the process stood still.) The server ends the transaction
-    when it notices the socket closed, or when its own bounds end the statement
-    (`bound`); until then a COMMIT that was sent may still land, so its outcome is unknown.
-    SQLite: `interrupt()`, which rolls back the transaction it stops.
+    shut down, so the blocked read fails at once as a lost connection. SQLite: `interrupt()`,
+    which rolls back the transaction it stops.
     """
-    which = name(dialect)
-    if which == "postgresql":
-        pgconn = getattr(driver, "pgconn", None)
-        return None if pgconn is None else functools.partial(_shut_pgconn, pgconn)
-    if which == "sqlite":
-        if not isinstance(driver, sqlite3.Connection):
-            driver = getattr(driver, "_conn", None)  # aiosqlite's, once it runs
-        return driver.interrupt if isinstance(driver, sqlite3.Connection) else None
-    if which == "mysql":
-        sock = getattr(driver, "_sock", None)  # PyMySQL's
-        if isinstance(sock, socket.socket):
-            return functools.partial(_shut, sock)
-        transport = getattr(driver, "_transport", None)  # asyncmy's asyncio transport
-        if transport is not None:
-            return functools.partial(_shut_transport, transport)
-    return None
-
-
-def _shut_transport(transport: Any) -> None:
-    """Shut down an asyncio transport's socket, read afresh (a closed one has none)."""
-    raw = transport.get_extra_info("socket")
-    if raw is not None:
-        _shut_fd(raw.fileno())
-
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # already closed
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-def _shut_pgconn(pgconn: Any) -> None:
-    """Shut down libpq's socket, read afresh (a closed connection has none: nothing to do)."""
-    try:
-        fd = pgconn.socket
-    except Exception:  # psycopg's OperationalError: the connection is closed already
-        return
-    _shut_fd(fd)
-
-
-def _shut_fd(fd: int) -> None:
-    """Shut down the socket of file descriptor `fd`, which stays open (its owner closes it)."""
-    if fd < 0:
-        return
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return
-    try:
-        _shut(sock)
-    finally:
-        sock.detach()  # the descriptor is the driver's, not ours to close
+    return dialect_of(dialect).interrupter(driver)
 
 
 # The network under the store's own connections.

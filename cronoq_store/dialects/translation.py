@@ -11,44 +11,20 @@ from typing import Any, Final
 from sqlalchemy import exc as sa_exc
 
 from ..errors import StoreError, StoreUnavailable
+from .mysql import MySQLImpl
+from .postgresql import PostgresqlImpl
+from .sqlite import SQLITE_FULL, SQLITE_TRANSIENT
 from .urls import redact
 
-SQLITE_TRANSIENT: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
-_PG_TRANSIENT_SQLSTATE: Final = (
-    "40001",  # serialization failure
-    "40P01",  # deadlock
-    "55P03",  # lock not available
-    "57014",  # query canceled: the commit timeout's statement_timeout
-    "57P01",  # admin shutdown (pg_terminate_backend)
-    "57P02",
-    "57P03",
-    "08",  # connection exceptions
-)
-_MYSQL_TRANSIENT: Final = frozenset(
-    {
-        1205,  # lock wait timeout
-        1213,  # deadlock
-        2002,  # cannot connect
-        2003,  # cannot connect
-        2006,  # server has gone away
-        2013,  # lost connection during query
-        2055,  # lost connection
-        1927,  # connection killed (MariaDB)
-        1053,  # server shutdown in progress
-        3024,  # query execution interrupted, maximum statement execution time exceeded
-        1684,  # table skipped: its definition is being changed by concurrent DDL (Galera TOI)
-        1047,  # Galera: the node is not ready (not in the primary component): try another time
-    }
-)
-
-
-_PG_READ_ONLY: Final = "25006"  # read_only_sql_transaction: a hot standby, a read-only default
-_MYSQL_READ_ONLY: Final = frozenset(
-    {
-        1290,  # the server runs with --read-only (read_only = ON)
-        1836,  # running in read-only mode
-    }
-)
+# The codes are the database classes' (`transient_codes`, `read_only_codes`, `disk_full_codes`);
+# an error is read by its shape (SQLite's exception, a MySQL driver's number, a SQLSTATE),
+# which needs no engine to say which database raised it.
+_MYSQL_TRANSIENT: Final = MySQLImpl.transient_codes
+_PG_TRANSIENT_SQLSTATE: Final = tuple(sorted(PostgresqlImpl.transient_codes))
+_MYSQL_READ_ONLY: Final = MySQLImpl.read_only_codes
+_PG_READ_ONLY: Final = PostgresqlImpl.read_only_codes
+_MYSQL_DISK_FULL: Final = MySQLImpl.disk_full_codes
+_PG_DISK_FULL: Final = PostgresqlImpl.disk_full_codes
 
 
 def read_only(exc: BaseException) -> bool:
@@ -65,17 +41,9 @@ def read_only(exc: BaseException) -> bool:
     if args and isinstance(args[0], int):  # MySQL drivers: (errno, message); PyMySQL also
         return args[0] in _MYSQL_READ_ONLY  # sets a generic sqlstate, HY000
     sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    return bool(sqlstate == _PG_READ_ONLY)
+    return sqlstate in _PG_READ_ONLY
 
 
-SQLITE_FULL: Final = 13
-_PG_DISK_FULL: Final = "53100"
-_MYSQL_DISK_FULL: Final = frozenset(
-    {
-        1021,  # disk full, waiting for someone to free space
-        1114,  # the table is full (InnoDB could not extend its tablespace)
-    }
-)
 _NO_SPACE: Final = re.compile(r"No space left on device|[Ee]rror(?: number)? 28\b")
 DISK_FULL: Final = "the database's disk is full"
 """How every dialect's full disk begins its message (`translate`)."""
@@ -93,7 +61,7 @@ def disk_full(exc: BaseException) -> bool:
     args: Any = getattr(orig, "args", ())
     if args and isinstance(args[0], int) and args[0] in _MYSQL_DISK_FULL:
         return True
-    if (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) == _PG_DISK_FULL:
+    if (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) in _PG_DISK_FULL:
         return True
     return orig is not None and bool(_NO_SPACE.search(str(orig)))
 

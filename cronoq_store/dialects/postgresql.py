@@ -1,0 +1,91 @@
+"""PostgreSQL (psycopg 3, sync and asyncio): pipelines, COPY, arrays, server-side cursors."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Final
+
+from sqlalchemy.engine.interfaces import Dialect
+
+from .base import DefaultImpl
+from .sockets import shut_fd
+
+__all__ = ["PostgresqlImpl"]
+
+_cursor_names = itertools.count()
+
+PG_READ_ONLY: Final = "25006"  # read_only_sql_transaction: a hot standby, a read-only default
+PG_DISK_FULL: Final = "53100"
+
+
+class PostgresqlImpl(DefaultImpl):
+    """PostgreSQL on psycopg. Sync psycopg pipelines a transaction's statements (`wire`),
+    loads rows with COPY and streams from a named (server-side) cursor; psycopg, sync or
+    asyncio, binds an IN list as one array."""
+
+    name: ClassVar[str] = "postgresql"
+    transient_codes: ClassVar[frozenset[Any]] = frozenset(
+        {
+            "40001",  # serialization failure
+            "40P01",  # deadlock
+            "55P03",  # lock not available
+            "57014",  # query canceled: the commit timeout's statement_timeout
+            "57P01",  # admin shutdown (pg_terminate_backend)
+            "57P02",
+            "57P03",
+            "08",  # connection exceptions (a class: the SQLSTATE's first two characters)
+        }
+    )
+    read_only_codes: ClassVar[frozenset[Any]] = frozenset({PG_READ_ONLY})
+    disk_full_codes: ClassVar[frozenset[Any]] = frozenset({PG_DISK_FULL})
+
+    def __init__(self, dialect: Dialect) -> None:
+        super().__init__(dialect)
+        psycopg = dialect.driver in ("psycopg", "psycopg_async")
+        sync_psycopg = dialect.driver == "psycopg" and not dialect.is_async
+        self.pipelined = sync_psycopg
+        self.copies = sync_psycopg
+        # psycopg parses a statement of more than 50 parameters anew on every execution
+        # (its cache stops there), a tenth of a 1000-row drain's time; one array, once.
+        self.binds_arrays = psycopg
+
+    def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
+        """Sync psycopg's named (server-side) cursor."""
+        if not self.copies:  # sync psycopg: the same test
+            return None
+        return dbapi_connection.cursor(name=f"cronoq_stream_{next(_cursor_names)}")
+
+    def copy_rows(
+        self,
+        cursor: Any,
+        sql: str,
+        rows: Sequence[Mapping[str, Any]],
+        values: Callable[[Mapping[str, Any]], Any],
+    ) -> None:
+        """psycopg's `cursor.copy`, one `write_row` per row."""
+        with cursor.copy(sql) as copy:
+            write = copy.write_row
+            for row in rows:
+                write(values(row))
+
+    def interrupter(self, driver_connection: Any) -> Callable[[], None] | None:
+        """Shut libpq's socket down (sync and asyncio), so the blocked read fails at once as a
+        lost connection, whether or not the server can still be reached. (psycopg's `cancel()`
+        sends a cancel request on a connection of its own: to a server cut off silently, it
+        waited as long as the network let it, holding the GIL, and every thread of the process
+        stood still.) The server ends the transaction when it notices the socket closed, or
+        when its own bounds end the statement (`dialects.bound`); until then a COMMIT that was
+        sent may still land, so its outcome is unknown."""
+        pgconn = getattr(driver_connection, "pgconn", None)
+        return None if pgconn is None else functools.partial(_shut_pgconn, pgconn)
+
+
+def _shut_pgconn(pgconn: Any) -> None:
+    """Shut down libpq's socket, read afresh (a closed connection has none: nothing to do)."""
+    try:
+        fd = pgconn.socket
+    except Exception:  # psycopg's OperationalError: the connection is closed already
+        return
+    shut_fd(fd)

@@ -73,11 +73,11 @@ def driver_options(url: URL, config: StoreConfig) -> tuple[URL, dict[str, Any]]:
     return url, connect_args
 
 
-def _flights_prepare(url: URL, config: StoreConfig, connect_args: Mapping[str, Any]) -> bool:
-    """Whether the store's flights on a sync psycopg engine prepare their statements
-    (`wire.prepare_on`): unless a transaction pooler stands in front, or the URL says to
-    prepare nothing (`?prepare_threshold=`, as behind one)."""
-    if url.get_driver_name() != "psycopg" or config.transaction_pooler:
+def _flights_prepare(config: StoreConfig, connect_args: Mapping[str, Any]) -> bool:
+    """Whether the store's flights on a pipelined engine (sync psycopg: `dialects.dialect_of`)
+    prepare their statements (`wire.prepare_on`): unless a transaction pooler stands in
+    front, or the URL says to prepare nothing (`?prepare_threshold=`, as behind one)."""
+    if config.transaction_pooler:
         return False
     return connect_args.get(dialects.PREPARE_THRESHOLD, 0) is not None
 
@@ -137,7 +137,7 @@ def new_engine(
             connect_args=connect_args,
             **dialects.pool_options(url),
         )
-        if _flights_prepare(url, config, connect_args) and not sync(engine).dialect.is_async:
+        if dialects.dialect_of(sync(engine)).pipelined and _flights_prepare(config, connect_args):
             from .. import wire  # psycopg's
 
             event.listen(sync(engine), "connect", lambda conn, _record: wire.prepare_on(conn))
@@ -150,10 +150,9 @@ def new_engine(
         advice = dialects.url_advice(url)
         why = f"bad database URL: {advice}" if advice else f"bad database URL: {exc}"
         raise StoreError(dialects.redact(why)) from exc
-    execution.ping_when_idle(sync(engine), execution.PING_IDLE)
-    if url.get_backend_name() != "sqlite":
-        whole = url.get_driver_name() in ("psycopg", "psycopg_async")  # libpq: whole seconds
-        execution.bound_connects(sync(engine), "connect_timeout", whole=whole)
-        dialects.tune_sockets(sync(engine))
+    execution.ping_when_idle(sync(engine), execution.PING_IDLE)  # a server's (SQLite returned)
+    whole = url.get_driver_name() in ("psycopg", "psycopg_async")  # libpq: whole seconds
+    execution.bound_connects(sync(engine), "connect_timeout", whole=whole)
+    dialects.tune_sockets(sync(engine))
     dialects.reset_after_commit(sync(engine))
     return engine

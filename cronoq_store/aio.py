@@ -38,12 +38,12 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from . import dialects, execution, face, inbox, migrate
 from .config import StoreConfig
 from .durability import Durability
-from .errors import InvalidValue, StoreError
+from .errors import StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
 from .face import Op, Outputs, Step, Steps, engines, transactions
 from .face.transactions import Commit
 from .leadership import KeeperShell, Wait
-from .model import ById, ByKey, InboxItem
+from .model import InboxItem
 from .repository import queries
 
 if TYPE_CHECKING:
@@ -517,11 +517,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             InvalidValue: `ref` is neither `ById` nor `ByKey`.
             StoreUnavailable: The database cannot be reached.
         """
-        if isinstance(ref, ById):
-            return await self._run("get_task", partial(queries.get_task, task_id=ref.id))
-        if isinstance(ref, ByKey):
-            return await self._run("get_task", partial(queries.get_task, key=ref.key))
-        raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
+        return await self._drive(self._getting(ref))
 
     async def list_finished(
         self,

@@ -29,13 +29,11 @@ from sqlalchemy import URL, Connection, Engine, create_engine
 from . import execution, face, inbox, lease, migrate
 from .config import MAX_WAIT, StoreConfig
 from .durability import Durability
-from .errors import InvalidValue, StoreError
+from .errors import StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
 from .face import Op, Outputs, Step, Steps, engines, transactions
 from .face.transactions import Commit
 from .model import (
-    ById,
-    ByKey,
     InboxItem,
     Mutation,
     Recovered,
@@ -390,11 +388,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             CorruptValue: The row cannot be decoded.
             StoreUnavailable: The database cannot be reached.
         """
-        if isinstance(ref, ById):
-            return self._run("get_task", partial(queries.get_task, task_id=ref.id))
-        if isinstance(ref, ByKey):
-            return self._run("get_task", partial(queries.get_task, key=ref.key))
-        raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
+        return self._drive(self._getting(ref))
 
     def list_finished(
         self,

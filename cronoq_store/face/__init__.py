@@ -20,18 +20,19 @@ from typing import Any, ClassVar, Final, Generic, NamedTuple, Protocol, Self, Ty
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 
-from .. import codec, dialects, durability, execution, inbox, leadership, lease, telemetry
+from .. import codec, dialects, durability, execution, inbox, leadership, lease, model, telemetry
 from ..config import StoreConfig
 from ..errors import (
     DatabaseBehind,
     Fenced,
+    InvalidValue,
     LeaderRowMissing,
     NotDurable,
     StoreError,
     StoreUnavailable,
 )
 from ..model import INT64_MAX, InboxItem, Mutation, Recovered, TaskId, TimeBase
-from ..repository import folding, prune, recovery
+from ..repository import folding, prune, queries, recovery
 from .transactions import RETRIED as RETRIED
 from .transactions import RETRY_COMMIT as RETRY_COMMIT
 from .transactions import Commit as Commit
@@ -505,6 +506,18 @@ class Face(Generic[E, K, C, H]):
     def _sleep(self, seconds: float) -> Any:
         """Wait `seconds`: blocking or awaiting."""
         raise NotImplementedError
+
+    def _getting(self, ref: model.TaskRef) -> Steps[model.TaskRecord | None]:
+        """`get_task`: by id, or the newest task with a key."""
+        if isinstance(ref, model.ById):
+            found: model.TaskRecord | None = yield Step(
+                "get_task", partial(queries.get_task, task_id=ref.id)
+            )
+        elif isinstance(ref, model.ByKey):
+            found = yield Step("get_task", partial(queries.get_task, key=ref.key))
+        else:
+            raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
+        return found
 
     def _recovering(self, base: TimeBase) -> Steps[Recovered]:
         """`recover`: it streams without SQLite's write lock, so the keeper renews meanwhile;

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, ClassVar, Final, Generic, NamedTuple, Protocol, Self, TypedDict, TypeVar
+from typing import Any, ClassVar, Final, Generic, NamedTuple, Protocol, Self, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
@@ -51,45 +51,10 @@ T = TypeVar("T")
 Outputs = Sequence[tuple[TaskId, bytes]]
 """Outputs of tasks that succeeded, by id, committed with a batch."""
 
-MAX_RETRY_DELAY: Final = 5.0
-"""Longest wait, in seconds, between attempts to reach the database while acquiring."""
-
-
-def take_bound(give_up_at: float | None, now: float) -> timedelta | None:
-    """How long one attempt at the lease may take: what is left of an acquire's timeout
-    (None: no timeout; `lease_bound` bounds it then), so that a take waiting on a row lock
-    cannot carry `acquire_leadership` past its timeout."""
-    if give_up_at is None:
-        return None
-    return timedelta(seconds=max(0.1, give_up_at - now))
-
 
 def note(note: leadership.Note | None) -> None:
     if note is not None:
         log.log(*note)
-
-
-def acquiring_for(config: StoreConfig, timeout: float | None, now: float) -> leadership.Acquiring:
-    """The acquire loop's decisions under `config`, from monotonic time `now` (both faces)."""
-    poll = config.lock_poll.total_seconds()
-    return leadership.Acquiring(poll=poll, max_delay=MAX_RETRY_DELAY, timeout=timeout, now=now)
-
-
-class KeeperTiming(TypedDict):
-    every: float
-    ttl: float
-    renewed_at: float
-    name: str
-
-
-def keeper_timing(config: StoreConfig, epoch: int, started: float) -> KeeperTiming:
-    """A keeper's timing under `config`, for the lease taken under `epoch` at `started`."""
-    return KeeperTiming(
-        every=config.lease_renew.total_seconds(),
-        ttl=config.lease_ttl.total_seconds(),
-        renewed_at=started,
-        name=f"cronoq-lease-keeper-{epoch}",
-    )
 
 
 def read_durability(conn: Connection) -> durability.Durability:
@@ -411,11 +376,11 @@ class Face(Generic[E, K, C, H]):
         began = time.monotonic()
         yield partial(self._lose, "taking the lease anew", logging.INFO, released=True)
         yield partial(self._stop, None if timeout is None else timeout / 10)
-        acquiring = acquiring_for(self.config, timeout, began)
+        acquiring = leadership.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         with self._telemetry.acquiring():
             while True:
-                bound = take_bound(give_up_at, time.monotonic())
+                bound = leadership.take_bound(give_up_at, time.monotonic())
                 taken = yield partial(self._try_take, self._ttl_ns, bound)
                 step = acquiring.attempted(time.monotonic(), taken)
                 note(step.note)
@@ -429,7 +394,7 @@ class Face(Generic[E, K, C, H]):
             keeper: K = self._keeper_type(
                 renew=lambda: self._renew(epoch),
                 lost=lambda why: self._lose(why, about=keeper),
-                **keeper_timing(self.config, epoch, started),
+                **leadership.keeper_timing(self.config, epoch, started),
             )
             return self._lead(epoch, keeper, commit_seq)
 

@@ -353,7 +353,7 @@ class Leadership(Generic[K]):
     def fence_renewed(self, epoch: int, seq: int) -> K | None:
         """The keeper to tell that commit `seq` under `epoch` landed (None if it no longer
         leads)."""
-        if not self.may_commit(epoch):
+        if self.lost or epoch != self.epoch:  # `may_commit`, on every commit's path
             return None
         self.acked = max(self.acked, seq)
         return self.keeper

@@ -4,8 +4,9 @@ There is no second copy of SQL here. Every transaction body is a plain function 
 `Connection` made of the repository and lease functions `SqlStore` uses, run through
 `AsyncConnection.run_sync` (SQLAlchemy drives the async driver underneath on a greenlet), and
 every error is translated as `SqlStore` translates it. There is no second copy of leadership's
-rules either: both faces drive `leadership`'s decisions. What is left is what differs by nature:
-awaiting instead of blocking, and a keeper that is an asyncio task instead of threads.
+rules either: both faces drive `leadership`'s decisions, nor of the operations: both drive the
+same `face` generators (`Steps`). What is left is what differs by nature: awaiting instead of
+blocking, and a keeper that is an asyncio task instead of threads.
 
 A store belongs to the event loop that first uses it; share it between that loop's tasks.
 """

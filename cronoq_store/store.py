@@ -1,8 +1,9 @@
 """`SqlStore`: the facade a scheduler engine uses, and its configuration.
 
-It owns transactions (the repository and lease modules never commit), translates every database
-error in one place, and keeps the leader lease alive from a keeper thread. What it shares with
-the asyncio face (`aio.AsyncSqlStore`) lives in `face`.
+It runs transactions blocking (the repository and lease modules never commit: how each
+transaction runs, a commit's way from BEGIN to COMMIT, and the translation of every database
+error are `face.transactions`'s), and keeps the leader lease alive from a keeper thread. Its
+operations are written once, for both faces, in `face` (`Steps` generators this face drives).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ demo: venv
 # elsewhere a server that is not there is said by test-servers, its tests skip, and pytest's
 # summary names the dialects that did not run.
 # The replica tests' clusters, the network lab (scripts/netlab: a namespace, servers and loop
-# filesystems of tests/test_netlab.py's own) and the previous release's source that the
+# filesystems of tests/faults/test_netlab.py's own) and the previous release's source that the
 # rolling-deploy test extracts from git history (scripts/previous-release) are removed when
 # pytest ends, however it ends (their fixtures remove them too; this catches a run killed before
 # its teardown).

@@ -1,4 +1,4 @@
-"""The leader of the network drills (tests/test_netlab.py), run inside the lab's namespace.
+"""The leader of the network drills (tests/faults/test_netlab.py), run inside the lab's namespace.
 
     python tests/netlab_leader.py URL [async]
 

@@ -1,5 +1,6 @@
 """A leader of whichever build is first on PYTHONPATH (the previous release, in
-tests/test_rolling_deploy.py): it leads and commits until told to stop, then releases and exits.
+tests/migrations/test_rolling_deploy.py): it leads and commits until told to stop, then
+releases and exits.
 
 Written against the API both builds share. Usage: rolling_leader.py URL STOP_FILE. Lines out:
 `ready VERSION REVISION`, then `acked N` after each commit (task N submitted, task N - 1

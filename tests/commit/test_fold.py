@@ -6,7 +6,7 @@ promise is that splitting a batch changes no row. `write` below applies a `Folde
 dicts as SPEC.md says `commit.write` applies it to the tables (updates of stored tasks first,
 then the inserts of new ones, a replayed insert ignored), so that promise, and the rule that
 only live tasks hold dependency rows, are checked here on the fold alone;
-tests/test_store_properties.py checks them on every dialect, through the store.
+tests/store/test_store_properties.py checks them on every dialect, through the store.
 """
 
 from __future__ import annotations

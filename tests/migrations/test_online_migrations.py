@@ -31,7 +31,7 @@ from sqlalchemy import URL, Engine, create_engine, event, text
 from cronoq_store import ddl, migrate
 from cronoq_store.schema import metadata
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BEFORE = "0004_commit_seq"
 FINISHED = 7
 LIVE = 3

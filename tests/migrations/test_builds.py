@@ -3,7 +3,7 @@
 
 Release 0.1.0 (head 0004) finishes a task without `finished_unix_ns`, which 0005 added: the
 rows it writes after an upgrade are written here as it writes them (the rolling-deploy test in
-tests/test_rolling_deploy.py runs that release itself)."""
+tests/migrations/test_rolling_deploy.py runs that release itself)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_the_version_is_the_packages() -> None:
 
     from cronoq_store import __version__
 
-    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert __version__ == project["project"]["version"] == builds.VERSION
     assert version("cronoq-store") == __version__
 

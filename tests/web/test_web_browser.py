@@ -40,7 +40,7 @@ from cronoq_store.web.app import create_app
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CRONOQ_CHROMIUM", "/usr/bin/chromium")
 FLAGS = [
     "--headless",

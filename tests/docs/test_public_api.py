@@ -19,7 +19,7 @@ import pytest
 
 import cronoq_store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
 
 # Each has an `__all__` and a page docs/reference/<name>.md rendering `::: cronoq_store.<name>`.
@@ -91,7 +91,7 @@ def test_every_module_is_public_or_internal() -> None:
     found = {info.name for info in pkgutil.iter_modules(cronoq_store.__path__)}
     assert found == set(PUBLIC) | set(INTERNAL), (
         "classify each module of cronoq_store as PUBLIC (with __all__ and a reference page) "
-        "or INTERNAL in tests/test_public_api.py"
+        "or INTERNAL in tests/docs/test_public_api.py"
     )
 
 
@@ -100,7 +100,7 @@ def test_every_part_of_a_public_package_is_listed(package: str) -> None:
     assert package in PUBLIC
     found = {info.name for info in pkgutil.iter_modules(public_module(package).__path__)}
     assert found == set(PARTS[package]), (
-        f"list each module of cronoq_store.{package} in PARTS in tests/test_public_api.py"
+        f"list each module of cronoq_store.{package} in PARTS in tests/docs/test_public_api.py"
     )
     for part in PARTS[package]:
         assert not (REFERENCE / f"{package}.{part}.md").exists()

@@ -510,7 +510,7 @@ def test_committing_twice_is_committing_once(leading: Leading, data: st.DataObje
 
     A retried batch merged with the next one is not the same: a task stored
     already ignores its repeated insert and the transitions folded into it (see
-    tests/test_edges.py::test_replayed_batch_changes_nothing).
+    tests/store/test_edges.py::test_replayed_batch_changes_nothing).
     """
     steps = data.draw(streams(), label="stream")
     batches = data.draw(splits(steps), label="split")

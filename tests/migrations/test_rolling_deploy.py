@@ -27,8 +27,8 @@ from cronoq_store.schema import tasks
 # Real processes, as the failover rounds: the range-end runs leave it out.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
-LEADER = Path(__file__).resolve().parent / "rolling_leader.py"
+REPO = Path(__file__).resolve().parents[2]
+LEADER = Path(__file__).resolve().parents[1] / "rolling_leader.py"
 _FIGURES: dict[str, dict[str, object]] = figures("cronoq rolling deploy (0.1.0 leader, this build)")
 
 

@@ -304,7 +304,7 @@ def test_an_apps_autogenerate_leaves_cronoqs_tables_alone(db_url: URL, tmp_path:
 
 # 7. Docs that cannot drift.
 
-DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
+DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
 PAGES = [*sorted(DOCS_DIR.glob("*.md")), DOCS_DIR.parent / "README.md"]
 
 
@@ -329,7 +329,7 @@ def test_every_revision_the_docs_name_exists() -> None:
 
 @pytest.mark.sqlite
 def test_no_cronoq_store_output_is_shown_outside_a_transcript() -> None:
-    """What a command prints is shown only in ```console blocks, which tests/test_readme.py
+    """What a command prints is shown only in ```console blocks, which tests/docs/test_readme.py
     runs; a comment quoting output in a ```sh block would drift unseen."""
     import re
 
@@ -394,7 +394,7 @@ def test_cli_md_names_every_command_that_needs_the_head(tmp_path: Path) -> None:
 
 # 6. Alembic from the tree: one line for an error, a SQLite file 0600 as the CLI makes it.
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tree_alembic(*args: str, cwd: Path) -> tuple[int, str]:
@@ -547,7 +547,7 @@ def _pytest(env: dict[str, str]) -> tuple[int, str]:
             "-p",
             "no:cacheprovider",
             "-q",
-            "tests/test_ux.py",
+            "tests/cli/test_ux.py",
             "-k",
             "prune_beyond_the_epoch",
         ],

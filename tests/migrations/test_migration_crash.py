@@ -32,7 +32,7 @@ from sqlalchemy import URL, Engine, MetaData, create_engine, event, func, select
 from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, ddl, migrate
 from cronoq_store.schema import leader, metadata
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WRITES = ("CREATE", "ALTER", "INSERT", "UPDATE", "DROP", "RENAME")
 
 

@@ -53,7 +53,7 @@ __all__ = ["spawn"]  # a fixture, shared with test_failover
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.pooler]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "pg-pooler"
 POOLED = StoreConfig(lease_ttl=timedelta(seconds=5), transaction_pooler=True)
 APP_ARGS: dict[str, Any] = {"prepare_threshold": None}

@@ -16,7 +16,7 @@ import pytest
 from conftest import SERVER_URLS, raise_mysql_packet
 from sqlalchemy import Connection, create_engine, text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.mysql
 

@@ -42,7 +42,7 @@ TAKEOVER_BOUND = TTL + POLL + 1.0
 EVENT_TIMEOUT = 20.0
 """Upper bound for anything that should happen within a second or two (start-up included)."""
 SUMMARY_PATH = Path(os.environ.get("CRONOQ_FAILOVER_SUMMARY", "/tmp/cronoq_failover_summary.json"))
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 Event = dict[str, Any]
 

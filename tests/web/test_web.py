@@ -500,7 +500,7 @@ def test_command_needs_a_token_beyond_loopback(tmp_path: Path) -> None:
 
 def test_wheel_ships_templates_and_static_files(dist: Path) -> None:
     """The wheel carries every template and static file (no front-end build step)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     (wheel,) = dist.glob("cronoq_store-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = set(archive.namelist())

@@ -1,6 +1,6 @@
 """The pieces that keep every bound (issue 38), one at a time and without a network of their
 own: the watchdog's late binding, the network options of the store's own connections, and a
-connect that starts with nothing left of its operation's bound. tests/test_netlab.py drills
+connect that starts with nothing left of its operation's bound. tests/faults/test_netlab.py drills
 them together under silent cuts."""
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from cronoq_store.testing import CheckReport, DriverProcess, check
 
 pytestmark = pytest.mark.galera
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "galera"
 BASE_PORT = int(os.environ.get("CRONOQ_GALERA_PORT", "13306"))
 GCOMM_PORT = int(os.environ.get("CRONOQ_GALERA_GCOMM_PORT", "14567"))

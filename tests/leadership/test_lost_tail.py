@@ -4,7 +4,7 @@ An asynchronous failover promotes a replica that misses the primary's last commi
 row is then the one the replica had, still naming the leader under its epoch, so the fence alone
 matched and the leader went on writing on top of the gap. Here the same state is made on one
 server, on every dialect, by putting the tables back to a snapshot taken a few commits earlier
-(what the lagging replica held); tests/test_replicas.py does it with a real replica.
+(what the lagging replica held); tests/dialects/test_replicas.py does it with a real replica.
 """
 
 from __future__ import annotations

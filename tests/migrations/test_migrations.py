@@ -31,7 +31,7 @@ __all__ = [
     "test_upgrade",
 ]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TABLE_NAMES = {t.name for t in TABLES}
 

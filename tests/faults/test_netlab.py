@@ -56,9 +56,9 @@ from cronoq_store import (
 )
 from cronoq_store.schema import tasks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "netlab"
-LEADER = Path(__file__).resolve().parent / "netlab_leader.py"
+LEADER = Path(__file__).resolve().parents[1] / "netlab_leader.py"
 NS, HOST_DEV, HOST_IP = "cqnet0", "cqv0h", "10.231.7.1"
 PORTS = {"postgresql": 5451, "mariadb": 3351}
 TTL, RENEW, COMMIT_TIMEOUT = 3.0, 1.0, 2.0

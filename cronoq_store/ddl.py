@@ -68,7 +68,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.reflection import Inspector
 
-from .dialects.statements import name as dialect_name
+from .dialects.base import DefaultImpl, dialect_of
 from .errors import StoreUnavailable
 
 LOCK_TIMEOUT_MS: Final = 200
@@ -101,9 +101,9 @@ def is_offline() -> bool:
     return bool(_context().as_sql)
 
 
-def _dialect() -> str:
-    """ "sqlite", "postgresql" or "mysql" (MariaDB included)."""
-    return dialect_name(_context().dialect)
+def _dialect() -> DefaultImpl:
+    """The class of the database migrated (`dialects.dialect_of`), offline too."""
+    return dialect_of(_context().dialect)
 
 
 def schema() -> str | None:
@@ -154,7 +154,7 @@ def index_state(table: str, name: str) -> Literal["missing", "valid", "invalid"]
     indisvalid`), which is never used for queries but slows every write."""
     if is_offline():
         return "missing"
-    if _dialect() != "postgresql":
+    if not _dialect().builds_indexes_concurrently:  # only such a build leaves one INVALID
         return "valid" if has_index(table, name) else "missing"
     where = schema()
     row = (
@@ -212,7 +212,7 @@ def _own_transactions() -> Iterator[sa.Connection | None]:
     on its own (PostgreSQL, MySQL: autocommit; SQLite: the caller's explicit short
     transactions). Offline, the script's COMMIT/BEGIN around the block. Yields the
     connection (None offline)."""
-    if _dialect() == "sqlite":
+    if not _dialect().server:  # SQLite: a file's short transactions of its own
         if is_offline():
             yield None
             return
@@ -248,20 +248,8 @@ def _short_lock_waits(conn: sa.Connection) -> Iterator[None]:
     """Bound each lock wait of the block's statements (PostgreSQL, MySQL); the session's own
     setting is put back afterwards, or, if it cannot be, the connection is discarded (its pool
     must not hand out a session with the migration's short bound)."""
-    which = _dialect()
-    if which == "postgresql":
-        before = conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
-        conn.exec_driver_sql(f"SET lock_timeout = '{LOCK_TIMEOUT_MS}ms'")
-        restore: Callable[[], object] = lambda: conn.execute(  # noqa: E731
-            sa.select(sa.func.set_config("lock_timeout", before, sa.false()))
-        )
-    elif which == "mysql":
-        before = conn.exec_driver_sql("SELECT @@SESSION.lock_wait_timeout").scalar_one()
-        conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {MYSQL_LOCK_WAIT_S}")
-        restore = lambda: conn.exec_driver_sql(  # noqa: E731
-            f"SET SESSION lock_wait_timeout = {int(before)}"
-        )
-    else:
+    restore = _dialect().short_lock_waits(conn, ms=LOCK_TIMEOUT_MS, seconds=MYSQL_LOCK_WAIT_S)
+    if restore is None:
         yield
         return
     try:
@@ -303,7 +291,7 @@ def _alter(statement: Callable[[], None], what: str) -> None:
         return
     with _own_transactions() as conn:
         assert conn is not None
-        if _dialect() == "sqlite":
+        if not _dialect().server:
             statement()  # SQLite's ALTER is one short write transaction of its own
             _sqlite_commit()
             return
@@ -373,15 +361,15 @@ def create_index(name: str, table: str, columns: Sequence[str], **kw: Any) -> No
     state = index_state(table, name)
     if state == "valid":
         return
-    which = _dialect()
-    if which == "postgresql":
+    impl = _dialect()
+    if impl.builds_indexes_concurrently:
         with _own_transactions():
             if state == "invalid":
                 _drop_concurrently(name, table)
             op.create_index(
                 name, table, list(columns), schema=schema(), postgresql_concurrently=True, **kw
             )
-    elif which == "mysql":
+    elif impl.alters_online:
         unique = "UNIQUE " if kw.pop("unique", False) else ""
         if kw:
             raise TypeError(f"ddl.create_index on MySQL takes no {sorted(kw)}")
@@ -411,11 +399,11 @@ def drop_index(name: str, table: str) -> None:
         return
     if not is_offline() and index_state(table, name) == "missing":
         return
-    which = _dialect()
-    if which == "postgresql":
+    impl = _dialect()
+    if impl.builds_indexes_concurrently:
         with _own_transactions():
             _drop_concurrently(name, table)
-    elif which == "mysql":
+    elif impl.alters_online:
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
         _mysql_online(table, f"DROP INDEX {_quote(name)}", clauses, f"drop index {name}")
     else:
@@ -434,7 +422,7 @@ def add_column(table: str, column: sa.Column[Any]) -> None:
     if _is_new(table):
         op.add_column(table, column, schema=schema())
         return
-    if _dialect() == "mysql":
+    if _dialect().alters_online:
         spec = sa.schema.CreateColumn(column._copy()).compile(dialect=_context().dialect)
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
         _mysql_online(table, f"ADD COLUMN {spec}", clauses, f"add column {table}.{column.name}")
@@ -450,7 +438,7 @@ def rename_column(table: str, old: str, new: str, **kw: Any) -> None:
     (a short lock wait, retried)."""
     if has_column(table, new) and not has_column(table, old):
         return
-    if _dialect() == "mysql" and _renames_in_place():
+    if _dialect().alters_online and _renames_in_place():
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
         action = f"RENAME COLUMN {_quote(old)} TO {_quote(new)}"
         _mysql_online(table, action, clauses, f"rename column {table}.{old}")
@@ -473,7 +461,7 @@ def _renames_in_place() -> bool:
 def set_storage(table: str, parameters: Mapping[str, str]) -> None:
     """PostgreSQL: `ALTER TABLE ... SET (parameters)` online (its SHARE UPDATE EXCLUSIVE lock
     under a short wait, retried), unless they are set already. Other dialects: nothing."""
-    if _dialect() != "postgresql":
+    if not _dialect().storage_parameters:
         return
     wanted = {f"{k}={v}" for k, v in parameters.items()}
     if not is_offline() and wanted <= _reloptions(table):
@@ -523,7 +511,7 @@ def backfill(
     last: Any = None
     with _own_transactions() as conn, _no_gap_locks(conn):
         assert conn is not None
-        sqlite = _dialect() == "sqlite"
+        sqlite = not _dialect().server  # a file: one writer, BEGIN IMMEDIATE per batch
         while True:
             bound = [*where] if last is None else [*where, column > _key(last)]
             ids = sa.select(column).where(*bound).order_by(column).limit(size).subquery()
@@ -547,7 +535,7 @@ def _no_gap_locks(conn: sa.Connection | None) -> Iterator[None]:
     """MySQL: run the block at READ COMMITTED. At InnoDB's REPEATABLE READ a batch's UPDATE
     also locks the index gaps it scans, up to the next key, where the leader inserts the
     entries of the tasks it finishes. Elsewhere nothing."""
-    if conn is None or _dialect() != "mysql":
+    if conn is None or not _dialect().gap_locks:
         yield
         return
     dbapi = conn.connection.dbapi_connection

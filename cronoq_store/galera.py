@@ -60,6 +60,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.schema import CreateTable
 
+from .dialects.base import dialect_of
 from .dialects.statements import db_now_ns
 from .errors import StoreUnavailable
 
@@ -100,7 +101,7 @@ def causal_reads(conn: Connection) -> Iterator[None]:
     `wsrep_sync_wait` (1: reads) makes a read wait until the node has caught up; the session's
     own setting is put back afterwards. Nothing on a server that is not a Galera node.
     """
-    if conn.dialect.name not in ("mysql", "mariadb") or not is_galera(conn):
+    if not dialect_of(conn).galera_possible or not is_galera(conn):
         yield
         return
     before = int(conn.exec_driver_sql("SELECT @@SESSION.wsrep_sync_wait").scalar_one())

@@ -112,11 +112,11 @@ def durability_view(conn: Connection) -> dict[str, Any] | None:
     except sa_exc.DBAPIError:
         conn.rollback()
         return None
-    dialect = dialects.name(conn.dialect)
-    if dialect == "sqlite":
+    impl = dialects.dialect_of(conn)
+    if impl.sync_per_connection:
         settings["synchronous"] = None
-    view = durability.classify(dialect, settings).as_dict()
-    if dialect == "sqlite":
+    view = durability.classify(impl.name, settings).as_dict()
+    if impl.sync_per_connection:
         view["note"] = (
             "synchronous is set by each process on its own connections: FULL unless its "
             "StoreConfig.full_sync is off (then a power loss can lose the last commits)"
@@ -196,7 +196,7 @@ def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dic
     recurring = schedules(conn)
     size = database_size(conn, schema)
     url = dialects.safe_url(conn.engine.url)
-    dialect = dialects.name(conn.dialect)
+    dialect = dialects.dialect_of(conn).name
     waiting = inbox.depth(conn)
     role = server(conn)
     durable = durability_view(conn)

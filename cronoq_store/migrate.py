@@ -228,7 +228,7 @@ def _run(bind: Engine | Connection, schema: str | None, action: str, revision: s
     restored = None
     try:
         with _connection(bind) as conn:
-            if schema and dialects.name(conn.dialect) == "postgresql":
+            if schema and dialects.dialect_of(conn).creates_schemas:
                 with conn.begin():
                     conn.execute(CreateSchema(schema, if_not_exists=True))
             if action == "upgrade" and revision in ("head", head_revision()):

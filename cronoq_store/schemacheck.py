@@ -39,7 +39,7 @@ def _create_index_sql(index: Index, schema: str | None, conn: Connection) -> str
         moved = table.to_metadata(MetaData(), schema=schema)
         index = next(ix for ix in moved.indexes if str(ix.name) == str(index.name))
     ddl = str(CreateIndex(index).compile(dialect=conn.dialect))
-    if dialects.name(conn.dialect) == "postgresql":
+    if dialects.dialect_of(conn).builds_indexes_concurrently:
         ddl = ddl.replace("INDEX ", "INDEX CONCURRENTLY ", 1)
     return ddl + ";"
 
@@ -159,8 +159,10 @@ def _check(conn: Connection, schema: str | None) -> dict[str, Any]:
     revision = migrate.current_revision(conn, schema=schema)
     if revision == migrate.head_revision():  # otherwise the upgrade is the fix
         findings += _indexes(conn, schema)
-        if dialects.name(conn.dialect) == "postgresql":
+        impl = dialects.dialect_of(conn)
+        if impl.builds_indexes_concurrently:
             findings += _invalid_indexes(conn, schema)
+        if impl.storage_parameters:
             findings += _storage(conn, schema)
     return {
         "ok": not findings,

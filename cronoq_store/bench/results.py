@@ -9,6 +9,8 @@ from sqlalchemy import (
     URL,
 )
 
+from .. import dialects
+
 Metric = Literal[
     "submit",
     "transition",
@@ -144,8 +146,7 @@ class Target:
 
     @property
     def dialect(self) -> str:
-        name = self.url.get_backend_name()
-        return "mysql" if name in ("mysql", "mariadb") else name
+        return dialects.class_of(self.url).name
 
 
 def _goal(
@@ -154,7 +155,7 @@ def _goal(
     """The project's targets: (goal, whether higher is better). SQLite is judged with
     full_sync only; latency is reported, not judged."""
     dialect = target.dialect
-    server = dialect != "sqlite"
+    server = dialects.class_of(dialect).server
     if not server and not target.full_sync:
         return None, metric not in ("recover", "recover_memory", "submit_cpu", "transition_cpu")
     match metric:

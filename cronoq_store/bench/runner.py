@@ -72,7 +72,7 @@ def _memory(fn: Callable[[], Any]) -> tuple[float, float]:
 
 
 def _label(target: Target, dialect: Dialect) -> str:
-    if target.dialect == "sqlite":
+    if not dialects.class_of(target.dialect).server:
         return f"sqlite {sqlite3.sqlite_version} full_sync={'on' if target.full_sync else 'off'}"
     version = ".".join(str(v) for v in (dialect.server_version_info or ())[:3])
     name = "mariadb" if getattr(dialect, "is_mariadb", False) else dialect.name

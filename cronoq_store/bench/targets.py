@@ -48,7 +48,7 @@ def scratch_database(server_url: str | URL) -> Iterator[URL]:
     url = make_url(server_url)
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
     name = f"cronoq_bench_{uuid.uuid4().hex[:12]}"
-    mysql = dialects.name(admin.dialect) == "mysql"
+    mysql = dialects.dialect_of(admin).schema_is_database  # CREATE DATABASE's own options
     try:
         with admin.connect() as conn:
             conn.execute(text(f"CREATE DATABASE {name}" + (" CHARACTER SET utf8mb4" * mysql)))
@@ -68,7 +68,7 @@ def raw_database(target: Target) -> Iterator[URL]:
         yield target.raw_url
         return
     url = target.url
-    if url.get_backend_name() != "sqlite":
+    if dialects.class_of(url).server:
         with scratch_database(url) as raw:
             yield raw
         return
@@ -113,7 +113,7 @@ def resolve_targets(urls: Sequence[str], dialect_names: Sequence[str]) -> Iterat
         if not urls and not names:
             names = ["sqlite"]
         for name in dict.fromkeys(names):
-            if name == "sqlite":
+            if not dialects.class_of(name).server:  # a file
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cronoq-bench-"))
                 targets += _sqlite_targets(str(Path(tmp) / "bench.db"))
             else:
@@ -124,7 +124,7 @@ def resolve_targets(urls: Sequence[str], dialect_names: Sequence[str]) -> Iterat
                 continue
             url = make_url(raw)
             _check_empty(url)
-            if url.get_backend_name() == "sqlite":
+            if not dialects.class_of(url).server:
                 targets += _sqlite_targets(url.database or "")
             else:
                 targets.append(Target(url=url))

@@ -8,6 +8,7 @@ from typing import Final
 
 import click
 
+from .. import dialects
 from .target import Target, errors, shown
 
 DEMO_URL: Final = "cronoq-demo.db"
@@ -40,7 +41,7 @@ def demo_cmd(ctx: click.Context, overwrite: bool, ttl: float) -> None:
     ):
         target = Target(url=DEMO_URL, schema=target.schema)
     url = target.parsed()
-    if url.get_backend_name() != "sqlite" or not url.database:
+    if dialects.class_of(url).server or not url.database:
         raise click.UsageError("demo runs on a SQLite file: pass --url PATH")
     try:
         demo = importlib.import_module("cronoq_store.demo")

@@ -103,7 +103,7 @@ def open_database(
     url = target.parsed()
     where = shown(url)
     config = StoreConfig(migrate=False, schema=target.schema, pool_size=2)
-    if url.get_backend_name() == "sqlite":
+    if not dialects.class_of(url).server:  # SQLite's file
         if target.schema:
             raise click.UsageError("--schema is for PostgreSQL and MySQL; SQLite has no schemas")
         path = url.database or ""
@@ -119,7 +119,7 @@ def open_database(
         try:
             store = SqlStore(engine, config)
             try:
-                if target.schema and dialects.name(engine.dialect) == "mysql":
+                if target.schema and dialects.dialect_of(engine).schema_is_database:
                     _mysql_database(engine, target, create=create)
                 if need_schema:
                     migrate.require_head(
@@ -152,7 +152,7 @@ def _mysql_database(engine: Engine, target: Target, *, create: bool) -> None:
 
 def _where_tables(engine: Engine, target: Target) -> str:
     """What is missing where: the PostgreSQL schema itself, or cronoq's tables in it."""
-    if dialects.name(engine.dialect) != "postgresql":
+    if not dialects.dialect_of(engine).creates_schemas:
         return "no cronoq tables in this database"
     inspector = inspect(engine)
     if target.schema is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "DefaultImpl",
+    "class_of",
     "configure_sqlite",
     "dialect_of",
     "redact",
@@ -21,6 +22,7 @@ __all__ = [
 ]
 
 from .base import DefaultImpl as DefaultImpl
+from .base import class_of as class_of
 from .base import dialect_of as dialect_of
 from .locks import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
 from .locks import MIGRATION_LOCK_NAME as MIGRATION_LOCK_NAME

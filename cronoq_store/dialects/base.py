@@ -10,26 +10,34 @@ asyncio) it reads once, when it is made.
 
 The public surface, all on `DefaultImpl`:
 - `name`, `dialect`: which database, and SQLAlchemy's dialect of the engine;
-- `pipelined`, `copies`, `binds_arrays`, `loses_connections`: what the driver can do;
+- `server`, `creates_schemas`, `schema_is_database`, `builds_indexes_concurrently`,
+  `storage_parameters`, `alters_online`, `gap_locks`, `sync_per_connection`,
+  `galera_possible`: what the database is (class attributes, also read before an engine
+  exists: `class_of(url)`);
+- `short_lock_waits`: a migration's short bound on each lock wait of its session;
+- `pipelined`, `copies`, `binds_arrays`: what the driver can do;
 - `streaming_cursor`, `abandon`: cursors that hold a chunk of a result at a time;
 - `copy_rows`: a bulk load (COPY), where `copies`;
 - `interrupter`: how another thread stops the session's wait (the watchdog's);
 - `transient_codes`, `read_only_codes`, `disk_full_codes`: the server's error codes that
   `translation` reads.
+
+A new difference between databases (LISTEN, say) goes here: the generic behaviour as an
+attribute or method of `DefaultImpl`, documented, and an override in each database that
+differs; its caller asks `dialect_of(conn)` and never tests a name.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
 
 from .statements import name as dialect_name
 
-__all__ = ["DefaultImpl", "dialect_of"]
+__all__ = ["DefaultImpl", "class_of", "dialect_of"]
 
 
 class DefaultImpl:
@@ -48,6 +56,30 @@ class DefaultImpl:
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset()
     """Error codes of a server whose disk is full."""
 
+    server: ClassVar[bool] = True
+    """A server's database: its connections can be lost, its settings are the server's. False
+    for a file (SQLite), whose connection is never lost."""
+    creates_schemas: ClassVar[bool] = False
+    """A `--schema` is a namespace inside the database, which the store creates (PostgreSQL)."""
+    schema_is_database: ClassVar[bool] = False
+    """A `--schema` is a database of its own on the server (MySQL, MariaDB)."""
+    builds_indexes_concurrently: ClassVar[bool] = False
+    """Indexes are built without blocking writes (CREATE INDEX CONCURRENTLY), and a build that
+    failed leaves an INVALID index behind, to look for (PostgreSQL)."""
+    storage_parameters: ClassVar[bool] = False
+    """Tables take storage parameters (`ALTER TABLE ... SET (fillfactor = ...)`: PostgreSQL)."""
+    alters_online: ClassVar[bool] = False
+    """ALTER TABLE takes `ALGORITHM=INSTANT|INPLACE, LOCK=NONE`, so an index or a column is
+    added or dropped without blocking writes (MySQL, MariaDB)."""
+    gap_locks: ClassVar[bool] = False
+    """At the default isolation level an UPDATE also locks the index gaps it scans (InnoDB's
+    REPEATABLE READ), where other sessions insert."""
+    sync_per_connection: ClassVar[bool] = False
+    """How durably a commit is written is each connection's own setting, not the database's
+    (SQLite's `synchronous`): a reader's says nothing of the writer's."""
+    galera_possible: ClassVar[bool] = False
+    """The server may be a Galera cluster's node (MariaDB, MySQL): `galera.is_galera` asks."""
+
     _registry: ClassVar[dict[str, type[DefaultImpl]]] = {}
 
     def __init_subclass__(cls, **kw: Any) -> None:
@@ -63,8 +95,6 @@ class DefaultImpl:
         """Rows can be loaded with COPY FROM STDIN (`copy_rows`)."""
         self.binds_arrays = False
         """An IN list runs better as one array parameter (`execution.run_in`)."""
-        self.loses_connections = True
-        """A connection can be lost under the store (a server's); a file's never is."""
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """A DB-API cursor of `dbapi_connection` that holds no more than a chunk of a result
@@ -87,6 +117,15 @@ class DefaultImpl:
         the cursor (and closes it) and wraps the driver's errors."""
         raise NotImplementedError(f"no COPY on {self.name}")
 
+    def short_lock_waits(
+        self, conn: Connection, *, ms: int, seconds: int
+    ) -> Callable[[], object] | None:
+        """Bound each lock wait of `conn`'s session: `ms` milliseconds where the server counts
+        them, `seconds` where it counts whole ones. Returns how to put the session's own
+        bound back, or None where nothing was bounded (a file's writer waits only for other
+        writers, as its busy timeout says)."""
+        return None
+
     def interrupter(self, driver_connection: Any) -> Callable[[], None] | None:
         """How another thread stops whatever the session of `driver_connection` (a driver's
         connection) waits on (None: no way known), for an operation's deadline
@@ -95,19 +134,39 @@ class DefaultImpl:
         return None
 
 
-_IMPLS: weakref.WeakKeyDictionary[Dialect, DefaultImpl] = weakref.WeakKeyDictionary()
+def class_of(where: str | URL) -> type[DefaultImpl]:
+    """The class of the database that a URL, or a backend name ("sqlite", "postgresql",
+    "mysql", "mariadb"), names: for what is known before an engine exists (its class
+    attributes)."""
+    backend = where.get_backend_name() if isinstance(where, URL) else where
+    return DefaultImpl._registry.get("mysql" if backend == "mariadb" else backend, DefaultImpl)
+
+
+_KEPT: Final = "_cronoq_impl"
+"""The attribute of SQLAlchemy's dialect object (one per engine) that keeps its class's
+instance: read with no call, it costs a commit nothing (a dictionary keyed by dialect cost two
+calls a lookup, and a batch-1 commit makes two)."""
 
 
 def dialect_of(where: Engine | Connection | Dialect) -> DefaultImpl:
     """The class of `where`'s database, made once per SQLAlchemy dialect (once per engine)
-    and kept as long as that dialect is.
+    and kept on it as long as that dialect is.
 
     Args:
         where: An engine, a connection, or SQLAlchemy's dialect of one.
     """
-    dialect = where.dialect if isinstance(where, (Engine, Connection)) else where
-    impl = _IMPLS.get(dialect)
+    try:
+        impl: DefaultImpl = where.dialect._cronoq_impl  # type: ignore[union-attr]
+    except AttributeError:
+        return _made(where if isinstance(where, Dialect) else where.dialect)
+    return impl
+
+
+def _made(dialect: Dialect) -> DefaultImpl:
+    """`dialect`'s instance, made on first use."""
+    impl: DefaultImpl | None = getattr(dialect, _KEPT, None)
     if impl is None:
         cls = DefaultImpl._registry.get(dialect_name(dialect), DefaultImpl)
-        impl = _IMPLS[dialect] = cls(dialect)
+        impl = cls(dialect)
+        setattr(dialect, _KEPT, impl)
     return impl

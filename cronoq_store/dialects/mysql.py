@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import socket
+from collections.abc import Callable
 from typing import Any, ClassVar
 
+from sqlalchemy import Connection
 from sqlalchemy.engine.interfaces import Dialect
 
 from .base import DefaultImpl
@@ -48,6 +50,11 @@ class MySQLImpl(DefaultImpl):
         }
     )
 
+    schema_is_database: ClassVar[bool] = True
+    galera_possible: ClassVar[bool] = True
+    alters_online: ClassVar[bool] = True
+    gap_locks: ClassVar[bool] = True
+
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
         self._pymysql = dialect.driver == "pymysql"
@@ -65,6 +72,14 @@ class MySQLImpl(DefaultImpl):
         result = getattr(cursor, "_result", None)
         if getattr(result, "unbuffered_active", False):
             result.unbuffered_active = False  # type: ignore[union-attr]
+
+    def short_lock_waits(
+        self, conn: Connection, *, ms: int, seconds: int
+    ) -> Callable[[], object] | None:
+        """The session's `lock_wait_timeout` (metadata locks: whole seconds)."""
+        before = conn.exec_driver_sql("SELECT @@SESSION.lock_wait_timeout").scalar_one()
+        conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {seconds}")
+        return lambda: conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {int(before)}")
 
     def interrupter(self, driver_connection: Any) -> Any:
         """Shut the socket down (PyMySQL's, or asyncmy's transport's): the blocked read fails

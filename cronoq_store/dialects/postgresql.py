@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
+from sqlalchemy import Connection, false, func, select
 from sqlalchemy.engine.interfaces import Dialect
 
 from .base import DefaultImpl
@@ -40,6 +41,9 @@ class PostgresqlImpl(DefaultImpl):
     )
     read_only_codes: ClassVar[frozenset[Any]] = frozenset({PG_READ_ONLY})
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset({PG_DISK_FULL})
+    creates_schemas: ClassVar[bool] = True
+    builds_indexes_concurrently: ClassVar[bool] = True
+    storage_parameters: ClassVar[bool] = True
 
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
@@ -69,6 +73,14 @@ class PostgresqlImpl(DefaultImpl):
             write = copy.write_row
             for row in rows:
                 write(values(row))
+
+    def short_lock_waits(
+        self, conn: Connection, *, ms: int, seconds: int
+    ) -> Callable[[], object] | None:
+        """The session's `lock_timeout`, put back with `set_config` (a value with units)."""
+        before = conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
+        conn.exec_driver_sql(f"SET lock_timeout = '{ms}ms'")
+        return lambda: conn.execute(select(func.set_config("lock_timeout", before, false())))
 
     def interrupter(self, driver_connection: Any) -> Callable[[], None] | None:
         """Shut libpq's socket down (sync and asyncio), so the blocked read fails at once as a

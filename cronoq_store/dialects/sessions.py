@@ -1,5 +1,6 @@
 """What each session is told: SQLite's pragmas and BEGIN, the server's bounds on an idle
-transaction and a statement's wait, and how another thread interrupts it."""
+transaction and a statement's wait; how another thread interrupts it is the database
+class's (`DefaultImpl.interrupter`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from typing import Any, Final
 from sqlalchemy import URL, Connection, Engine, Select, bindparam, event, func, select, true
 from sqlalchemy.engine.interfaces import Dialect
 
-from .. import execution
 from .base import dialect_of
+from .cursor import run, run_stmt
 from .sqlite import SQLITE_TRANSIENT
 from .statements import name
 
@@ -69,7 +70,7 @@ def configure_sqlite(
     def _begin(conn: Connection) -> None:
         # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
         reads = read_only or conn.get_execution_options().get(READ_ONLY, False)
-        execution.run(conn, "BEGIN" if reads else "BEGIN IMMEDIATE")
+        run(conn, "BEGIN" if reads else "BEGIN IMMEDIATE")
 
 
 def _wal(cursor: sqlite3.Cursor, busy_timeout: timedelta) -> None:
@@ -207,7 +208,7 @@ def bound(
                 params[f"n{i}"], params[f"v{i}"] = setting, str(ms)
             if defer:
                 return _set_local_stmt(len(settings)), params
-            execution.run_stmt(conn, _set_local_stmt(len(settings)), params)
+            run_stmt(conn, _set_local_stmt(len(settings)), params)
         return None
     if which != "mysql":
         return None
@@ -248,7 +249,7 @@ def _set_local_stmt(count: int) -> Select[Any]:
 
 def interrupter(conn: Connection) -> Callable[[], None] | None:
     """`interrupter_of` `conn`'s driver connection."""
-    return interrupter_of(conn.dialect, conn.connection.driver_connection)
+    return dialect_of(conn).interrupter(conn.connection.driver_connection)
 
 
 def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:
@@ -265,6 +266,10 @@ def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:
 
 
 # The network under the store's own connections.
+
+CONNECT_TIMEOUT: Final = 10.0
+"""Seconds a connection attempt may take outside any operation's bound (`open`, a migration,
+a status read): libpq's `connect_timeout` and PyMySQL's, unless the URL says otherwise."""
 
 KEEPALIVE_IDLE: Final = 5
 """Seconds a connection of the store's may sit silent before TCP probes its peer."""
@@ -287,7 +292,7 @@ def net_options(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
     if url.get_driver_name() not in ("psycopg", "psycopg_async"):
         return connect_args
     defaults: dict[str, Any] = {
-        "connect_timeout": str(int(execution.CONNECT_TIMEOUT)),
+        "connect_timeout": str(int(CONNECT_TIMEOUT)),
         "keepalives": "1",
         "keepalives_idle": str(KEEPALIVE_IDLE),
         "keepalives_interval": str(KEEPALIVE_INTERVAL),

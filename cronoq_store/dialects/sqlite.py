@@ -22,10 +22,11 @@ class SQLiteImpl(DefaultImpl):
     name: ClassVar[str] = "sqlite"
     transient_codes: ClassVar[frozenset[Any]] = SQLITE_TRANSIENT
     disk_full_codes: ClassVar[frozenset[Any]] = frozenset({SQLITE_FULL})
+    server: ClassVar[bool] = False
+    sync_per_connection: ClassVar[bool] = True
 
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
-        self.loses_connections = False
         self._pysqlite = dialect.driver == "pysqlite"
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:

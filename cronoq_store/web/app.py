@@ -231,7 +231,7 @@ def create_app(
     shown = database if database is not None else dialects.safe_url(engine.url)
     common: dict[str, Any] = {
         "database": shown,
-        "dialect": dialects.name(engine.dialect),
+        "dialect": dialects.dialect_of(engine).name,
         "refresh_ms": int(refresh_s * 1000),
         "logout": token is not None,
     }

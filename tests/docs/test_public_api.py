@@ -62,7 +62,20 @@ INTERNAL = (
 # A public package's modules: its parts, no promise to users on their own. The package's
 # `__all__` names what of them is public, and its reference page documents it.
 PARTS = {
-    "dialects": ("statements", "sessions", "locks", "urls", "translation"),
+    "dialects": (
+        "base",
+        "sqlite",
+        "postgresql",
+        "mysql",
+        "compiled",
+        "cursor",
+        "sockets",
+        "statements",
+        "sessions",
+        "locks",
+        "urls",
+        "translation",
+    ),
     "testing": (
         "base",
         "config",

@@ -50,7 +50,7 @@ mutants: venv
 	$(BIN)/python scripts/mutants
 
 # mutmut over the pure modules (the fold, the codec, the leadership core; [tool.mutmut] in
-# pyproject.toml), against their own tests: not in CI (over an hour here: codec.py has
+# pyproject.toml), against their own tests: not in CI (over an hour here: the codec has
 # 1,362 mutants and hypothesis tests; `mutmut run "cronoq_store.leadership*"` runs one). Then
 # `$(BIN)/mutmut results` lists the survivors, `$(BIN)/mutmut show NAME` shows one.
 mutmut: venv

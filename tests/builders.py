@@ -7,17 +7,29 @@ enough to prune); a test that is about time bases makes its own.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from sqlalchemy import URL, Engine, create_engine, text
 
 from cronoq_store import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
 from cronoq_store.testing import BASE
 
-__all__ = ["BASE", "found_empty", "keyed", "status", "submit", "wait_until"]
+__all__ = [
+    "BASE",
+    "captured",
+    "execute",
+    "found_empty",
+    "keyed",
+    "no_connection_left",
+    "status",
+    "submit",
+    "wait_until",
+]
 
 
 def submit(
@@ -88,3 +100,34 @@ def found_empty(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(inbox, "has_items", checked)
     return empty
+
+
+def no_connection_left(store: Any, engine: Engine) -> None:
+    """Fail when a connection stays checked out of `store`'s pool (`engine`'s) once it stopped
+    leading (a leader keeps one for its commits): one its keeper holds for a renewal is back
+    within moments; one a test or the store leaked never is."""
+    store.release_leadership()
+    pool: Any = engine.pool
+    wait_until(lambda: pool.checkedout() == 0, "every connection back in the pool", 10)
+
+
+def execute(url: URL, *statements: str) -> None:
+    """Run `statements` in one transaction on an engine of their own, disposed of afterwards:
+    what a test changes by hand before it looks at what the store or the CLI makes of it."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(text(statement))
+    finally:
+        engine.dispose()
+
+
+def captured(
+    args: Sequence[str], *, timeout: float, check: bool = False, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """`args` run to their end within `timeout` seconds, their output captured as text (a test
+    reads it, and shows it when an assertion fails); `options` go to `subprocess.run`."""
+    return subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout, check=check, **options
+    )

@@ -33,7 +33,7 @@ from ..model import InboxTaken, Submitted, TaskId, TaskSpec, TaskStatus
 from ..schema import inbox
 
 if TYPE_CHECKING:
-    from .runner import _Bench
+    from .runner import Bench
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
 
@@ -92,9 +92,9 @@ def _raw_row(spec: TaskSpec) -> tuple[Any, ...]:
 
 
 class InboxBench:
-    """The inbox figures on one target, measured by `_Bench`'s store and raw driver."""
+    """The inbox figures on one target, measured by `Bench`'s store and raw driver."""
 
-    def __init__(self, b: _Bench) -> None:
+    def __init__(self, b: Bench) -> None:
         self.b = b
         self.raw = b.raw
         self.postgresql = self.raw.which == "postgresql"
@@ -108,7 +108,7 @@ class InboxBench:
             select(inbox)
             .order_by(inbox.c.id)
             .limit(DRAIN_BATCH)
-            .compile(dialect=self.raw._compile_dialect, compile_kwargs={"literal_binds": True})
+            .compile(dialect=self.raw.compile_dialect, compile_kwargs={"literal_binds": True})
         )
         self._delete = delete(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
         self._deletes: dict[int, str] = {}
@@ -190,7 +190,7 @@ class InboxBench:
     def _delete_sql(self, count: int) -> str:
         sql = self._deletes.get(count)
         if sql is None:
-            compiled = self._delete.compile(dialect=self.raw._compile_dialect)
+            compiled = self._delete.compile(dialect=self.raw.compile_dialect)
             state = compiled.construct_expanded_state({"ids": list(range(count))})
             sql = self._deletes[count] = state.statement
         return sql
@@ -273,7 +273,7 @@ def _progress(message: str) -> None:
     click.echo(f"  {message}", err=True)
 
 
-def inbox_figures(b: _Bench) -> None:
+def inbox_figures(b: Bench) -> None:
     """The inbox rows: enqueue 1 and 100 in the app's transaction, drain of 1000."""
     bench = InboxBench(b)
     try:

@@ -22,7 +22,7 @@ from ..schema import leader
 from .raw import RawDriver
 
 if TYPE_CHECKING:
-    from .runner import _Bench
+    from .runner import Bench
 
 _HOLDER: Final = "cronoq-bench-raw"
 _EPOCH: Final = 1
@@ -36,7 +36,7 @@ class RawLeader:
         self.ttl_ns = ttl_ns
         self.fence_sql, self._order = raw.sql(lease.fence_stmt())
         # The statement's own constants (`id = 1`), as a hand-written client would inline them.
-        compiled = lease.fence_stmt().compile(dialect=raw._compile_dialect)
+        compiled = lease.fence_stmt().compile(dialect=raw.compile_dialect)
         self._consts = compiled.construct_params(_check=False)
         self.seq = 0
         far = time.time_ns() + 10**15
@@ -104,7 +104,7 @@ COMMITS: Final = 500
 """Batch-1 commits per side per pair."""
 
 
-def leader_commit(bench: _Bench, commits: int = COMMITS) -> None:
+def leader_commit(bench: Bench, commits: int = COMMITS) -> None:
     """Batch-1 leader commits: commits/s, CPU per commit and latency p50/p99, store vs raw
     (at most the bench's task count of commits per side and pair)."""
     commits = min(commits, bench.n)
@@ -135,9 +135,9 @@ def leader_commit(bench: _Bench, commits: int = COMMITS) -> None:
     c = bench.add("leader_cpu", 1, "ms/commit", cpu, main)
     lo = bench.add("leader_p50", 1, "ms", p50, main)
     hi = bench.add("leader_p99", 1, "ms", p99, main)
-    from .runner import _progress
+    from .runner import progress
 
-    _progress(
+    progress(
         f"leader commit b1: x{f.ratio:.2f} ({f.ratio_min:.2f}-{f.ratio_max:.2f}), "
         f"CPU {c.excess:+.3f} ms, p50 {lo.store:.3f}/{lo.raw:.3f} ms, "
         f"p99 {hi.store:.3f}/{hi.raw:.3f} ms (store/raw)"

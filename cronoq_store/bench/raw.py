@@ -79,7 +79,7 @@ class RawDriver:
         self.which = dialects.name(dialect)
         # The driver's own positional style, as a hand-written caller would bind rows.
         dialect_class: Any = type(dialect)
-        self._compile_dialect: Dialect = dialect_class(
+        self.compile_dialect: Dialect = dialect_class(
             paramstyle="qmark" if self.which == "sqlite" else "format"
         )
         self.conn: Any
@@ -135,7 +135,7 @@ class RawDriver:
         # Where the spec's columns start in a live-task row (after id, seq, status and the rest).
         self._spec_at = len(recovery.live_tasks_stmt().selected_columns) - len(codec.SPEC_COLUMNS)
         self._prune = prune.prune_stmt(join=dialects.delete_joins(dialect)).compile(
-            dialect=self._compile_dialect
+            dialect=self.compile_dialect
         )
         self.prune_sql = str(self._prune)
         self._prune_keys = tuple(self._prune.positiontup or ())
@@ -149,14 +149,14 @@ class RawDriver:
 
     def sql(self, stmt: ClauseElement) -> tuple[str, tuple[str, ...]]:
         """The driver SQL of a Core statement and the order of its parameters."""
-        compiled = cast(SQLCompiler, stmt.compile(dialect=self._compile_dialect))
+        compiled = cast(SQLCompiler, stmt.compile(dialect=self.compile_dialect))
         return str(compiled), tuple(compiled.positiontup or ())
 
     def delete_deps_in(self, count: int) -> str:
         """The store's dependency-row DELETE with `count` ids, compiled once per count."""
         sql = self._in_lists.get(count)
         if sql is None:
-            compiled = commit.delete_deps_stmt().compile(dialect=self._compile_dialect)
+            compiled = commit.delete_deps_stmt().compile(dialect=self.compile_dialect)
             state = compiled.construct_expanded_state({"ids": list(range(count))})
             sql = self._in_lists[count] = state.statement
         return sql

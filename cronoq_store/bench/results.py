@@ -149,7 +149,7 @@ class Target:
         return dialects.class_of(self.url).name
 
 
-def _goal(
+def goal_of(
     target: Target, metric: Metric, batch: int | None, baseline: str
 ) -> tuple[float | None, bool]:
     """The project's targets: (goal, whether higher is better). SQLite is judged with

@@ -30,7 +30,7 @@ from ..store import SqlStore, StoreConfig
 from .inbox import inbox_figures
 from .leader import leader_commit
 from .raw import Baseline, RawDriver, baselines
-from .results import BenchResult, DatabaseResult, Figure, Metric, Target, _goal
+from .results import BenchResult, DatabaseResult, Figure, Metric, Target, goal_of
 from .targets import raw_database
 from .workload import (
     DEFAULT_BATCH_SIZES,
@@ -40,11 +40,11 @@ from .workload import (
     MIN_ROWS,
     POPULATE_BATCH,
     Workload,
-    _batches,
+    in_batches,
 )
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     click.echo(f"  {message}", err=True)
 
 
@@ -79,7 +79,7 @@ def _label(target: Target, dialect: Dialect) -> str:
     return f"{name} {version}"
 
 
-class _Bench:
+class Bench:
     """The measurements on one target: the store in its database, the raw driver in its own."""
 
     def __init__(
@@ -160,7 +160,7 @@ class _Bench:
     ) -> Figure:
         """A figure from (store, raw) pairs: medians, the median per-pair ratio, its spread."""
         ratios = [s / r if r else float("inf") for s, r in pairs]
-        goal, higher = _goal(self.target, metric, batch, baseline)
+        goal, higher = goal_of(self.target, metric, batch, baseline)
         cpu = metric.endswith("_cpu")
         figure = Figure(
             metric=metric,
@@ -246,14 +246,14 @@ class _Bench:
             trans_cpu: list[tuple[float, float]] = []
             for run in range(self.runs):
                 self.reset()
-                subs = _batches(self.work.submissions(rows), size)
+                subs = in_batches(self.work.submissions(rows), size)
                 ids = [m.id for b in subs for m in b]
                 t = self.work.now()
-                running = _batches(
+                running = in_batches(
                     [StatusChanged(id=i, status=TaskStatus.RUNNING, attempt=1, at=t) for i in ids],
                     size,
                 )
-                done = _batches(
+                done = in_batches(
                     [
                         StatusChanged(id=i, status=TaskStatus.SUCCEEDED, attempt=1, at=t + 1)
                         for i in ids
@@ -300,11 +300,11 @@ class _Bench:
                 for metric, pairs in (("submit_cpu", submit_cpu), ("transition_cpu", trans_cpu)):
                     f = self.add(metric, size, "ms/commit", pairs, main)  # type: ignore[arg-type]
                     said.append(f"{metric} +{f.excess:.3f} ms")
-            _progress(f"batch {size}: " + ", ".join(said))
+            progress(f"batch {size}: " + ", ".join(said))
 
     def populate(self, count: int, *, finished_at: int | None = None) -> None:
         """`count` tasks on both sides (live, or succeeded at engine time `finished_at`)."""
-        for b in _batches(self.work.submissions(count), POPULATE_BATCH):
+        for b in in_batches(self.work.submissions(count), POPULATE_BATCH):
             batch: list[Mutation] = list(b)
             if finished_at is not None:
                 batch += [
@@ -327,7 +327,7 @@ class _Bench:
         """Recovery of `n` live tasks: time, and peak memory against what it returns."""
         self.reset()
         self.populate(self.n)
-        _progress(f"{self.n} live tasks stored on each side")
+        progress(f"{self.n} live tasks stored on each side")
         pairs = []
         for run in range(self.runs):
             turns = [("store", self._store_recover), ("raw", self.raw.recover)]
@@ -337,7 +337,7 @@ class _Bench:
             pairs.append((wall["store"], wall["raw"]))
         f = self.add("recover", None, "s", pairs)
         m = self.add("recover_memory", None, "bytes", [_memory(self._store_recover)])
-        _progress(f"recover x{f.ratio:.2f} of raw; peak memory x{m.ratio:.2f} of the result")
+        progress(f"recover x{f.ratio:.2f} of raw; peak memory x{m.ratio:.2f} of the result")
 
     def _vacuum(self) -> None:
         """PostgreSQL: both sides' task tables vacuumed, untimed, before a prune pair. A store's
@@ -375,7 +375,7 @@ class _Bench:
                 raise RuntimeError(f"pruned {counts}, expected {self.n} on each side")
             pairs.append((self.n / wall["store"], self.n / wall["raw"]))
         f = self.add("prune", PRUNE_BATCH, "rows/s", pairs)
-        _progress(f"prune x{f.ratio:.2f}")
+        progress(f"prune x{f.ratio:.2f}")
 
 
 def bench_database(
@@ -387,7 +387,7 @@ def bench_database(
 ) -> DatabaseResult:
     """Every figure on one target (whose store must not be in use)."""
     with raw_database(target) as raw_url:
-        b = _Bench(target, raw_url, tasks=tasks, batch_sizes=batch_sizes, runs=runs)
+        b = Bench(target, raw_url, tasks=tasks, batch_sizes=batch_sizes, runs=runs)
         click.echo(f"{b.label}:", err=True)
         try:
             b.throughput()

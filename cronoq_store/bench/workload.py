@@ -69,5 +69,5 @@ class Workload:
         ]
 
 
-def _batches(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+def in_batches(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]

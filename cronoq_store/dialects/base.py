@@ -30,14 +30,23 @@ differs; its caller asks `dialect_of(conn)` and never tests a name.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import URL, Connection, Engine
+from sqlalchemy import URL, Connection, Engine, Select, event
 from sqlalchemy.engine.interfaces import Dialect
 
 from .statements import name as dialect_name
 
-__all__ = ["DefaultImpl", "class_of", "dialect_of"]
+__all__ = [
+    "DefaultImpl",
+    "class_of",
+    "connect_with",
+    "dialect_of",
+    "reclass_connections",
+    "setting_is_on",
+    "setting_of",
+]
 
 
 class DefaultImpl:
@@ -133,6 +142,50 @@ class DefaultImpl:
         connection to the server."""
         return None
 
+    acknowledged: ClassVar[str] = "unknown for this dialect"
+    """What an acknowledged commit means on this database when no setting read is unsafe
+    (`durability.Durability.acknowledged`)."""
+
+    @classmethod
+    def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """The settings among `settings` (the server's, by name, as
+        `dialects.durability_settings` reads them) that let a crash take back an acknowledged
+        commit, each as (its name, what it risks). A setting missing or None is not known
+        and makes nothing unsafe. No I/O: `durability.classify` calls it on any settings."""
+        return []
+
+    def hook_cursors(self, engine: Engine, hooked: Callable[[type[Any]], type[Any]]) -> bool:
+        """Make every connection `engine` opens from now on make its cursors of the class
+        `hooked(C)`, C the driver's cursor class (`testing.statements`, which sees what the
+        store sends on its own fast path). False: no way known for this driver (only sync
+        pysqlite, psycopg and PyMySQL have one)."""
+        return False
+
+    def hook_commits(self, engine: Engine, committing: Callable[[type[Any]], type[Any]]) -> bool:
+        """Make every connection `engine` opens from now on of the class `committing(C)`, C
+        the driver's connection class (a subclass that reports its `commit()`). A COMMIT sent
+        as a statement, where `pipelined`, is the caller's to watch. False: no way known."""
+        return False
+
+    def bounds_idle(self) -> bool:
+        """Whether the server can end a session idle inside its transaction
+        (`dialects.idle_bound_supported`); known once the engine has connected."""
+        return False
+
+    def bound(
+        self,
+        conn: Connection,
+        *,
+        idle: timedelta | None,
+        timeout: timedelta | None,
+        idle_too: bool,
+        defer: bool,
+        lock: timedelta | None,
+    ) -> tuple[Select[Any], dict[str, str]] | None:
+        """`dialects.bound`'s work on this database: nothing where the server has no such
+        bounds (a file waits only for other writers, and `busy_timeout` bounds that)."""
+        return None
+
 
 def class_of(where: str | URL) -> type[DefaultImpl]:
     """The class of the database that a URL, or a backend name ("sqlite", "postgresql",
@@ -170,3 +223,36 @@ def _made(dialect: Dialect) -> DefaultImpl:
         impl = cls(dialect)
         setattr(dialect, _KEPT, impl)
     return impl
+
+
+def connect_with(
+    engine: Engine, arg: str, default: type[Any], subclass: Callable[[type[Any]], type[Any]]
+) -> None:
+    """Make `engine` connect with `arg` (a driver's connect() keyword naming a class) set to
+    `subclass` of the class it names (or of `default`)."""
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams[arg] = subclass(cparams.get(arg, default))
+
+
+def reclass_connections(engine: Engine, subclass: Callable[[type[Any]], type[Any]]) -> None:
+    """Make each new driver connection of `engine` an instance of `subclass` of its class,
+    for drivers that take no connection class (the subclass adds no slots of its own, so its
+    layout is the same)."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.__class__ = subclass(type(dbapi_connection))
+
+
+def setting_of(settings: Mapping[str, Any], name: str) -> str | None:
+    """The setting `name` as the server printed it, stripped and lower-cased (None: unknown)."""
+    value = settings.get(name)
+    return None if value is None else str(value).strip().lower()
+
+
+def setting_is_on(settings: Mapping[str, Any], name: str) -> bool | None:
+    """Whether the boolean setting `name` is on ("on", "1", "true", "yes"; None: unknown)."""
+    value = setting_of(settings, name)
+    return None if value is None else value in ("on", "1", "true", "yes")

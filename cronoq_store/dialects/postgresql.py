@@ -5,12 +5,20 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import Connection, false, func, select
+from sqlalchemy import Connection, Engine, Select, bindparam, false, func, select, true
 from sqlalchemy.engine.interfaces import Dialect
 
-from .base import DefaultImpl
+from .base import (
+    DefaultImpl,
+    connect_with,
+    reclass_connections,
+    setting_is_on,
+    setting_of,
+)
+from .cursor import run_stmt
 from .sockets import shut_fd
 
 __all__ = ["PostgresqlImpl"]
@@ -92,6 +100,104 @@ class PostgresqlImpl(DefaultImpl):
         sent may still land, so its outcome is unknown."""
         pgconn = getattr(driver_connection, "pgconn", None)
         return None if pgconn is None else functools.partial(_shut_pgconn, pgconn)
+
+    acknowledged: ClassVar[str] = (
+        "the server has flushed the commit's WAL to this server's disk (fsync on, "
+        "synchronous_commit not off); a failover to a standby keeps it only with synchronous "
+        "replication (see 'server')"
+    )
+
+    @classmethod
+    def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """`fsync` off, `synchronous_commit` off, `full_page_writes` off."""
+        unsafe: list[tuple[str, str]] = []
+        if setting_is_on(settings, "fsync") is False:
+            unsafe.append(
+                (
+                    "fsync",
+                    "nothing is flushed to disk: a crash of the machine loses commits "
+                    "and can corrupt the whole cluster",
+                )
+            )
+        if setting_of(settings, "synchronous_commit") == "off":
+            unsafe.append(
+                (
+                    "synchronous_commit",
+                    "a commit is acknowledged before its WAL is flushed: "
+                    "a crash loses up to 3 x wal_writer_delay of acknowledged commits",
+                )
+            )
+        if setting_is_on(settings, "full_page_writes") is False:
+            unsafe.append(
+                (
+                    "full_page_writes",
+                    "a page torn by a power loss cannot be repaired from the "
+                    "WAL: committed rows can be lost or the database corrupted",
+                )
+            )
+        return unsafe
+
+    def hook_cursors(self, engine: Engine, hooked: Callable[[type[Any]], type[Any]]) -> bool:
+        """Sync psycopg: its `cursor_factory`."""
+        if not self.pipelined:  # sync psycopg: the same test
+            return False
+        import psycopg
+
+        connect_with(engine, "cursor_factory", psycopg.Cursor, hooked)
+        return True
+
+    def hook_commits(self, engine: Engine, committing: Callable[[type[Any]], type[Any]]) -> bool:
+        """Sync psycopg: each connection becomes one of `committing`'s class (its COMMIT
+        statements, sent in pipelines, are the caller's to watch)."""
+        if not self.pipelined:
+            return False
+        reclass_connections(engine, committing)
+        return True
+
+    def bounds_idle(self) -> bool:
+        """`idle_in_transaction_session_timeout` (9.6+)."""
+        return True
+
+    def bound(
+        self,
+        conn: Connection,
+        *,
+        idle: timedelta | None,
+        timeout: timedelta | None,
+        idle_too: bool,
+        defer: bool,
+        lock: timedelta | None,
+    ) -> tuple[Select[Any], dict[str, str]] | None:
+        """Transaction-local `set_config` calls, all in one SELECT: the idle bound, the
+        `statement_timeout` and a shorter `lock_timeout`; with `defer`, the statement and its
+        parameters are returned for the caller to send with its own (`lease.fencing`)."""
+        settings: list[tuple[str, int]] = []
+        if idle_too and idle is not None:
+            settings.append(("idle_in_transaction_session_timeout", max(1, -(-idle // _MS))))
+        if timeout is not None:
+            settings.append(("statement_timeout", max(1, timeout // _MS)))
+            if lock is not None and lock < timeout:
+                settings.append(("lock_timeout", max(1, lock // _MS)))
+        if settings:
+            params = {}
+            for i, (setting, ms) in enumerate(settings):
+                params[f"n{i}"], params[f"v{i}"] = setting, str(ms)
+            if defer:
+                return _set_local_stmt(len(settings)), params
+            run_stmt(conn, _set_local_stmt(len(settings)), params)
+        return None
+
+
+_MS: Final = timedelta(milliseconds=1)
+
+
+@functools.cache
+def _set_local_stmt(count: int) -> Select[Any]:
+    """`SELECT set_config(:n0, :v0, true), ...`: `count` transaction-local settings in one
+    statement."""
+    return select(
+        *(func.set_config(bindparam(f"n{i}"), bindparam(f"v{i}"), true()) for i in range(count))
+    )
 
 
 def _shut_pgconn(pgconn: Any) -> None:

@@ -5,7 +5,6 @@ class's (`DefaultImpl.interrupter`)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import socket
 import sqlite3
@@ -14,13 +13,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Final
 
-from sqlalchemy import URL, Connection, Engine, Select, bindparam, event, func, select, true
+from sqlalchemy import URL, Connection, Engine, Select, event
 from sqlalchemy.engine.interfaces import Dialect
 
 from .base import dialect_of
-from .cursor import run, run_stmt
+from .cursor import run
+from .mysql import IDLE_INFO as IDLE_INFO
 from .sqlite import SQLITE_TRANSIENT
-from .statements import name
 
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
 
@@ -94,10 +93,6 @@ def _wal(cursor: sqlite3.Cursor, busy_timeout: timedelta) -> None:
         pause = min(pause * 2, 0.05)
 
 
-IDLE_INFO: Final = "cronoq_idle_s"
-"""`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""
-
-
 # The pool's reset of a connection coming back to it.
 
 _COMMITTED: Final = "cronoq_committed"
@@ -142,13 +137,7 @@ def committed(conn: Connection) -> None:
 def idle_bound_supported(dialect: Dialect) -> bool:
     """Whether the server can end a session idle inside its transaction: PostgreSQL (9.6+),
     MariaDB 10.3+. SQLite has no server; MySQL has no such setting."""
-    which = name(dialect)
-    if which == "postgresql":
-        return True
-    if which == "mysql" and getattr(dialect, "is_mariadb", False):
-        version = dialect.server_version_info or (0,)
-        return tuple(version[:2]) >= (10, 3)
-    return False
+    return dialect_of(dialect).bounds_idle()
 
 
 def bound_idle(conn: Connection, idle: timedelta | None) -> None:
@@ -191,60 +180,12 @@ def bound(
     commit pays one statement for its bounds, not two. MySQL's are session settings sent only
     when they change, and SQLite needs neither. With `defer`, PostgreSQL's statement and its
     parameters are returned instead of run, for the caller to send with its own
-    (`lease.fencing`).
+    (`lease.fencing`). Each server's way is its class's `bound` (`dialect_of`).
     """
-    which = name(conn.dialect)
-    if which == "postgresql":
-        settings: list[tuple[str, int]] = []
-        if idle_too and idle is not None:
-            settings.append(("idle_in_transaction_session_timeout", max(1, -(-idle // _MS))))
-        if timeout is not None:
-            settings.append(("statement_timeout", max(1, timeout // _MS)))
-            if lock is not None and lock < timeout:
-                settings.append(("lock_timeout", max(1, lock // _MS)))
-        if settings:
-            params = {}
-            for i, (setting, ms) in enumerate(settings):
-                params[f"n{i}"], params[f"v{i}"] = setting, str(ms)
-            if defer:
-                return _set_local_stmt(len(settings)), params
-            run_stmt(conn, _set_local_stmt(len(settings)), params)
+    impl = dialect_of(conn)
+    if not impl.server:  # a file has nothing to bound: its commit pays no second call
         return None
-    if which != "mysql":
-        return None
-    if timeout is not None:
-        # Whole seconds: the statement's bound rounded up (the watchdog ends the transaction
-        # on time), a shorter lock bound rounded down (its wait must end before a renewal's).
-        if lock is not None and lock < timeout:
-            seconds = max(1, lock // timedelta(seconds=1))
-        else:
-            seconds = max(1, -(-timeout // timedelta(seconds=1)))
-        if conn.info.get("cronoq_lock_wait_s") != seconds:
-            # Row locks (InnoDB) and table locks (metadata: an ALTER TABLE under way).
-            conn.exec_driver_sql(
-                f"SET SESSION innodb_lock_wait_timeout = {seconds}, lock_wait_timeout = {seconds}"
-            )
-            conn.info["cronoq_lock_wait_s"] = seconds
-    if not idle_too or not idle_bound_supported(conn.dialect):
-        return None
-    seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
-    if conn.info.get(IDLE_INFO, 0) != seconds:
-        value = str(seconds) if seconds else "DEFAULT"
-        conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {value}")
-        conn.info[IDLE_INFO] = seconds
-    return None
-
-
-_MS: Final = timedelta(milliseconds=1)
-
-
-@functools.cache
-def _set_local_stmt(count: int) -> Select[Any]:
-    """PostgreSQL: `SELECT set_config(:n0, :v0, true), ...`: `count` transaction-local
-    settings in one statement."""
-    return select(
-        *(func.set_config(bindparam(f"n{i}"), bindparam(f"v{i}"), true()) for i in range(count))
-    )
+    return impl.bound(conn, idle=idle, timeout=timeout, idle_too=idle_too, defer=defer, lock=lock)
 
 
 def interrupter(conn: Connection) -> Callable[[], None] | None:

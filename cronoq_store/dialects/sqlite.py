@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final
 
+from sqlalchemy import Engine
 from sqlalchemy.engine.interfaces import Dialect
 
-from .base import DefaultImpl
+from .base import DefaultImpl, connect_with, setting_of
 
 __all__ = ["SQLITE_FULL", "SQLITE_TRANSIENT", "SQLiteImpl"]
 
@@ -40,3 +42,61 @@ class SQLiteImpl(DefaultImpl):
         if not isinstance(driver, sqlite3.Connection):
             driver = getattr(driver, "_conn", None)  # aiosqlite's, once it runs
         return driver.interrupt if isinstance(driver, sqlite3.Connection) else None
+
+    acknowledged: ClassVar[str] = (
+        "SQLite has fsynced the write-ahead log (journal_mode=wal, synchronous=FULL or EXTRA: "
+        "StoreConfig.full_sync, the default)"
+    )
+
+    @classmethod
+    def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """No journal on disk, or `synchronous` below FULL (by name or number)."""
+        unsafe: list[tuple[str, str]] = []
+        journal = setting_of(settings, "journal_mode")
+        sync = setting_of(settings, "synchronous")
+        sync = {"0": "off", "1": "normal", "2": "full", "3": "extra"}.get(sync or "", sync)
+        if journal in ("memory", "off"):
+            unsafe.append(
+                ("journal_mode", "no journal on disk: a crash mid-commit can corrupt the database")
+            )
+        if sync == "off":
+            unsafe.append(
+                (
+                    "synchronous",
+                    "SQLite never fsyncs: a power loss or OS crash loses "
+                    "acknowledged commits and can corrupt the database",
+                )
+            )
+        elif sync == "normal":
+            unsafe.append(
+                (
+                    "synchronous",
+                    "SQLite does not fsync each commit (StoreConfig.full_sync "
+                    "off): a power loss or OS crash loses the last acknowledged commits",
+                )
+            )
+        return unsafe
+
+    def hook_cursors(self, engine: Engine, hooked: Callable[[type[Any]], type[Any]]) -> bool:
+        """pysqlite: a connection factory whose `cursor()` makes hooked cursors."""
+        if not self._pysqlite:
+            return False
+
+        def factory(base: type[sqlite3.Connection]) -> type[sqlite3.Connection]:
+            cursor_class = hooked(sqlite3.Cursor)
+
+            class Hooked(base):  # type: ignore[valid-type,misc]
+                def cursor(self, factory: Any = None) -> Any:
+                    return super().cursor(factory or cursor_class)
+
+            return Hooked
+
+        connect_with(engine, "factory", sqlite3.Connection, factory)
+        return True
+
+    def hook_commits(self, engine: Engine, committing: Callable[[type[Any]], type[Any]]) -> bool:
+        """pysqlite: a connection factory."""
+        if not self._pysqlite:
+            return False
+        connect_with(engine, "factory", sqlite3.Connection, committing)
+        return True

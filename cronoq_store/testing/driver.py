@@ -30,7 +30,7 @@ from .acklog import AckLog
 from .base import BASE, Emit, Event, Store, digest
 from .config import SQL_ONLY, WATCHED, DriverConfig, HangPoint
 from .statements import after_commits, after_statements
-from .workload import Workload, _Live, _Phase, _Planned
+from .workload import Live, Phase, Planned, Workload
 
 T = TypeVar("T")
 
@@ -395,7 +395,7 @@ class WorkloadDriver:
             self._hang(HangPoint.AFTER_ACK)
         return True
 
-    def _take_inbox(self, planned: _Planned) -> tuple[int, int]:
+    def _take_inbox(self, planned: Planned) -> tuple[int, int]:
         """Add up to `batch` inbox items to `planned`, as an engine would: each becomes a task
         committed with its `InboxTaken`, or is dropped (alone) when its key is live."""
         read: Callable[..., list[InboxItem]] | None = getattr(self.store, "read_inbox", None)
@@ -403,7 +403,7 @@ class WorkloadDriver:
             return 0, 0
         items = self._retrying("read_inbox", lambda: read(limit=self.config.batch, base=BASE))
         live_keys = {s.key for s in planned.live.values() if s.key is not None}
-        at = self.workload._now()
+        at = self.workload.now()
         taken = dropped = 0
         for item in items:
             key = item.spec.key
@@ -433,7 +433,7 @@ class WorkloadDriver:
                 }
             )
             planned.submitted.append(task_id)
-            planned.live[task_id] = _Live(phase=_Phase.QUEUED, attempt=0, key=key)
+            planned.live[task_id] = Live(phase=Phase.QUEUED, attempt=0, key=key)
             if key is not None:
                 live_keys.add(key)
             taken += 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy import exc as sa_exc
 
-from ..dialects import connect_options, parse_url
+from ..dialects import class_of, connect_options, parse_url
 from ..errors import StoreUnavailable
 from ..inbox import enqueue_many
 from ..model import (
@@ -46,7 +46,7 @@ def app_engine(url: str | os.PathLike[str]) -> Engine:
     `connect_args={"prepare_threshold": None}`, as docs/deploying.md shows)."""
     target = os.fspath(url)
     parsed = parse_url(target) if "://" in target else make_url(f"sqlite:///{target}")
-    if parsed.get_backend_name() == "sqlite":
+    if not class_of(parsed).server:  # a file: its writers wait on each other
         return create_engine(parsed, connect_args={"timeout": 30})
     parsed, connect_args = connect_options(parsed)
     return create_engine(parsed, connect_args=connect_args)

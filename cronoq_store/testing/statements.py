@@ -10,12 +10,13 @@ SQLAlchemy's `do_connect` event), so the store's code runs unchanged and on its 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
+
+from ..dialects import dialect_of
 
 __all__ = ["CommitHook", "StatementHook", "after_commits", "after_statements"]
 
@@ -61,29 +62,8 @@ _HOOKS: Final[weakref.WeakKeyDictionary[Engine, list[StatementHook]]] = weakref.
 
 
 def _install(engine: Engine, hook: StatementHook) -> None:
-    driver = engine.dialect.driver
-    if driver == "pysqlite":
-        import sqlite3
-
-        def sqlite_factory(base: type[sqlite3.Connection]) -> type[sqlite3.Connection]:
-            cursor_class = _hooked(sqlite3.Cursor, hook)
-
-            class Hooked(base):  # type: ignore[valid-type,misc]
-                def cursor(self, factory: Any = None) -> Any:
-                    return super().cursor(factory or cursor_class)
-
-            return Hooked
-
-        _on_connect(engine, "factory", sqlite3.Connection, sqlite_factory)
-    elif driver == "psycopg":
-        import psycopg
-
-        _on_connect(engine, "cursor_factory", psycopg.Cursor, lambda c: _hooked(c, hook))
-    elif driver == "pymysql":
-        cursors: Any = importlib.import_module("pymysql.cursors")  # no type stubs
-        _on_connect(engine, "cursorclass", cursors.Cursor, lambda c: _hooked(c, hook))
-    else:
-        raise ValueError(f"no statement hook for the {driver} driver")
+    if not dialect_of(engine).hook_cursors(engine, lambda c: _hooked(c, hook)):
+        raise ValueError(f"no statement hook for {engine.url.drivername}")
     engine.dispose()
 
 
@@ -101,23 +81,10 @@ def after_commits(engine: Engine, hook: CommitHook) -> None:
     Raises:
         ValueError: For another driver.
     """
-    driver = engine.dialect.driver
-    if driver == "pysqlite":
-        import sqlite3
-
-        _on_connect(engine, "factory", sqlite3.Connection, lambda c: _committing(c, hook))
-        engine.dispose()
-        return
-    if driver not in ("psycopg", "pymysql"):
-        raise ValueError(f"no commit hook for the {driver} driver")
-
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: Any, _record: Any) -> None:
-        # Neither driver takes a connection class: the connection becomes one (a subclass
-        # with no slots of its own, so its layout is the same).
-        dbapi_connection.__class__ = _committing(type(dbapi_connection), hook)
-
-    if driver == "psycopg":
+    impl = dialect_of(engine)
+    if not impl.hook_commits(engine, lambda c: _committing(c, hook)):
+        raise ValueError(f"no commit hook for {engine.url.drivername}")
+    if impl.pipelined:  # psycopg's flights send COMMIT as a statement
 
         def commit_statement(cursor: Any, statement: str) -> None:
             if statement.strip().upper() == "COMMIT":
@@ -138,17 +105,6 @@ def _committing(base: type[Any], hook: CommitHook) -> type[Any]:
             hook(self)
 
     return Committing
-
-
-def _on_connect(
-    engine: Engine, arg: str, default: type[Any], subclass: Callable[[type[Any]], type[Any]]
-) -> None:
-    """Connect with `arg` (a connect() keyword naming a class) set to `subclass` of the class
-    it names (or of `default`)."""
-
-    @event.listens_for(engine, "do_connect")
-    def _connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-        cparams[arg] = subclass(cparams.get(arg, default))
 
 
 _FAILED: Final = (7, 11)

@@ -47,7 +47,7 @@ def output_for(task_id: int, attempt: int) -> bytes:
     return b"out:%d:%d" % (task_id, attempt)
 
 
-class _Phase(enum.Enum):
+class Phase(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
     RETRYING = "retrying"
@@ -56,20 +56,20 @@ class _Phase(enum.Enum):
 
 
 @dataclass(slots=True)
-class _Live:
-    phase: _Phase
+class Live:
+    phase: Phase
     attempt: int
     key: str | None
 
 
 @dataclass(slots=True)
-class _Planned:
+class Planned:
     """A batch and the workload state it leads to once committed."""
 
     batch: list[Mutation]
     outputs: list[tuple[TaskId, bytes]]
     records: list[dict[str, Any]]
-    live: dict[int, _Live]
+    live: dict[int, Live]
     known_ids: list[int]
     schedules: set[str]
     next_id: int
@@ -82,7 +82,7 @@ class Workload:
     def __init__(self, rng: random.Random, config: DriverConfig) -> None:
         self.rng = rng
         self.config = config
-        self.live: dict[int, _Live] = {}
+        self.live: dict[int, Live] = {}
         self.known_ids: list[int] = []
         self.schedules: set[str] = set()
         self.next_id = 0
@@ -92,8 +92,8 @@ class Workload:
         """Start a term from what recovery returned."""
         self.next_id = max(int(recovered.next_id), epoch << EPOCH_SHIFT)
         self.live = {
-            int(t.id): _Live(
-                phase=_Phase.QUEUED if t.attempt == 0 else _Phase.STARTED,
+            int(t.id): Live(
+                phase=Phase.QUEUED if t.attempt == 0 else Phase.STARTED,
                 attempt=t.attempt,
                 key=t.spec.key,
             )
@@ -102,7 +102,7 @@ class Workload:
         self.known_ids = [int(t.id) for t in recovered.terminal[-200:]] + list(self.live)[-200:]
         self.schedules = {r.spec.name for r in recovered.recurring}
 
-    def _now(self) -> int:
+    def now(self) -> int:
         return time.time_ns() - BASE.unix_ns
 
     def _spec(self, task_id: int, keys_free: list[str], known_keys: list[str]) -> TaskSpec:
@@ -118,7 +118,7 @@ class Workload:
             deps.append(Dep(target=ById(id=TaskId(r.choice(self.known_ids))), on=r.choice(_DEP_ON)))
         if known_keys and r.random() < 0.2:
             deps.append(Dep(target=ByKey(key=r.choice(known_keys)), on=r.choice(_DEP_ON)))
-        now = self._now()
+        now = self.now()
         size = 4096 if r.random() < 0.02 else r.randrange(0, 64)
         return TaskSpec(
             payload=r.randbytes(size),
@@ -147,11 +147,11 @@ class Workload:
         )
 
     def _advance(
-        self, task_id: int, st: _Live, at: int
-    ) -> tuple[StatusChanged, _Live | None, bytes | None]:
+        self, task_id: int, st: Live, at: int
+    ) -> tuple[StatusChanged, Live | None, bytes | None]:
         """The next transition of a live task; None as new state once it finished."""
         r = self.rng
-        if st.phase is _Phase.QUEUED or st.phase is _Phase.RETRYING:
+        if st.phase is Phase.QUEUED or st.phase is Phase.RETRYING:
             attempt = st.attempt + 1
             m = StatusChanged(
                 id=TaskId(task_id),
@@ -160,9 +160,9 @@ class Workload:
                 at=at,
                 message=f"attempt {attempt}" if r.random() < 0.5 else None,
             )
-            return m, _Live(phase=_Phase.RUNNING, attempt=attempt, key=st.key), None
+            return m, Live(phase=Phase.RUNNING, attempt=attempt, key=st.key), None
         roll = r.random()
-        if st.phase is _Phase.RUNNING and roll < 0.1:
+        if st.phase is Phase.RUNNING and roll < 0.1:
             m = StatusChanged(
                 id=TaskId(task_id),
                 status=TaskStatus.RETRYING,
@@ -170,7 +170,7 @@ class Workload:
                 at=at,
                 message="backing off",
             )
-            return m, _Live(phase=_Phase.RETRYING, attempt=st.attempt, key=st.key), None
+            return m, Live(phase=Phase.RETRYING, attempt=st.attempt, key=st.key), None
         if roll < 0.25:
             m = StatusChanged(
                 id=TaskId(task_id),
@@ -185,12 +185,12 @@ class Workload:
         )
         return m, None, output_for(task_id, st.attempt)
 
-    def plan(self) -> _Planned:
+    def plan(self) -> Planned:
         """The next batch; the workload changes only when `accept` is called with it."""
         r = self.rng
         n = self.config.batch
-        at = self._now()
-        live = {i: _Live(s.phase, s.attempt, s.key) for i, s in self.live.items()}
+        at = self.now()
+        live = {i: Live(s.phase, s.attempt, s.key) for i, s in self.live.items()}
         batch: list[Mutation] = []
         outputs: list[tuple[TaskId, bytes]] = []
         records: list[dict[str, Any]] = []
@@ -224,7 +224,7 @@ class Workload:
             batch.append(sub)
             submitted.append(task_id)
             records.append({"op": "submit", "id": task_id, "key": spec.key, "digest": digest(spec)})
-            st = _Live(phase=_Phase.QUEUED, attempt=0, key=spec.key)
+            st = Live(phase=Phase.QUEUED, attempt=0, key=spec.key)
             if r.random() < 0.15:  # inserted and moved on within one batch (folding)
                 m, new, out = self._advance(task_id, st, at)
                 batch.append(m)
@@ -276,7 +276,7 @@ class Workload:
             records.append({"op": "rec_remove", "name": name})
             schedules.discard(name)
         known = (self.known_ids + submitted)[-400:]
-        return _Planned(
+        return Planned(
             batch=batch,
             outputs=outputs,
             records=records,
@@ -287,7 +287,7 @@ class Workload:
             submitted=submitted,
         )
 
-    def accept(self, planned: _Planned) -> None:
+    def accept(self, planned: Planned) -> None:
         """The planned batch was committed."""
         self.live = planned.live
         self.known_ids = planned.known_ids

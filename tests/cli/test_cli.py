@@ -21,7 +21,7 @@ from pathlib import Path
 
 import builders
 import pytest
-from builders import BASE
+from builders import BASE, execute
 from click.testing import CliRunner, Result
 from sqlalchemy import URL, create_engine, inspect, text
 
@@ -283,12 +283,7 @@ def test_lease_release(db_url: URL, store: SqlStore) -> None:
 def test_schema_too_new_is_refused(db_url: URL) -> None:
     url = cli_url(db_url)
     run(url, "upgrade")
-    engine = create_engine(db_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE cronoq_alembic_version SET version_num = '9999_future'"))
-    finally:
-        engine.dispose()
+    execute(db_url, "UPDATE cronoq_alembic_version SET version_num = '9999_future'")
     for args in (
         ["status"],
         ["tasks"],
@@ -346,16 +341,14 @@ def test_bad_url(url: str, why: str) -> None:
 
 @pytest.mark.sqlite
 def test_missing_sqlite_file_is_not_created(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    empty_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
     for args in (["status"], ["current"], ["tasks"]):
         assert "no SQLite database at cronoq.db" in one_error(run(None, *args, code=1))
-    assert not (tmp_path / "cronoq.db").exists()
-    monkeypatch.setenv("CRONOQ_DATABASE_URL", str(tmp_path / "env.db"))
+    assert not (empty_dir / "cronoq.db").exists()
+    monkeypatch.setenv("CRONOQ_DATABASE_URL", str(empty_dir / "env.db"))
     run(None, "upgrade")  # the URL comes from the environment
-    assert (tmp_path / "env.db").exists()
+    assert (empty_dir / "env.db").exists()
     assert "--schema is for PostgreSQL" in run(None, "--schema", "x", "status", code=2).stderr
 
 
@@ -547,23 +540,13 @@ def test_mysql_schema_names_a_database_upgrade_creates(db_url: URL) -> None:
         assert status["revision"] == migrate.head_revision()
         assert run(url, "--schema", schema, "current").stdout == f"{migrate.head_revision()}\n"
     finally:
-        engine = create_engine(db_url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(text(f"DROP DATABASE IF EXISTS {schema}"))
-        finally:
-            engine.dispose()
+        execute(db_url, f"DROP DATABASE IF EXISTS {schema}")
 
 
 def test_current_prints_an_unknown_revision(db_url: URL) -> None:
     url = cli_url(db_url)
     run(url, "upgrade")
-    engine = create_engine(db_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE cronoq_alembic_version SET version_num = '0777_later'"))
-    finally:
-        engine.dispose()
+    execute(db_url, "UPDATE cronoq_alembic_version SET version_num = '0777_later'")
     result = run(url, "current", code=1)
     assert result.stdout == "0777_later\n"
     assert "'0777_later', which this build of cronoq-store does not know" in result.stderr

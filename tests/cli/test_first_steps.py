@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import pytest
 from builders import BASE, status, submit
-from conftest import SERVER_URLS, _admin_engine
+from servers import SERVER_URLS, admin_engine
 from sqlalchemy import URL, Engine, make_url, text
 from test_cli import cli_url, one_error, run
 
@@ -113,7 +113,7 @@ def test_web_that_cannot_listen_is_one_error_line_and_status_1(where: str, tmp_p
 @pytest.mark.mysql
 def test_store_config_schema_still_opens_a_mysql_url_without_a_database() -> None:
     """The refusal is only for a URL that names no database at all: `schema` names one."""
-    admin = _admin_engine("mysql")
+    admin = admin_engine("mysql")
     name = "cq_newc_nodb"
     try:
         with admin.connect() as conn:

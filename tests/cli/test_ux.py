@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import captured, execute
 from click.testing import Result
-from sqlalchemy import URL, create_engine, text
+from sqlalchemy import URL, create_engine
 from test_cli import PASSWORD, cli_url, one_error, run, submit
 
 from cronoq_store import SqlStore, TimeBase, migrate
@@ -34,16 +35,12 @@ def paste(argv: list[str], *, code: int = 0) -> Result:
 
 
 @pytest.mark.sqlite
-def test_a_missing_sqlite_file_hint_creates_that_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
+def test_a_missing_sqlite_file_hint_creates_that_file(empty_dir: Path) -> None:
     line = one_error(run("mydata.db", "status", code=1))
     assert "no SQLite database at mydata.db" in line
     assert hint(line) == ["--url", "mydata.db", "upgrade"]
     paste(hint(line))
-    assert (tmp_path / "mydata.db").exists() and not (tmp_path / "cronoq.db").exists()
+    assert (empty_dir / "mydata.db").exists() and not (empty_dir / "cronoq.db").exists()
     run("mydata.db", "status")
 
 
@@ -81,12 +78,7 @@ def test_a_missing_postgresql_schema_is_named(db_url: URL) -> None:
     line = one_error(run(url, "--schema", "missing", "status", code=1))
     assert "no PostgreSQL schema 'missing' in this database" in line, line
     assert hint(line)[-3:] == ["--schema", "missing", "upgrade"]
-    engine = create_engine(db_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("CREATE SCHEMA empty"))
-    finally:
-        engine.dispose()
+    execute(db_url, "CREATE SCHEMA empty")
     line = one_error(run(url, "--schema", "empty", "tasks", code=1))
     assert "PostgreSQL schema 'empty' has no cronoq tables" in line, line
     line = one_error(run(url, "status", code=1))
@@ -254,15 +246,11 @@ def _app_history(tmp_path: Path, filter_: str) -> Path:
 
 
 def _alembic(ini: Path, url: str, *args: str) -> str:
-    import subprocess
     import sys
 
-    done = subprocess.run(
+    done = captured(
         [sys.executable, "-m", "alembic", "-c", str(ini), "-x", f"url={url}", *args],
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
@@ -398,15 +386,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tree_alembic(*args: str, cwd: Path) -> tuple[int, str]:
-    import subprocess
     import sys
 
-    done = subprocess.run(
+    done = captured(
         [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini"), *args],
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
         cwd=cwd,
     )
     return done.returncode, done.stderr
@@ -470,16 +454,12 @@ def _env(*, ci: bool, **extra: str) -> dict[str, str]:
 
 
 def _script(env: dict[str, str]) -> tuple[int, str, str, float]:
-    import subprocess
 
     started = time.monotonic()
-    done = subprocess.run(
+    done = captured(
         [str(ROOT / "scripts" / "test-servers")],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
     )
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
 
@@ -536,10 +516,9 @@ def test_test_servers_on_a_machine_without_servers(tmp_path: Path) -> None:
 
 
 def _pytest(env: dict[str, str]) -> tuple[int, str]:
-    import subprocess
     import sys
 
-    done = subprocess.run(
+    done = captured(
         [
             sys.executable,
             "-m",
@@ -553,10 +532,7 @@ def _pytest(env: dict[str, str]) -> tuple[int, str]:
         ],
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
     )
     return done.returncode, done.stdout + done.stderr
 

@@ -47,6 +47,14 @@ def test_orjson_is_the_fast_path_when_installed() -> None:
     assert jsontext.BACKEND == "orjson"
 
 
+def _reload_codec() -> Any:
+    """`codec` imported again, each module in the order they import each other, so that its
+    JSON parts take `jsontext` as it now is."""
+    for part in ("values", "building", "jsonparts", "columns", "recurring", "rows"):
+        importlib.reload(sys.modules[f"cronoq_store.codec.{part}"])
+    return importlib.reload(cronoq_store.codec)
+
+
 @pytest.fixture
 def without_orjson(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """`jsontext` and `codec` as imported where orjson is not installed."""
@@ -64,7 +72,7 @@ def without_orjson(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     finally:
         monkeypatch.undo()
         importlib.reload(jsontext)
-        importlib.reload(cronoq_store.codec)
+        _reload_codec()
 
 
 _specs = st.builds(
@@ -100,7 +108,8 @@ def test_spec_json_columns_are_the_standard_librarys_bytes(spec: TaskSpec) -> No
 def test_stdlib_path_without_orjson(without_orjson: Any) -> None:
     assert without_orjson.BACKEND == "json"
     assert without_orjson.dumps_plain is without_orjson.dumps
-    codec = importlib.reload(cronoq_store.codec)
+    codec = _reload_codec()
+    assert codec.jsonparts.dumps_plain is without_orjson.dumps  # the stdlib's, as reloaded
     from cronoq_store.model import TimeBase
 
     spec = TaskSpec(
@@ -173,8 +182,8 @@ def test_spec_read_back_is_one_post_init_accepts(spec: TaskSpec, data: st.DataOb
 @example('{"a":1180591620717411303424}')  # 2**70: an int to the stdlib, a float to orjson
 @example('[{"id":-9223372036854775809,"on":"success"}]')
 @example('["a","\\ud800"]')
-@example('[{"id":12345,"on":"success"},{"key":"bench-12344","on":"success"}]')  # past _SHALLOW
-@example("[" * 40 + "]" * 40)  # past _SHALLOW, nested too deep
+@example('[{"id":12345,"on":"success"},{"key":"bench-12344","on":"success"}]')  # past SHALLOW
+@example("[" * 40 + "]" * 40)  # past SHALLOW, nested too deep
 @example('[{"key":"' + "k" * 60 + '","on":"success"}]' + " " * 3)
 def test_plain_columns_decode_alike_with_and_without_orjson(text: Any) -> None:
     """Each plain column's decoder gives the same value, or refuses, on either path."""
@@ -183,18 +192,23 @@ def test_plain_columns_decode_alike_with_and_without_orjson(text: Any) -> None:
 
     # The uncached tag and label decoders: a cached one would answer the second path from
     # what the first decoded.
-    decoders = (codec.decode_deps, codec._decode_tags, codec._decode_labels, codec.decode_resources)
+    decoders = (
+        codec.decode_deps,
+        codec.jsonparts.decode_tags_uncached,
+        codec.jsonparts.decode_labels_uncached,
+        codec.decode_resources,
+    )
     for fn in decoders:
         outcomes = []
-        for fast in (codec._fast_loads, None):
-            saved = codec._fast_loads
-            codec._fast_loads = fast
+        for fast in (codec.jsonparts.fast_loads, None):
+            saved = codec.jsonparts.fast_loads
+            codec.jsonparts.fast_loads = fast
             try:
                 outcomes.append(("ok", fn(text)))
             except CorruptValue:
                 outcomes.append(("corrupt", None))
             finally:
-                codec._fast_loads = saved
+                codec.jsonparts.fast_loads = saved
         assert outcomes[0] == outcomes[1], (fn.__name__, text)
 
 
@@ -225,11 +239,12 @@ def test_shared_label_and_tag_texts_decode_alike_and_labels_stay_private(
     if long:  # past the cache's bound: decoded each time
         labels = {**labels, "pad": "p" * (codec.SHARED_TAGS_MAX + 1)}
     text = codec.encode_labels(labels)
-    stored = codec._decode_labels(text)  # as written: the encoder cleans what it must
+    uncached = codec.jsonparts
+    stored = uncached.decode_labels_uncached(text)  # as written: the encoder cleans what it must
     first, second = codec.decode_labels(text), codec.decode_labels(text)
     assert first == second == stored
     assert type(first) is dict
     first["changed"] = "yes"
     assert codec.decode_labels(text) == stored
     tags = codec.encode_tags(frozenset(labels))
-    assert codec.decode_tags(tags) == codec.decode_tags(tags) == codec._decode_tags(tags)
+    assert codec.decode_tags(tags) == codec.decode_tags(tags) == uncached.decode_tags_uncached(tags)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _required
+from servers import required
 from sqlalchemy import URL, NullPool, create_engine, make_url, text
 from sqlalchemy import exc as sa_exc
 from test_failover import _figures, _seconds  # the figures and their summary are shared
@@ -86,7 +86,7 @@ class Cluster:
 
 def _unavailable(why: str) -> None:
     message = f"no Galera cluster: {why}"
-    if _required():
+    if required():
         pytest.fail(f"{message} (all dialects are required here)", pytrace=False)
     pytest.skip(message)
 

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -30,8 +29,8 @@ from typing import Any
 import psycopg
 import pytest
 from builders import BASE, found_empty, status, submit, wait_until
-from conftest import SERVER_URLS, _required, new_database
 from faces import FACES, open_face
+from servers import SERVER_URLS, free_port, new_database, required
 from sqlalchemy import URL, Engine, create_engine, make_url
 from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, spawn
 
@@ -62,12 +61,6 @@ WAKE_BOUND = 5.0
 """`wait_inbox` must wake within this long of the enqueue's commit (it polls every 100 ms)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def pooler_port() -> Iterator[int]:
     """The port of a pgbouncer in transaction mode started for this module, stopped after."""
@@ -76,7 +69,7 @@ def pooler_port() -> Iterator[int]:
     )
     if pgbouncer is None:
         why = "pgbouncer is not installed (scripts/pg-pooler install)"
-        if _required():
+        if required():
             pytest.fail(f"{why} (all dialects are required here)", pytrace=False)
         pytest.skip(why)
     upstream = make_url(SERVER_URLS["postgresql"])
@@ -86,7 +79,7 @@ def pooler_port() -> Iterator[int]:
         "CRONOQ_POOLER_UPSTREAM_PORT": str(upstream.port or 5432),
     }
     directory = tempfile.mkdtemp(prefix="cronoq-pgbouncer-")
-    port = _free_port()
+    port = free_port()
     try:
         subprocess.run([SCRIPT, "start", directory, str(port)], env=env, check=True, timeout=60)
         yield port

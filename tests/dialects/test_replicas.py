@@ -29,6 +29,7 @@ import pymysql
 import pytest
 from builders import BASE, keyed
 from pgpair import PgPair
+from servers import free_port
 from sqlalchemy import Engine, create_engine, event, select, text
 
 from cronoq_store import (
@@ -358,12 +359,6 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def read_only_maria() -> Iterator[ReadOnlyMaria]:
     missing = [t for t in ("mariadb-install-db", "mariadbd") if shutil.which(t) is None]
@@ -371,7 +366,7 @@ def read_only_maria() -> Iterator[ReadOnlyMaria]:
     if why is None and os.geteuid() != 0:
         why = "a MariaDB server of our own runs as the mysql user: needs root"
     # Not under pytest's tmp_path: the mysql user cannot enter root's private directory.
-    server = ReadOnlyMaria(Path(tempfile.mkdtemp(prefix="cronoq-maria-ro-")), _free_port())
+    server = ReadOnlyMaria(Path(tempfile.mkdtemp(prefix="cronoq-maria-ro-")), free_port())
     try:
         if why is None:
             try:

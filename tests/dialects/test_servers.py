@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SERVER_URLS, raise_mysql_packet
+from builders import captured
+from servers import SERVER_URLS, raise_mysql_packet
 from sqlalchemy import Connection, create_engine, text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,11 +57,9 @@ def test_test_servers_script_says_what_it_changed(server: tuple[Connection, int]
     conn, have = server
     want = have + 2048
     env = {**os.environ, "CRONOQ_MYSQL_PACKET": str(want)}
-    run = subprocess.run(
+    run = captured(
         [str(ROOT / "scripts" / "test-servers")],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
         check=True,
     )
@@ -70,11 +68,9 @@ def test_test_servers_script_says_what_it_changed(server: tuple[Connection, int]
         f"SET GLOBAL max_allowed_packet {have} -> {want} (until it restarts)"
     ) in run.stdout, run.stdout + run.stderr
     assert _packet(conn) == want
-    again = subprocess.run(
+    again = captured(
         [str(ROOT / "scripts" / "test-servers")],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
         check=True,
     )

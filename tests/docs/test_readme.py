@@ -42,18 +42,20 @@ def test_docs_have_examples() -> None:
 
 
 @pytest.mark.parametrize("page", DOCS, ids=[page.stem for page in DOCS])
-def test_docs_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CRONOQ_DATABASE_URL", raising=False)
+def test_docs_examples_run(page: Path, empty_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CRONOQ_SCHEMA", raising=False)
     blocks = python_blocks(page)
     if any("set_meter_provider" in code for code in blocks):
         # OpenTelemetry takes one global provider per process: a page that sets one runs in
         # a process of its own, so it neither fails nor spoils the telemetry tests.
-        script = tmp_path / f"{page.stem}.py"
+        script = empty_dir / f"{page.stem}.py"
         script.write_text("\n".join(blocks), encoding="utf-8")
         ran = subprocess.run(
-            [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+            [sys.executable, str(script)],
+            cwd=empty_dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert ran.returncode == 0, ran.stderr
         return

@@ -18,12 +18,12 @@ import random
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import figures
+from figures import figures, rounds
 from sqlalchemy import URL, select
 
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId
@@ -242,6 +242,24 @@ def _seconds(dialect: str, test: str, began: float) -> None:
     _figures(dialect)["seconds"][test] = round(time.monotonic() - began, 1)
 
 
+def _drill_end(
+    dialect: str,
+    drivers: Iterable[Driver],
+    reader: Any,
+    log: Path,
+    db_url: URL,
+    test: str,
+    began: float,
+) -> None:
+    """Stop `drivers` (none may have met an error), check the database against the log and
+    its integrity, and note the drill's seconds."""
+    for d in drivers:
+        assert d.stop()["errors"] == []
+    _check(dialect, reader, log)
+    _integrity(dialect, db_url)
+    _seconds(dialect, test, began)
+
+
 # Paused leader: SIGSTOP for 1.5 x TTL, a standby takes over, the old leader is fenced.
 
 
@@ -282,27 +300,14 @@ def _paused_rounds(
         _count(dialect, "paused_leader")
         _takeover(dialect, "paused_leader", takeover)
     _spontaneous(dialect, [a, b], caused=rounds)
-    for d in (a, b):
-        summary = d.stop()
-        assert summary["errors"] == []
-    _check(dialect, reader, log)
-    _integrity(dialect, db_url)
-    _seconds(dialect, f"paused_leader x{rounds}", began)
+    _drill_end(dialect, (a, b), reader, log, db_url, f"paused_leader x{rounds}", began)
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("rounds", rounds(20, 200, pytest.mark.slow))
 def test_paused_leader_is_fenced(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any, rounds: int
 ) -> None:
-    _paused_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=20)
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(1800)
-def test_paused_leader_is_fenced_soak(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
-) -> None:
-    _paused_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=200)
+    _paused_rounds(dialect, db_url, tmp_path, spawn, reader, rounds)
 
 
 # Killed leader: SIGKILL at random points, inside a commit among them.
@@ -354,26 +359,14 @@ def _killed_rounds(
         procs = [p for p in procs if p is not leader] + [spawn(f"k{len(everyone)}", db_url, log)]
         everyone.append(procs[-1])
     _spontaneous(dialect, everyone, caused=0)
-    for d in procs:
-        assert d.stop()["errors"] == []
-    _check(dialect, reader, log)
-    _integrity(dialect, db_url)
-    _seconds(dialect, f"killed_leader x{rounds}", began)
+    _drill_end(dialect, procs, reader, log, db_url, f"killed_leader x{rounds}", began)
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("rounds", rounds(8, 60, pytest.mark.slow))
 def test_killed_leader_loses_nothing(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any, rounds: int
 ) -> None:
-    _killed_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=8)
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(1800)
-def test_killed_leader_loses_nothing_soak(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
-) -> None:
-    _killed_rounds(dialect, db_url, tmp_path, spawn, reader, rounds=60)
+    _killed_rounds(dialect, db_url, tmp_path, spawn, reader, rounds)
 
 
 # Release: a waiting standby takes a released lease within one poll.

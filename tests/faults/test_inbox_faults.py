@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from builders import wait_until
-from conftest import figures
+from figures import figures, rounds
 from sqlalchemy import URL
 from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, reader, spawn
 
@@ -131,15 +131,8 @@ def _rounds(
     )
 
 
+@pytest.mark.parametrize("rounds", rounds(4, 40))
 def test_inbox_exactly_once_under_faults(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
+    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any, rounds: int
 ) -> None:
-    _rounds(dialect, db_url, tmp_path, spawn, reader, rounds=4)
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(1800)
-def test_inbox_exactly_once_under_faults_soak(
-    dialect: str, db_url: URL, tmp_path: Path, spawn: Spawn, reader: Any
-) -> None:
-    _rounds(dialect, db_url, tmp_path, spawn, reader, rounds=40)
+    _rounds(dialect, db_url, tmp_path, spawn, reader, rounds)

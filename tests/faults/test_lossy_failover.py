@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import figures
+from figures import figures
 from pgpair import PgPair
 from test_replica_failover import pair_leader
 

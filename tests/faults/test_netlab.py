@@ -41,8 +41,9 @@ from typing import Any
 
 import pytest
 from builders import BASE
-from conftest import _required, figures
-from sqlalchemy import URL, create_engine, make_url, select, text
+from figures import figures
+from servers import created, required
+from sqlalchemy import URL, create_engine, make_url, select
 
 from cronoq_store import (
     ById,
@@ -76,7 +77,7 @@ pytestmark = pytest.mark.netlab
 
 def _unavailable(why: str) -> None:
     message = f"network lab unavailable: {why}"
-    if _required():
+    if required():
         pytest.fail(message)
     pytest.skip(message)
 
@@ -113,20 +114,13 @@ def _url(dialect: str, host: str, database: str = "") -> URL:
 @contextlib.contextmanager
 def _database(dialect: str, tablespace: str | None = None) -> Iterator[str]:
     """A fresh database on the lab's own server, dropped afterwards."""
-    name = f"cqnet_{uuid.uuid4().hex[:10]}"
     admin_db = "postgres" if dialect == "postgresql" else ""
     admin = create_engine(_url(dialect, "127.0.0.1", admin_db), isolation_level="AUTOCOMMIT")
+    where = f" TABLESPACE {tablespace}" if tablespace else ""
     try:
-        with admin.connect() as conn:
-            where = f" TABLESPACE {tablespace}" if tablespace else ""
-            conn.execute(text(f"CREATE DATABASE {name}{where}"))
-        yield name
+        with created(admin, dialect, "cqnet", where) as name:
+            yield name
     finally:
-        with admin.connect() as conn:
-            if dialect == "postgresql":
-                conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            else:
-                conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from builders import wait_until
-from conftest import figures
+from figures import figures
 from pgpair import PgPair
 from test_failover import enqueuer
 

@@ -224,6 +224,17 @@ def test_undecodable_rows_are_set_aside(store: SqlStore, engine: Engine) -> None
     assert count(engine, inbox) == 2
 
 
+def woken_by_an_enqueue(store: SqlStore, engine: Engine, payload: bytes) -> list[bool]:
+    """What `wait_inbox` returned to a thread that waited while an app enqueued `payload`."""
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(store.wait_inbox(30)))
+    waiter.start()
+    with engine.begin() as conn:
+        enqueue(conn, TaskSpec(payload=payload))
+    waiter.join(60)
+    return woke
+
+
 def test_wait_inbox_wakes_on_commit_only(
     dialect: str, store: SqlStore, engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -232,13 +243,7 @@ def test_wait_inbox_wakes_on_commit_only(
         enqueue(conn, TaskSpec(payload=b"never"))
         txn.rollback()
     assert store.wait_inbox(0.2) is False  # a rolled-back enqueue wakes nobody for good
-    woke: list[bool] = []
-    waiter = threading.Thread(target=lambda: woke.append(store.wait_inbox(30)))
-    waiter.start()
-    with engine.begin() as conn:
-        enqueue(conn, TaskSpec(payload=b"now"))
-    waiter.join(60)
-    assert woke == [True]
+    assert woken_by_an_enqueue(store, engine, b"now") == [True]
     assert store.wait_inbox(0) is True  # it holds an item: no waiting at all
     assert "listen" not in caplog.text
     assert (store._listener is not None) == (dialect == "postgresql")  # LISTEN, not a poll
@@ -403,13 +408,7 @@ def test_postgresql_listener_is_made_anew_when_its_connection_dies(
             )
         ).scalar_one()
     assert killed == 1
-    woke: list[bool] = []
-    waiter = threading.Thread(target=lambda: woke.append(store.wait_inbox(30)))
-    waiter.start()
-    with engine.begin() as conn:
-        enqueue(conn, TaskSpec(payload=b"after the loss"))
-    waiter.join(60)
-    assert woke == [True]
+    assert woken_by_an_enqueue(store, engine, b"after the loss") == [True]
     with engine.begin() as conn:  # and it listens again on a new connection
         assert (
             conn.execute(
@@ -615,6 +614,7 @@ def test_a_drained_spec_is_written_as_stored_not_encoded_again(
     with engine.begin() as conn:
         enqueue_many(conn, [unkeyed(i) for i in range(3)])
     monkeypatch.setattr(codec, "spec_columns", counting)
+    monkeypatch.setattr(codec.columns, "spec_columns", counting)  # what StoredSpecs calls
     epoch = store.acquire_leadership()
     a, b, c = store.read_inbox(base=BASE)
     fresh = TaskSpec(payload=b"fresh")

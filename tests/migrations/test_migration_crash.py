@@ -27,7 +27,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from builders import wait_until
-from sqlalchemy import URL, Engine, MetaData, create_engine, event, func, select, text
+from sqlalchemy import URL, Connection, Engine, MetaData, create_engine, event, func, select, text
 
 from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, ddl, migrate
 from cronoq_store.schema import leader, metadata
@@ -38,6 +38,21 @@ WRITES = ("CREATE", "ALTER", "INSERT", "UPDATE", "DROP", "RENAME")
 
 class Killed(BaseException):
     """Stands for the process dying: nothing in the store catches it."""
+
+
+def schema_drift(conn: Connection) -> list[Any]:
+    """What differs between the database's cronoq tables and the package's schema (alembic's
+    autogenerate comparison, types included): empty when a migration left nothing off."""
+    context = MigrationContext.configure(
+        conn,
+        opts={
+            "include_name": migrate.cronoq_tables_only,
+            "compare_type": True,
+            "version_table": migrate.VERSION_TABLE,
+        },
+    )
+    diff: list[Any] = compare_metadata(context, metadata)
+    return diff
 
 
 def _is_write(statement: str) -> bool:
@@ -106,15 +121,7 @@ def assert_schema_complete(engine: Engine) -> None:
                 "lost_unix_ns": None,
             }
         ]
-        context = MigrationContext.configure(
-            conn,
-            opts={
-                "include_name": migrate.cronoq_tables_only,
-                "compare_type": True,
-                "version_table": migrate.VERSION_TABLE,
-            },
-        )
-        assert compare_metadata(context, metadata) == []
+        assert schema_drift(conn) == []
 
 
 def test_killed_after_any_statement_the_next_open_completes(db_url: URL) -> None:
@@ -352,15 +359,7 @@ def test_killed_at_any_statement_of_an_online_revision_the_next_run_completes(
                 done = dict(
                     conn.execute(text("SELECT id, finished_unix_ns FROM cronoq_tasks")).all()
                 )
-                context = MigrationContext.configure(
-                    conn,
-                    opts={
-                        "include_name": migrate.cronoq_tables_only,
-                        "compare_type": True,
-                        "version_table": migrate.VERSION_TABLE,
-                    },
-                )
-                assert compare_metadata(context, metadata) == [], statement
+                assert schema_drift(conn) == [], statement
             want = {i: (100 + i if i < FINISHED else None) for i in range(FINISHED + 1)}
             assert done == want, f"after a kill following {statement!r}"
     finally:

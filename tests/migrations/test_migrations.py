@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from builders import captured
 from pytest_alembic.config import Config as PytestAlembicConfig
 from pytest_alembic.tests import (
     test_model_definitions_match_ddl,
@@ -62,13 +63,10 @@ def _version_rows(engine: Engine) -> list[str]:
 
 
 def _alembic_cli(db_url: URL) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return captured(
         [str(BIN / "alembic"), "-c", "alembic.ini", "-x", f"url={_url(db_url)}", "upgrade", "head"],
         cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
 
 
@@ -139,12 +137,9 @@ def test_installed_wheel_migrates_without_source_tree(tmp_path: Path, dist: Path
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
-    install = subprocess.run(
+    install = captured(
         [str(python), "-m", "pip", "install", "--quiet", str(wheel)],
-        capture_output=True,
-        text=True,
         timeout=240,
-        check=False,
     )
     assert install.returncode == 0, install.stderr
 
@@ -157,14 +152,11 @@ def test_installed_wheel_migrates_without_source_tree(tmp_path: Path, dist: Path
         "print(migrate.current_revision(e))"
     )
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
-    run = subprocess.run(
+    run = captured(
         [str(python), "-c", code],
         cwd=elsewhere,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == migrate.head_revision()  # every migration shipped

@@ -20,16 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic.autogenerate import compare_metadata
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from builders import wait_until
-from conftest import figures
+from figures import figures
 from sqlalchemy import URL, Engine, create_engine, event, text
+from test_migration_crash import schema_drift
 
 from cronoq_store import ddl, migrate
-from cronoq_store.schema import metadata
 
 REPO = Path(__file__).resolve().parents[2]
 BEFORE = "0004_commit_seq"
@@ -68,15 +67,7 @@ def _populate(engine: Engine) -> None:
 def _assert_at_head(engine: Engine) -> None:
     assert migrate.current_revision(engine) == migrate.head_revision()
     with engine.connect() as conn:
-        context = MigrationContext.configure(
-            conn,
-            opts={
-                "include_name": migrate.cronoq_tables_only,
-                "compare_type": True,
-                "version_table": migrate.VERSION_TABLE,
-            },
-        )
-        assert compare_metadata(context, metadata) == []
+        assert schema_drift(conn) == []
         finished = dict(conn.execute(text("SELECT id, finished_unix_ns FROM cronoq_tasks")).all())
     assert finished == {i: (1000 + i if i < FINISHED else None) for i in range(FINISHED + LIVE)}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from builders import BASE, status, wait_until
-from conftest import figures
+from figures import figures
 from sqlalchemy import URL, create_engine, func, select
 
 from cronoq_store import ById, SqlStore, StoreConfig, TaskId, TaskStatus, migrate

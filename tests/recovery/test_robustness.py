@@ -114,7 +114,7 @@ def test_oversized_json_is_quarantined(store: SqlStore, monkeypatch: pytest.Monk
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1, key="big"), submit(2)])
     damage(store, 1, labels=json.dumps({"k": "v" * 300}))
-    monkeypatch.setattr(codec, "JSON_MAX_CHARS", 200)
+    monkeypatch.setattr(codec.jsonparts, "JSON_MAX_CHARS", 200)
     assert_quarantined(store, epoch, {1: "big"}, healthy=[2])
     row = store.get_task(ById(id=TaskId(1)))
     assert row is not None and row.message is not None and "at most 200" in row.message
@@ -124,7 +124,7 @@ def test_oversized_json_is_refused_at_commit(
     store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     epoch = store.acquire_leadership()
-    monkeypatch.setattr(codec, "JSON_MAX_CHARS", 200)
+    monkeypatch.setattr(codec.jsonparts, "JSON_MAX_CHARS", 200)
     spec = TaskSpec(payload=b"", labels={"k": "v" * 300})
     with pytest.raises(InvalidValue, match=r"TaskSpec\.labels"):
         store.commit(epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=0, spec=spec)])
@@ -242,12 +242,12 @@ def test_any_nesting_decodes_or_is_corrupt(depth: int) -> None:
     objects = '{"a":' * depth + "1" + "}" * depth
     for valid in (arrays, objects):
         if depth <= codec.JSON_MAX_DEPTH:
-            codec._loads("labels", valid)
+            codec.jsonparts.loads("labels", valid)
         else:
             with pytest.raises(CorruptValue, match="nested deeper"):
-                codec._loads("labels", valid)
+                codec.jsonparts.loads("labels", valid)
     with pytest.raises(CorruptValue):
-        codec._loads("labels", "[" * depth)
+        codec.jsonparts.loads("labels", "[" * depth)
 
 
 _json = st.recursive(
@@ -286,7 +286,7 @@ def test_json_short_enough_to_skip_measuring_is_never_too_deep(obj: object) -> N
     """The decoders take JSON text of at most `_SHALLOW` characters without measuring it:
     no such text may nest deeper than the bound, however it is written."""
     for written in (json.dumps(obj), json.dumps(obj, separators=(",", ":"))):
-        if len(written) <= codec._SHALLOW:
+        if len(written) <= codec.jsonparts.SHALLOW:
             assert codec.json_depth(written) <= codec.JSON_MAX_DEPTH
     too_deep = "[" * (codec.JSON_MAX_DEPTH + 1) + "]" * (codec.JSON_MAX_DEPTH + 1)
-    assert len(too_deep) > codec._SHALLOW
+    assert len(too_deep) > codec.jsonparts.SHALLOW

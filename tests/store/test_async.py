@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 import test_store as sync_checks
-from builders import BASE, status, submit
-from conftest import no_connection_left
+from builders import BASE, no_connection_left, status, submit
 from faces import Blocking, open_face
 from sqlalchemy import URL, create_engine, update
 from sqlalchemy.ext.asyncio import create_async_engine

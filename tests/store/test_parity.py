@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_database
 from faces import FACES, Blocking, open_face, store_engine
+from servers import new_database
 from sqlalchemy import URL, Connection, create_engine, event, inspect
 
 from cronoq_store import (

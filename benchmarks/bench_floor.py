@@ -36,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from cronoq_store import execution, face
+from cronoq_store import execution
 from cronoq_store.bench.inbox import InboxBench, _specs
 from cronoq_store.bench.leader import RawLeader, _latencies
 from cronoq_store.bench.results import Target
@@ -47,14 +47,6 @@ from cronoq_store.repository import folding
 from cronoq_store.store import engine_for
 
 
-def _no_deadline(plan: Callable[..., face.Tx]) -> Callable[..., face.Tx]:
-    def planned(op: Any, config: Any, deadline: Any = None) -> face.Tx:
-        tx = plan(op, config, deadline)
-        return tx._replace(deadline=None) if op == "commit" else tx
-
-    return planned
-
-
 def leader(tmp: Path, commits: int, rounds: int) -> dict[str, list[float]]:
     """CPU microseconds per batch-1 leader commit, per mode and round."""
     url = make_url("sqlite://").set(database=str(tmp / "store.db"))
@@ -63,7 +55,6 @@ def leader(tmp: Path, commits: int, rounds: int) -> dict[str, list[float]]:
     client = RawLeader(b.raw, ttl_ns=10**12)
     framed = engine_for(raw_url, b.store.config)  # the store's engine, on the client's file
     conn = framed.connect()
-    plan = face.plan
 
     def sqlalchemy(batch: Sequence[Submitted]) -> None:
         rows, dep_rows = b.raw.encode(b.base, batch)
@@ -93,12 +84,16 @@ def leader(tmp: Path, commits: int, rounds: int) -> dict[str, list[float]]:
             b.commit(batch)
 
         def run(batches: Sequence[Sequence[Submitted]]) -> Any:
-            b.store._telemetry.enabled = telemetry
-            face.plan = plan if deadline else _no_deadline(plan)
+            store = b.store
+            tx, bound = store._commit_tx, store._commit_bound  # how every commit runs
+            store._telemetry.enabled = telemetry
+            if not deadline:
+                store._commit_tx, store._commit_bound = tx._replace(deadline=None), None
             try:
                 return _latencies(commit, batches)
             finally:
-                b.store._telemetry.enabled, face.plan = True, plan
+                store._telemetry.enabled = True
+                store._commit_tx, store._commit_bound = tx, bound
 
         return run
 

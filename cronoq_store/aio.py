@@ -4,8 +4,9 @@ There is no second copy of SQL here. Every transaction body is a plain function 
 `Connection` made of the repository and lease functions `SqlStore` uses, run through
 `AsyncConnection.run_sync` (SQLAlchemy drives the async driver underneath on a greenlet), and
 every error is translated as `SqlStore` translates it. There is no second copy of leadership's
-rules either: both faces drive `leadership`'s decisions. What is left is what differs by nature:
-awaiting instead of blocking, and a keeper that is an asyncio task instead of threads.
+rules either: both faces drive `leadership`'s decisions, nor of the operations: both drive the
+same `face` generators (`Steps`). What is left is what differs by nature: awaiting instead of
+blocking, and a keeper that is an asyncio task instead of threads.
 
 A store belongs to the event loop that first uses it; share it between that loop's tasks.
 """
@@ -35,21 +36,15 @@ from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, execution, face, inbox, lease, migrate
+from . import dialects, execution, face, inbox, migrate
 from .config import StoreConfig
 from .durability import Durability
-from .errors import (
-    DatabaseBehind,
-    Fenced,
-    InvalidValue,
-    LeaderRowMissing,
-    StoreError,
-    StoreUnavailable,
-)
+from .errors import StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
-from .face import Op, Outputs, Steps
-from .leadership import GiveUp, KeeperShell, Retry, Wait
-from .model import ById, ByKey, InboxItem
+from .face import Op, Outputs, Step, Steps, engines, transactions
+from .face.transactions import Commit
+from .leadership import KeeperShell, Wait
+from .model import InboxItem
 from .repository import queries
 
 if TYPE_CHECKING:
@@ -91,7 +86,7 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
     Raises:
         InvalidValue: A URL the store cannot parse or use.
     """
-    url = face.target_url(target, ASYNC_DRIVERS["sqlite"])
+    url = engines.target_url(target, ASYNC_DRIVERS["sqlite"])
     backend, _, driver = url.drivername.partition("+")
     if backend in ASYNC_DRIVERS and (not driver or driver in SYNC_DRIVERS[backend]):
         return url.set(drivername=f"{backend}+{ASYNC_DRIVERS[backend]}")
@@ -114,7 +109,7 @@ def create_engine_for(target: str | os.PathLike[str] | URL, config: StoreConfig)
     """
     # Named, not left to the dialect: SQLAlchemy before 2.0.38 gave aiosqlite files a NullPool,
     # which refuses pool_size (and would reconnect, pragmas and all, per use).
-    return face.new_engine(
+    return engines.new_engine(
         async_url(target),
         config,
         create_async_engine,
@@ -205,6 +200,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
 
     _log = log
     _new_flag = asyncio.Event
+    _keeper_type = AsyncKeeper
     _lost: asyncio.Event
     _listener: inbox.AsyncListener | None
 
@@ -324,29 +320,34 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
     ) -> T:
         """As `SqlStore._run`: `fn` in one transaction of the kind `op` runs, on a sync-style
-        connection (the same `face.transaction` runs inside `run_sync`); a commit on the
-        connection the last one kept, when there is one (`face.Face._keep_held`)."""
+        connection (the same `transactions.transaction` runs inside `run_sync`)."""
         tx = face.plan(op, self.config, deadline)
         bound = None if tx.deadline is None else tx.deadline.total_seconds()
         with face.translated(), execution.bounded(bound) as armed:
-            if op == "commit" and self._holds:
-                return await self._run_held(fn, tx, armed)
             async with self.engine.connect() as conn:
-                return await conn.run_sync(face.transaction, fn, tx, armed)
+                return await conn.run_sync(transactions.transaction, fn, tx, armed)
 
-    async def _run_held(
-        self, fn: Callable[[Connection], T], tx: face.Tx, armed: execution.Deadline | None
-    ) -> T:
-        """As `SqlStore._run_held`."""
-        conn = await self._held_connection()
+    async def _run_commit(self, c: Commit) -> None:
+        """As `SqlStore._run_commit` (`transactions.commit` inside `run_sync`)."""
+        commit, tx = transactions.commit, self._commit_tx
         try:
-            result = await conn.run_sync(face.transaction, fn, tx, armed)
-        except BaseException:
-            await conn.close()
-            raise
-        if not self._keep_held(conn):
-            await conn.close()
-        return result
+            with execution.bounded(self._commit_bound) as armed:
+                if not self._holds:
+                    async with self.engine.connect() as conn:
+                        return await conn.run_sync(commit, c, tx, armed)
+                conn = await self._held_connection()
+                try:
+                    await conn.run_sync(commit, c, tx, armed)
+                except BaseException:
+                    await conn.close()
+                    raise
+                if not self._keep_held(conn):
+                    await conn.close()
+        except transactions.DATABASE_ERRORS as exc:
+            if (error := transactions.translate(exc)) is exc:
+                raise
+            raise error from exc
+        return None
 
     async def _held_connection(self) -> AsyncConnection:
         held = self._take_held()
@@ -370,12 +371,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             await conn.close()
 
     async def _drive(self, steps: Steps[T]) -> T:
-        """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
+        """As `SqlStore._drive`, awaiting."""
         try:
             step = next(steps)
             while True:
                 try:
-                    result = await self._run(step.op, step.fn, deadline=step.deadline)
+                    if type(step) is Step:
+                        result = await self._run(step.op, step.fn, deadline=step.deadline)
+                    elif type(step) is Commit:
+                        result = await self._run_commit(step)  # type: ignore[func-returns-value]
+                    elif inspect.isawaitable(result := step()):  # type: ignore[operator]
+                        result = await result
                 except BaseException as exc:  # to the operation's own with and finally
                     step = steps.throw(exc)
                 else:
@@ -406,31 +412,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """
         return await _wait(self._lost, timeout)
 
-    async def _lose(
-        self,
-        why: str | StoreError,
-        level: int = logging.ERROR,
-        *,
-        about: AsyncKeeper | int | None = None,
-        released: bool = False,
-    ) -> None:
-        """Step down (once), then await the callbacks (`_step_down` decides, with no await);
-        `released` when by choice, else lost for `why`."""
-        callbacks = self._step_down(why, level, about, released)
-        await self._close_held(lost=not released)
-        for callback in callbacks:
-            try:
-                if inspect.isawaitable(result := callback()):
-                    await result
-            except Exception:
-                log.exception("leadership-lost callback failed")
-
-    async def _try_take(
-        self, ttl_ns: int, bound: timedelta | None
-    ) -> lease.Lease | StoreUnavailable | None:
-        """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
-        return await self._drive(self._taking(ttl_ns, bound))
-
     async def acquire_leadership(self, timeout: float | None = None) -> int:
         """Wait until this instance leads; returns the new fencing epoch.
 
@@ -448,51 +429,10 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             StoreUnavailable: `timeout` passed before this instance could lead.
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
-        began = time.monotonic()  # the timeout counts from here, stepping down included
-        await self._lose("taking the lease anew", logging.INFO, released=True)
-        await self._stop(None if timeout is None else timeout / 10)
-        acquiring = face.acquiring_for(self.config, timeout, began)
-        give_up_at = None if timeout is None else began + timeout
-        ttl = face.ns(self.config.lease_ttl)
-        with self._telemetry.acquiring():
-            while True:
-                taken = await self._try_take(ttl, face.take_bound(give_up_at, time.monotonic()))
-                step = acquiring.attempted(time.monotonic(), taken)
-                face.note(step.note)
-                if isinstance(step, GiveUp):
-                    raise step.error
-                if isinstance(taken, lease.Lease):
-                    break
-                if isinstance(step, Retry):
-                    await asyncio.sleep(max(0.0, step.at - time.monotonic()))
-            epoch, started, commit_seq = taken
+        return await self._drive(self._acquiring(timeout))
 
-            async def lost(why: str) -> None:
-                await self._lose(why, about=keeper)
-
-            keeper = AsyncKeeper(
-                renew=lambda: self._renew(epoch),
-                lost=lost,
-                **face.keeper_timing(self.config, epoch, started),
-            )
-            return self._lead(epoch, keeper, commit_seq)
-
-    async def _renew(self, epoch: int) -> bool:
-        """One renewal of our lease (the keeper's); False once another instance took it."""
-        try:
-            renewed = await self._run("renew", self._renew_work(epoch))
-        except DatabaseBehind as exc:
-            await self._record_lost(exc)
-            await self._lose(exc, about=epoch)
-            return False
-        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
-            await self._lose(exc, about=epoch)
-            return False
-        return renewed
-
-    async def _record_lost(self, exc: DatabaseBehind) -> None:
-        """Record what `exc` found missing for the next recovery; a failure only logs."""
-        await self._drive(self._recording_lost(exc))
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     async def _stop(self, within: float | None = None) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
@@ -507,8 +447,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
 
         Raises nothing: a lease that cannot be cleared is logged and expires on its own.
         """
-        await self._lose("released", logging.INFO, released=True)
-        await self._stop()
         await self._drive(self._releasing())
 
     # Commits and recovery.
@@ -534,18 +472,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
                 the batch that live under one key (nothing written).
             StoreError: Anything else the database refused; nothing was written.
         """
-        with self._telemetry.commit(epoch, batch):
-            commit = self._commit_work(epoch, base, batch, outputs)
-            try:
-                await self._run("commit", commit.work)
-            except DatabaseBehind as exc:
-                await self._record_lost(exc)
-                await self._lose(exc, about=epoch)
-                raise
-            except Fenced as exc:
-                await self._lose(exc, about=epoch)
-                raise
-            commit.landed()
+        await self._drive(self._committing(epoch, base, batch, outputs))
 
     async def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows).
@@ -591,11 +518,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             InvalidValue: `ref` is neither `ById` nor `ByKey`.
             StoreUnavailable: The database cannot be reached.
         """
-        if isinstance(ref, ById):
-            return await self._run("get_task", partial(queries.get_task, task_id=ref.id))
-        if isinstance(ref, ByKey):
-            return await self._run("get_task", partial(queries.get_task, key=ref.key))
-        raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
+        return await self._drive(self._getting(ref))
 
     async def list_finished(
         self,

@@ -26,9 +26,13 @@ from __future__ import annotations
 import logging
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final, Generic, TypedDict, TypeVar
 
 from .errors import StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from .config import StoreConfig
 
 K = TypeVar("K")
 R = TypeVar("R")
@@ -327,6 +331,13 @@ class Leadership(Generic[K]):
         self.sent += 1
         return self.sent, self.acked
 
+    def begin_commit(self, epoch: int) -> tuple[int, int] | None:
+        """`next_commit` when a commit under `epoch` may be tried (`may_commit`), else None."""
+        if self.lost or epoch != self.epoch:
+            return None
+        self.sent += 1
+        return self.sent, self.acked
+
     def lose(self, *, keeper: K | None = None, epoch: int | None = None) -> Lost[K] | None:
         """Step down, once: a `Lost`, or None when already lost or when the news is stale (from
         a `keeper` that no longer keeps the current lease, still finishing a hung renewal, or a
@@ -342,7 +353,7 @@ class Leadership(Generic[K]):
     def fence_renewed(self, epoch: int, seq: int) -> K | None:
         """The keeper to tell that commit `seq` under `epoch` landed (None if it no longer
         leads)."""
-        if not self.may_commit(epoch):
+        if self.lost or epoch != self.epoch:  # `may_commit`, on every commit's path
             return None
         self.acked = max(self.acked, seq)
         return self.keeper
@@ -359,3 +370,41 @@ class Leadership(Generic[K]):
 
     def released(self) -> None:
         self.epoch = None
+
+
+# The faces' settings of the acquire loop and of a keeper, from a store's configuration.
+
+MAX_RETRY_DELAY: Final = 5.0
+"""Longest wait, in seconds, between attempts to reach the database while acquiring."""
+
+
+def take_bound(give_up_at: float | None, now: float) -> timedelta | None:
+    """How long one attempt at the lease may take: what is left of an acquire's timeout
+    (None: no timeout; `lease_bound` bounds it then), so that a take waiting on a row lock
+    cannot carry `acquire_leadership` past its timeout."""
+    if give_up_at is None:
+        return None
+    return timedelta(seconds=max(0.1, give_up_at - now))
+
+
+def acquiring_for(config: StoreConfig, timeout: float | None, now: float) -> Acquiring:
+    """The acquire loop's decisions under `config`, from monotonic time `now` (both faces)."""
+    poll = config.lock_poll.total_seconds()
+    return Acquiring(poll=poll, max_delay=MAX_RETRY_DELAY, timeout=timeout, now=now)
+
+
+class KeeperTiming(TypedDict):
+    every: float
+    ttl: float
+    renewed_at: float
+    name: str
+
+
+def keeper_timing(config: StoreConfig, epoch: int, started: float) -> KeeperTiming:
+    """A keeper's timing under `config`, for the lease taken under `epoch` at `started`."""
+    return KeeperTiming(
+        every=config.lease_renew.total_seconds(),
+        ttl=config.lease_ttl.total_seconds(),
+        renewed_at=started,
+        name=f"cronoq-lease-keeper-{epoch}",
+    )

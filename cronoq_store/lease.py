@@ -12,14 +12,13 @@ from threads and steps down on the holder's own monotonic clock.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import cache
 from typing import Any, Final, NamedTuple
 
@@ -44,12 +43,11 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement
 
 from . import builds, codec, execution, leadership
 from .dialects import db_now_ns
-from .errors import BuildTooOld, DatabaseBehind, Fenced, LeaderRowMissing
+from .errors import BuildTooOld, DatabaseBehind, LeaderRowMissing
 from .model import LostCommits
 from .schema import leader, recurring, writers
 
@@ -347,7 +345,7 @@ def probe(conn: Connection, *, holder: str) -> None:
     execution.run_stmt(conn, remove, {"b_name": name})
 
 
-def _diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
+def diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
     """Why our fence or renewal matched nothing: return when another instance took the lease
     (fenced, as designed); raise `LeaderRowMissing` when the row is gone, `DatabaseBehind`
     when the database went back in time.
@@ -396,7 +394,7 @@ def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int, acked: int)
     result = execution.run_stmt(conn, renew_stmt(), params)
     if result.rowcount == 1:
         return True
-    _diagnose(conn, epoch=epoch, holder=holder, acked=acked)
+    diagnose(conn, epoch=epoch, holder=holder, acked=acked)
     return False
 
 
@@ -424,7 +422,7 @@ def fence(
     result = execution.run_stmt(conn, fence_stmt(), params)
     if result.rowcount == 1:
         return True
-    _diagnose(conn, epoch=epoch, holder=holder, acked=acked)
+    diagnose(conn, epoch=epoch, holder=holder, acked=acked)
     return False
 
 
@@ -441,59 +439,11 @@ FENCED: Final = "epoch {epoch} was fenced off: another instance leads"
 """What `Fenced` says when a commit's fence check matched nothing."""
 
 
-@contextlib.contextmanager
-def fencing(
-    conn: Connection,
-    *,
-    epoch: int,
-    holder: str,
-    next_id: int,
-    ttl_ns: int,
-    seq: int,
-    acked: int,
-    first: tuple[Select[Any], dict[str, Any]] | None = None,
-) -> Iterator[execution.Flight]:
-    """A flight (`execution.Flight`) whose first statement is the fence check, for a commit's
-    writes: `fence`, with `first` (a statement and its parameters, the transaction's bounds)
-    before it.
-
-    Pipelined, the fence fails the flight when it matches nothing, so the writes queued
-    behind it never run, nor does the COMMIT that leaves with the last of them
-    (`Flight.commit`, at the end of the block); the transaction is then rolled back, and
-    the lease row read in a new one for `fence`'s diagnosis. Otherwise the fence runs (and
-    is checked) at once, and the transaction's end commits.
-    Raises `Fenced` (or what `fence` raises) when we do not lead.
-    """
-    params = {
-        "b_epoch": epoch,
-        "b_holder": holder,
-        "b_next_id": next_id,
-        "b_ttl": ttl_ns,
-        "b_seq": seq,
-        "b_acked": acked,
-    }
-    flight = execution.Flight(conn)
-    if first is not None:
-        flight.add(*first)
-    if not flight.pipelined:
-        if not fence(
-            conn, epoch=epoch, holder=holder, next_id=next_id, ttl_ns=ttl_ns, seq=seq, acked=acked
-        ):
-            raise Fenced(FENCED.format(epoch=epoch))
-        yield flight
-        return
-    at = flight.add(fence_or_fail_stmt(), params)
-    try:
-        yield flight
-        flight.commit()
-    except sa_exc.DBAPIError as exc:
-        if flight.failed != at or getattr(exc.orig, "sqlstate", None) != _DIVISION_BY_ZERO:
-            raise
-        # The transaction is failed: end it, and diagnose in a new one (the caller's
-        # rollback then ends that one).
-        conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
-        _diagnose(conn, epoch=epoch, holder=holder, acked=acked)
-        raise Fenced(FENCED.format(epoch=epoch)) from None
+def fence_failed(exc: BaseException) -> bool:
+    """Whether `exc`, raised by the statement `fence_or_fail_stmt` put in a flight, says the
+    fence matched nothing (its division by zero): diagnose it (`diagnose`)."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO
 
 
 _DIVISION_BY_ZERO: Final = "22012"

@@ -1,8 +1,9 @@
 """`SqlStore`: the facade a scheduler engine uses, and its configuration.
 
-It owns transactions (the repository and lease modules never commit), translates every database
-error in one place, and keeps the leader lease alive from a keeper thread. What it shares with
-the asyncio face (`aio.AsyncSqlStore`) lives in `face`.
+It runs transactions blocking (the repository and lease modules never commit: how each
+transaction runs, a commit's way from BEGIN to COMMIT, and the translation of every database
+error are `face.transactions`'s), and keeps the leader lease alive from a keeper thread. Its
+operations are written once, for both faces, in `face` (`Steps` generators this face drives).
 """
 
 from __future__ import annotations
@@ -26,22 +27,14 @@ from typing import Self, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, create_engine
 
-from . import execution, face, inbox, leadership, lease, migrate
+from . import execution, face, inbox, lease, migrate
 from .config import MAX_WAIT, StoreConfig
 from .durability import Durability
-from .errors import (
-    DatabaseBehind,
-    Fenced,
-    InvalidValue,
-    LeaderRowMissing,
-    StoreError,
-    StoreUnavailable,
-)
+from .errors import StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
-from .face import Op, Outputs, Steps
+from .face import Op, Outputs, Step, Steps, engines, transactions
+from .face.transactions import Commit
 from .model import (
-    ById,
-    ByKey,
     InboxItem,
     Mutation,
     Recovered,
@@ -61,10 +54,10 @@ T = TypeVar("T")
 def engine_for(
     target: str | os.PathLike[str] | URL, config: StoreConfig, *, read_only: bool = False
 ) -> Engine:
-    """The engine `SqlStore.open` owns (`face.new_engine`): a bare path means a SQLite file.
-    `read_only` (SQLite; `cronoq-store`'s looks): see `face.new_engine`."""
-    url = face.target_url(target, "pysqlite")
-    return face.new_engine(url, config, create_engine, lambda e: e, read_only=read_only)
+    """The engine `SqlStore.open` owns (`engines.new_engine`): a bare path means a SQLite file.
+    `read_only` (SQLite; `cronoq-store`'s looks): see `engines.new_engine`."""
+    url = engines.target_url(target, "pysqlite")
+    return engines.new_engine(url, config, create_engine, lambda e: e, read_only=read_only)
 
 
 class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
@@ -72,6 +65,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
 
     _log = log
     _new_flag = threading.Event
+    _keeper_type = lease.Keeper
     _lost: threading.Event
     _listener: inbox.Listener | None
 
@@ -191,31 +185,35 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
     def _run(
         self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
     ) -> T:
-        """Run `fn` in one transaction of the kind `op` runs (`face.plan`, `face.transaction`);
-        `deadline` bounds a lease transaction further. A commit runs on the connection the
-        last one kept, when there is one (`face.Face._keep_held`)."""
+        """Run `fn` in one transaction of the kind `op` runs (`transactions.plan`,
+        `transactions.transaction`); `deadline` bounds a lease transaction further."""
         tx = face.plan(op, self.config, deadline)
         bound = None if tx.deadline is None else tx.deadline.total_seconds()
         # Armed before connecting: a connect, or the ping of an idle connection, counts too.
-        with face.translated(), execution.bounded(bound) as armed:
-            if op == "commit" and self._holds:
-                return self._run_held(fn, tx, armed)
-            with self.engine.connect() as conn:
-                return face.transaction(conn, fn, tx, armed)
+        with face.translated(), execution.bounded(bound) as armed, self.engine.connect() as conn:
+            return transactions.transaction(conn, fn, tx, armed)
 
-    def _run_held(
-        self, fn: Callable[[Connection], T], tx: face.Tx, armed: execution.Deadline | None
-    ) -> T:
-        """`fn` in a transaction on the kept connection (or a new one), kept again after."""
-        conn = self._held_connection()
+    def _run_commit(self, c: Commit) -> None:
+        """`c` (`transactions.commit`) on the connection the last commit kept, if any
+        (`face.Face._keep_held`), or a new one, kept again after; errors translated."""
         try:
-            result = face.transaction(conn, fn, tx, armed)
-        except BaseException:
-            conn.close()
-            raise
-        if not self._keep_held(conn):
-            conn.close()
-        return result
+            with execution.bounded(self._commit_bound) as armed:
+                if not self._holds:
+                    with self.engine.connect() as conn:
+                        return transactions.commit(conn, c, self._commit_tx, armed)
+                conn = self._held_connection()
+                try:
+                    transactions.commit(conn, c, self._commit_tx, armed)
+                except BaseException:
+                    conn.close()
+                    raise
+                if not self._keep_held(conn):
+                    conn.close()
+        except transactions.DATABASE_ERRORS as exc:
+            if (error := transactions.translate(exc)) is exc:
+                raise
+            raise error from exc
+        return None
 
     def _held_connection(self) -> Connection:
         held = self._take_held()
@@ -239,12 +237,18 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             conn.close()
 
     def _drive(self, steps: Steps[T]) -> T:
-        """Run the transactions `steps` asks for, in turn (`face.Steps`)."""
+        """Run what `steps` asks for, in turn (`face.Steps`): transactions, commits, and
+        the face's own blocking calls."""
         try:
             step = next(steps)
             while True:
                 try:
-                    result = self._run(step.op, step.fn, deadline=step.deadline)
+                    if type(step) is Step:
+                        result = self._run(step.op, step.fn, deadline=step.deadline)
+                    elif type(step) is Commit:
+                        result = self._run_commit(step)  # type: ignore[func-returns-value]
+                    else:
+                        result = step()  # type: ignore[operator]
                 except BaseException as exc:  # to the operation's own with and finally
                     step = steps.throw(exc)
                 else:
@@ -268,30 +272,6 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """
         return self._lost.wait(timeout)
 
-    def _lose(
-        self,
-        why: str | StoreError,
-        level: int = logging.ERROR,
-        *,
-        about: lease.Keeper | int | None = None,
-        released: bool = False,
-    ) -> None:
-        """Step down (once), then call the callbacks (`_step_down` decides); `released` when
-        by choice, else lost for `why` (a keeper's reason or the error that showed it)."""
-        callbacks = self._step_down(why, level, about, released)
-        self._close_held(lost=not released)
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("leadership-lost callback failed")
-
-    def _try_take(
-        self, ttl_ns: int, bound: timedelta | None
-    ) -> lease.Lease | StoreUnavailable | None:
-        """One attempt at the lease, within `bound`: taken, held (None), or unreachable."""
-        return self._drive(self._taking(ttl_ns, bound))
-
     def acquire_leadership(self, timeout: float | None = None) -> int:
         """Block until this instance leads; returns the new fencing epoch.
 
@@ -310,47 +290,10 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
                 unreachable, or another instance holding a live lease).
             LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
-        began = time.monotonic()  # the timeout counts from here, stepping down included
-        self._lose("taking the lease anew", logging.INFO, released=True)
-        self._stop(None if timeout is None else timeout / 10)
-        acquiring = face.acquiring_for(self.config, timeout, began)
-        give_up_at = None if timeout is None else began + timeout
-        ttl = face.ns(self.config.lease_ttl)
-        with self._telemetry.acquiring():
-            while True:
-                taken = self._try_take(ttl, face.take_bound(give_up_at, time.monotonic()))
-                step = acquiring.attempted(time.monotonic(), taken)
-                face.note(step.note)
-                if isinstance(step, leadership.GiveUp):
-                    raise step.error
-                if isinstance(taken, lease.Lease):
-                    break
-                if isinstance(step, leadership.Retry):
-                    time.sleep(max(0.0, step.at - time.monotonic()))
-            epoch, started, commit_seq = taken
-            keeper = lease.Keeper(
-                renew=lambda: self._renew(epoch),
-                lost=lambda why: self._lose(why, about=keeper),
-                **face.keeper_timing(self.config, epoch, started),
-            )
-            return self._lead(epoch, keeper, commit_seq)
+        return self._drive(self._acquiring(timeout))
 
-    def _renew(self, epoch: int) -> bool:
-        """One renewal of our lease (the keeper's); False once another instance took it."""
-        try:
-            renewed = self._run("renew", self._renew_work(epoch))
-        except DatabaseBehind as exc:
-            self._record_lost(exc)
-            self._lose(exc, about=epoch)
-            return False
-        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
-            self._lose(exc, about=epoch)
-            return False
-        return renewed
-
-    def _record_lost(self, exc: DatabaseBehind) -> None:
-        """Record what `exc` found missing for the next recovery; a failure only logs."""
-        self._drive(self._recording_lost(exc))
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def _stop(self, within: float | None = None) -> None:
         """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
@@ -365,8 +308,6 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
 
         Raises nothing: a lease that cannot be cleared is logged and expires on its own.
         """
-        self._lose("released", logging.INFO, released=True)
-        self._stop()
         self._drive(self._releasing())
 
     # Commits and recovery.
@@ -396,18 +337,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
                 or two new tasks of the batch that live under one key (nothing written).
             StoreError: Anything else the database refused; nothing was written.
         """
-        with self._telemetry.commit(epoch, batch):
-            commit = self._commit_work(epoch, base, batch, outputs)
-            try:
-                self._run("commit", commit.work)
-            except DatabaseBehind as exc:
-                self._record_lost(exc)
-                self._lose(exc, about=epoch)
-                raise
-            except Fenced as exc:
-                self._lose(exc, about=epoch)
-                raise
-            commit.landed()
+        self._drive(self._committing(epoch, base, batch, outputs))
 
     def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows).
@@ -459,11 +389,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             CorruptValue: The row cannot be decoded.
             StoreUnavailable: The database cannot be reached.
         """
-        if isinstance(ref, ById):
-            return self._run("get_task", partial(queries.get_task, task_id=ref.id))
-        if isinstance(ref, ByKey):
-            return self._run("get_task", partial(queries.get_task, key=ref.key))
-        raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
+        return self._drive(self._getting(ref))
 
     def list_finished(
         self,

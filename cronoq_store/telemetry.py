@@ -13,10 +13,13 @@ __all__ = ["METER_NAME", "Telemetry", "lost_reason"]
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .errors import DatabaseBehind, Fenced, LeaderRowMissing, StoreUnavailable
 from .model import InboxTaken, Mutation
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Counter, Histogram, UpDownCounter
 
 METER_NAME: Final = "cronoq_store"
 """The name of the store's meter and tracer."""
@@ -55,8 +58,69 @@ def _outcome(exc: BaseException | None) -> str:
     return "error"
 
 
+INSTRUMENTS: Final = (
+    ("_commit_duration", "histogram", "cronoq.store.commit.duration", "s", "Time a commit took."),
+    (
+        "_commit_mutations",
+        "histogram",
+        "cronoq.store.commit.mutations",
+        "{mutation}",
+        "Mutations in a committed (or refused) batch.",
+    ),
+    (
+        "_transitions",
+        "counter",
+        "cronoq.store.lease.transitions",
+        "{transition}",
+        "Leases acquired, lost and released.",
+    ),
+    (
+        "_leading",
+        "up_down_counter",
+        "cronoq.store.leading",
+        "{instance}",
+        "Instances that lead now.",
+    ),
+    (
+        "_recovery_duration",
+        "histogram",
+        "cronoq.store.recovery.duration",
+        "s",
+        "Time a recovery took.",
+    ),
+    (
+        "_recovery_tasks",
+        "counter",
+        "cronoq.store.recovery.tasks",
+        "{task}",
+        "Tasks recovered, by kind (live, finished, quarantined).",
+    ),
+    ("_pruned", "counter", "cronoq.store.prune.deleted", "{task}", "Finished tasks pruned."),
+    ("_taken", "counter", "cronoq.store.inbox.taken", "{item}", "Inbox items committed taken."),
+    (
+        "_set_aside",
+        "counter",
+        "cronoq.store.inbox.set_aside",
+        "{item}",
+        "Undecodable inbox rows set aside.",
+    ),
+)
+"""Every instrument of a store, as docs/observability.md lists them: the attribute that holds
+it, its kind (`Meter.create_<kind>`), name, unit and description."""
+
+
 class Telemetry:
     """One store's instruments, with its `db.system.name` on every measurement."""
+
+    _commit_duration: Histogram
+    _commit_mutations: Histogram
+    _transitions: Counter
+    _leading: UpDownCounter
+    _recovery_duration: Histogram
+    _recovery_tasks: Counter
+    _pruned: Counter
+    _taken: Counter
+    _set_aside: Counter
 
     def __init__(self, system: str) -> None:
         self.enabled = _metrics is not None and _trace is not None
@@ -68,41 +132,9 @@ class Telemetry:
             return
         meter = _metrics.get_meter(METER_NAME)
         self._tracer = _trace.get_tracer(METER_NAME)
-        self._commit_duration = meter.create_histogram(
-            "cronoq.store.commit.duration", unit="s", description="Time a commit took."
-        )
-        self._commit_mutations = meter.create_histogram(
-            "cronoq.store.commit.mutations",
-            unit="{mutation}",
-            description="Mutations in a committed (or refused) batch.",
-        )
-        self._transitions = meter.create_counter(
-            "cronoq.store.lease.transitions",
-            unit="{transition}",
-            description="Leases acquired, lost and released.",
-        )
-        self._leading = meter.create_up_down_counter(
-            "cronoq.store.leading", unit="{instance}", description="Instances that lead now."
-        )
-        self._recovery_duration = meter.create_histogram(
-            "cronoq.store.recovery.duration", unit="s", description="Time a recovery took."
-        )
-        self._recovery_tasks = meter.create_counter(
-            "cronoq.store.recovery.tasks",
-            unit="{task}",
-            description="Tasks recovered, by kind (live, finished, quarantined).",
-        )
-        self._pruned = meter.create_counter(
-            "cronoq.store.prune.deleted", unit="{task}", description="Finished tasks pruned."
-        )
-        self._taken = meter.create_counter(
-            "cronoq.store.inbox.taken", unit="{item}", description="Inbox items committed taken."
-        )
-        self._set_aside = meter.create_counter(
-            "cronoq.store.inbox.set_aside",
-            unit="{item}",
-            description="Undecodable inbox rows set aside.",
-        )
+        for attribute, kind, name, unit, description in INSTRUMENTS:
+            create = getattr(meter, f"create_{kind}")
+            setattr(self, attribute, create(name, unit=unit, description=description))
 
     @staticmethod
     def _tracing() -> bool:
@@ -129,42 +161,26 @@ class Telemetry:
                 span.set_status(Status(StatusCode.ERROR, kind))
                 raise
 
-    @contextlib.contextmanager
-    def commit(self, epoch: int, batch: Sequence[Mutation]) -> Iterator[None]:
+    def commit(
+        self, epoch: int, batch: Sequence[Mutation]
+    ) -> _Commit | contextlib.nullcontext[None]:
         """Around one commit: its span, duration and size by outcome, the inbox items taken."""
         if not self.enabled:
-            yield
-            return
-        size = len(batch)
-        started = time.perf_counter()
-        failed: BaseException | None = None
-        try:
-            if self._tracing():
-                attributes = {**self._system, "cronoq.epoch": epoch, "cronoq.batch.size": size}
-                with self._span("cronoq.store.commit", attributes):
-                    yield
-            else:  # the span's own context manager left out too: one per commit
-                yield
-        except BaseException as exc:
-            failed = exc
-            raise
-        finally:
-            by = self._by_outcome[_outcome(failed)]
-            self._commit_duration.record(time.perf_counter() - started, by)
-            self._commit_mutations.record(size, by)
-            if failed is None:
-                taken = sum(1 for m in batch if type(m) is InboxTaken)
-                if taken:
-                    self._taken.add(taken, self._system)
+            return _NOTHING
+        return _Commit(self, epoch, batch)
 
     @contextlib.contextmanager
-    def acquiring(self) -> Iterator[None]:
-        """Around `acquire_leadership`: its span."""
+    def _around(self, name: str) -> Iterator[None]:
+        """Around an operation: its span `name` (while enabled)."""
         if not self.enabled:
             yield
             return
-        with self._span("cronoq.store.acquire_leadership", dict(self._system)):
+        with self._span(name, dict(self._system)):
             yield
+
+    def acquiring(self) -> contextlib.AbstractContextManager[None]:
+        """Around `acquire_leadership`: its span."""
+        return self._around("cronoq.store.acquire_leadership")
 
     def acquired(self, epoch: int) -> None:
         if not self.enabled:
@@ -205,14 +221,9 @@ class Telemetry:
         for kind, n in (("live", live), ("finished", finished), ("quarantined", quarantined)):
             self._recovery_tasks.add(n, {**self._system, "kind": kind})
 
-    @contextlib.contextmanager
-    def pruning(self) -> Iterator[None]:
+    def pruning(self) -> contextlib.AbstractContextManager[None]:
         """Around a prune: its span."""
-        if not self.enabled:
-            yield
-            return
-        with self._span("cronoq.store.prune", dict(self._system)):
-            yield
+        return self._around("cronoq.store.prune")
 
     def pruned(self, deleted: int) -> None:
         if self.enabled:
@@ -221,3 +232,51 @@ class Telemetry:
     def set_aside(self, items: int) -> None:
         if self.enabled and items:
             self._set_aside.add(items, self._system)
+
+
+_NOTHING: Final = contextlib.nullcontext()
+
+
+class _Commit:
+    """`Telemetry.commit`'s context: a class, not a generator, as it wraps every commit (a
+    generator's context manager costs a batch-1 commit a few percent of its calls); the
+    span's own context is entered only while an app traces (`Telemetry._tracing`)."""
+
+    __slots__ = ("_batch", "_epoch", "_span", "_started", "_telemetry")
+
+    def __init__(self, telemetry: Telemetry, epoch: int, batch: Sequence[Mutation]) -> None:
+        self._telemetry = telemetry
+        self._epoch = epoch
+        self._batch = batch
+        self._span: contextlib.AbstractContextManager[Any] | None = None
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        t = self._telemetry
+        if t._tracing():
+            attributes = {
+                **t._system,
+                "cronoq.epoch": self._epoch,
+                "cronoq.batch.size": len(self._batch),
+            }
+            self._span = t._span("cronoq.store.commit", attributes)
+            self._span.__enter__()
+        self._started = time.perf_counter()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        t = self._telemetry
+        elapsed = time.perf_counter() - self._started
+        try:
+            if self._span is not None:
+                self._span.__exit__(kind, exc, tb)
+        finally:
+            batch = self._batch
+            by = t._by_outcome[_outcome(exc)]
+            t._commit_duration.record(elapsed, by)
+            t._commit_mutations.record(len(batch), by)
+            if exc is None:
+                taken = [type(m) for m in batch].count(InboxTaken)
+                if taken:
+                    t._taken.add(taken, t._system)

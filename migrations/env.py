@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from cronoq_store import dialects
 from cronoq_store.errors import SchemaError, StoreError
-from cronoq_store.face import create_private, sqlite_file
+from cronoq_store.face.engines import create_private, sqlite_file
 from cronoq_store.migrate import VERSION_TABLE, cronoq_tables_only
 from cronoq_store.schema import metadata
 

@@ -2,7 +2,8 @@
 statements that write it.
 
 `write` runs in the caller's fenced transaction and never commits: the lease check that
-precedes it (`lease.fence`) and the commit that follows are the caller's.
+precedes it and the COMMIT that follows are the caller's (`face.transactions.commit`, the
+way of a commit from BEGIN to COMMIT).
 """
 
 from __future__ import annotations
@@ -197,10 +198,10 @@ def write(
 ) -> None:
     """Write a folded batch (after the fence check), in the order of the design.
 
-    Statements go into `flight` (a commit's, behind its fence: `lease.fencing`, which sends
-    what is left in it with the COMMIT) until an answer is needed or a statement must run
-    on its own (COPY, an IN list); on psycopg what is queued then leaves together, in one
-    round trip. Before anything runs on its own the flight is sent, so the fence is
+    Statements go into `flight` (a commit's, behind its fence: `face.transactions.commit`,
+    which sends what is left in it with the COMMIT) until an answer is needed or a statement
+    must run on its own (COPY, an IN list); on psycopg what is queued then leaves together,
+    in one round trip. Before anything runs on its own the flight is sent, so the fence is
     answered first. The phases: transitions of stored tasks, new tasks with their
     dependency rows, outputs, inbox rows taken, recurring schedules.
     """

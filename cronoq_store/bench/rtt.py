@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from sqlalchemy import URL, create_engine, insert
 
@@ -33,7 +33,7 @@ from ..model import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus, Time
 from ..schema import inbox, leader
 from ..store import SqlStore, StoreConfig
 from .inbox import _COLUMNS, _raw_row
-from .proxy import Proxy, proxied_url
+from .proxy import proxied_url
 from .raw import RawDriver
 
 OPERATIONS: Final = (
@@ -51,9 +51,7 @@ OPERATIONS: Final = (
 REPEATS: Final = 5
 """Measurements per operation and side; figures are medians."""
 
-CONFIG: Final = StoreConfig(
-    lease_ttl=timedelta(minutes=2), lease_renew=timedelta(minutes=1), pool_size=1
-)
+CONFIG: Final = StoreConfig(lease_ttl=timedelta(minutes=2), lease_renew=timedelta(minutes=1))
 """No renewal of the keeper's runs while a figure is measured (its own is measured apart)."""
 
 
@@ -87,11 +85,19 @@ class RttResult:
         }
 
 
-class _Side:
-    """Counts and times calls through one proxy."""
+class Counting(Protocol):
+    """What counts round trips: a `Proxy`, or a server's own counter (the tests' MariaDB
+    `Questions`)."""
 
-    def __init__(self, proxy: Proxy, rtt: float) -> None:
-        self.proxy = proxy
+    @property
+    def count(self) -> int: ...
+
+
+class Tally:
+    """Counts (by `counter`) and times calls, per operation."""
+
+    def __init__(self, counter: Counting, rtt: float) -> None:
+        self.proxy = counter
         self.rtt = rtt
         self.counts: dict[str, list[int]] = {}
         self.times: dict[str, list[float]] = {}
@@ -116,9 +122,9 @@ def _submission(i: int) -> Submitted:
     return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"x" * 100))
 
 
-def store_round_trips(url: URL, proxy: Proxy, side: _Side, *, repeats: int = REPEATS) -> None:
-    """Every operation of `OPERATIONS` through the store at `url` (already routed through
-    `proxy`, its database migrated), measured into `side`."""
+def store_round_trips(url: URL, side: Tally, *, repeats: int = REPEATS) -> None:
+    """Every operation of `OPERATIONS` through the store at `url` (its database migrated, its
+    connections counted by `side`'s counter), measured into `side`."""
     base = TimeBase(unix_ns=time.time_ns())
     for _ in range(repeats):
         store = side.run(OPERATIONS[5], lambda: SqlStore.open(url, CONFIG))
@@ -198,7 +204,7 @@ class _FlightDriver(RawDriver):
             cur.execute("COMMIT")
 
 
-def raw_round_trips(url: URL, side: _Side, *, repeats: int = REPEATS) -> None:
+def raw_round_trips(url: URL, side: Tally, *, repeats: int = REPEATS) -> None:
     """What a hand-written client sends for the same operations (the module's doc)."""
     engine = create_engine(url)
     dialect = engine.dialect
@@ -292,7 +298,7 @@ def measure(url: URL, raw_url: URL, *, rtt_ms: float, repeats: int = REPEATS) ->
         SqlStore.open(u, CONFIG).close()
     rtt = rtt_ms / 1000
     with _routed(url, rtt) as (store_url, store_side), _routed(raw_url, rtt) as (raw_u, raw_side):
-        store_round_trips(store_url, store_side.proxy, store_side, repeats=repeats)
+        store_round_trips(store_url, store_side, repeats=repeats)
         raw_round_trips(raw_u, raw_side, repeats=repeats)
     engine = create_engine(url)
     try:
@@ -315,9 +321,9 @@ def measure(url: URL, raw_url: URL, *, rtt_ms: float, repeats: int = REPEATS) ->
 
 
 @contextlib.contextmanager
-def _routed(url: URL, rtt: float) -> Iterator[tuple[URL, _Side]]:
+def _routed(url: URL, rtt: float) -> Iterator[tuple[URL, Tally]]:
     with proxied_url(url, delay=rtt / 2) as (routed, proxy):
-        yield routed, _Side(proxy, rtt)
+        yield routed, Tally(proxy, rtt)
 
 
 def markdown(result: RttResult) -> str:

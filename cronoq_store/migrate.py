@@ -141,8 +141,10 @@ def alembic_config(connection: Connection | None = None, *, schema: str | None =
     return cfg
 
 
+@cache
 def head_revision() -> str:
-    """The newest revision this build knows.
+    """The newest revision this build knows (read once: Alembic loads every revision file to
+    say, 20-60 ms of an open's CPU each time, and the packaged files do not change).
 
     Returns:
         Its id, such as "0004_commit_seq".

@@ -6,7 +6,10 @@ median; beside each rate the CPU per job (µs) of the client process and of the 
 server backends (their /proc/PID/stat before and after each timed part: the server runs on this
 machine). The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
 
-    python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json]
+    python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json] [--rtt MS]
+
+With `--rtt MS` every system reaches the server through a latency proxy of its own
+(`cronoq_store.bench.proxy`) that adds MS milliseconds of round trip (MS / 2 each way).
 
 - cronoq: `enqueue` in the app's transaction / `enqueue_many` of 1,000 (this interpreter);
 - cronoq's leader: `SqlStore.commit` of one new task / of 1,000 (no keys, no deps);
@@ -44,6 +47,9 @@ SINGLE = 500
 """Jobs per sample, one per transaction."""
 BATCHES = 10
 """Calls of 1,000 jobs per sample."""
+
+RTT_MS = 0.0
+"""The round trip the proxy adds in front of every system's database (`--rtt`); 0: none."""
 
 PROCRASTINATE = r"""
 from peers_cpu import Part, figures
@@ -144,7 +150,15 @@ def database() -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name}"))
     try:
-        yield make_url(SERVER).set(database=name).render_as_string(hide_password=False)
+        url = make_url(SERVER).set(database=name)
+        if not RTT_MS:
+            yield url.render_as_string(hide_password=False)
+            return
+        from cronoq_store.bench.proxy import Proxy  # every system's connections go through it
+
+        with Proxy((url.host or "127.0.0.1", url.port or 5432), delay=RTT_MS / 2000) as proxy:
+            routed = url.set(host="127.0.0.1", port=proxy.port)
+            yield routed.render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -275,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rtt", type=float, default=0.0, help="round trip to add, ms")
     args = parser.parse_args(argv)
+    global RTT_MS
+    RTT_MS = args.rtt
     runs = systems(args.peers)
     samples: dict[str, list[Figures]] = {name: [] for name in runs}
     for repeat in range(args.repeats):
@@ -299,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(table, indent=2))
         return 0
+    at = f", {args.rtt:g} ms RTT" if args.rtt else ""
     print(
-        f"| one client, median of {args.repeats} | one job per transaction: jobs/s, "
+        f"| one client, median of {args.repeats}{at} | one job per transaction: jobs/s, "
         "client / server CPU µs per job | 1,000 jobs per call: jobs/s, client / server µs |"
     )
     print("|---|---|---|")

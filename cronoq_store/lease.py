@@ -19,10 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from functools import cache
 from typing import Any, Final, NamedTuple
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Delete,
     Insert,
@@ -33,6 +35,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     insert,
@@ -43,9 +46,10 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement
 
-from . import builds, codec, execution, leadership
+from . import builds, codec, dialects, execution, leadership
 from .dialects import db_now_ns
 from .errors import BuildTooOld, DatabaseBehind, LeaderRowMissing
 from .model import LostCommits
@@ -127,14 +131,18 @@ def may_take(conn: Connection, *, holder: str) -> bool:
     """Whether the lease looks free, expired or ours, read without locking anything.
 
     Standbys look before they try: the take itself needs the write lock (all of SQLite's).
-    `BuildTooOld` when a migration made the schema one this build may not write.
+    `BuildTooOld` when a migration made the schema one this build may not write. Pipelined,
+    the read is its transaction's one flight (BEGIN, SELECT, COMMIT): one round trip.
     """
-    row = conn.execute(peek_stmt()).one_or_none()
-    if row is None:
+    flight = execution.Flight(conn)
+    at = flight.add(peek_stmt())
+    rows = flight.commit()[at].rows
+    if not rows:
         raise LeaderRowMissing()
-    if int(row.floor) > builds.BUILD:
-        raise BuildTooOld(builds.refusal(int(row.floor)), floor=int(row.floor))
-    return bool(row.holder is None or row.holder == holder or row.expires_unix_ns <= row.now)
+    _epoch, row_holder, expires, now, floor = rows[0]
+    if int(floor) > builds.BUILD:
+        raise BuildTooOld(builds.refusal(int(floor)), floor=int(floor))
+    return bool(row_holder is None or row_holder == holder or expires <= now)
 
 
 @cache
@@ -286,9 +294,15 @@ def try_take(conn: Connection, *, holder: str, ttl_ns: int) -> int | None:
 
 
 def take(
-    conn: Connection, *, holder: str, ttl_ns: int, acked: int = 0, last_epoch: int = 0
+    conn: Connection,
+    *,
+    holder: str,
+    ttl_ns: int,
+    acked: int = 0,
+    last_epoch: int = 0,
+    idle_ns: int | None = None,
 ) -> Lease | None:
-    """`try_take` after waiting for the lease row's lock: the lease, or None.
+    """`try_take` after waiting for the lease row's lock, with `probe`: the lease, or None.
 
     The time is read once the lock is ours, not before: a killed leader's commit can hold it for
     a while, and a lease timed from before that wait would be lost on arrival.
@@ -297,7 +311,16 @@ def take(
     a row below it means the database lost commits of ours (an instance that lost its lease in
     the outage of a lossy failover retakes it there), and raises `DatabaseBehind`, the take
     rolled back with it.
+
+    Pipelined (`execution.Flight`), the take, the probe and the COMMIT leave in one flight
+    (`_take_in_flight`); `idle_ns`, when given, is the transaction's idle bound, sent in that
+    flight (`dialects.bound`) by a caller that did not send it first.
     """
+    flight = _flight(conn, idle_ns)
+    if flight.pipelined:
+        return _take_in_flight(
+            conn, flight, holder=holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last_epoch
+        )
     lock(conn)
     started = time.monotonic()
     taken = _take(conn, holder=holder, ttl_ns=ttl_ns)
@@ -306,13 +329,121 @@ def take(
     probe(conn, holder=holder)  # after the take: a standby's attempt on a held lease writes nothing
     epoch, seq = taken
     if seq < acked:
-        raise DatabaseBehind(
-            f"the database holds commit {seq} of the lease's sequence, but this instance "
-            f"committed up to {acked} under epoch {last_epoch}: up to {acked - seq} "
-            "acknowledged commits are gone (an asynchronous failover that lost its tail?)",
-            lost=LostCommits(epoch=last_epoch, commits=acked - seq, noticed_unix_ns=time.time_ns()),
-        )
+        raise _behind(seq, acked, last_epoch)
     return Lease(epoch, started, seq)
+
+
+def _behind(seq: int, acked: int, last_epoch: int) -> DatabaseBehind:
+    """What a take that found the row below our acknowledged commits raises."""
+    return DatabaseBehind(
+        f"the database holds commit {seq} of the lease's sequence, but this instance "
+        f"committed up to {acked} under epoch {last_epoch}: up to {acked - seq} "
+        "acknowledged commits are gone (an asynchronous failover that lost its tail?)",
+        lost=LostCommits(epoch=last_epoch, commits=acked - seq, noticed_unix_ns=time.time_ns()),
+    )
+
+
+def _flight(conn: Connection, idle_ns: int | None) -> execution.Flight:
+    """A flight for a lease transaction, opening with its idle bound when `idle_ns` is given
+    (MySQL's, a session setting, is sent at once, and only when it changes)."""
+    flight = execution.Flight(conn)
+    if idle_ns is not None:
+        idle = timedelta(microseconds=idle_ns // 1000)
+        bounds = dialects.bound(conn, idle=idle, timeout=None, defer=True)
+        if bounds is not None:
+            flight.add(*bounds)
+    return flight
+
+
+def _arrived_ns() -> ColumnElement[int]:
+    """When the server received the statement, in Unix nanoseconds on its clock
+    (PostgreSQL's `statement_timestamp()`): never before the client sent it."""
+    seconds = func.extract("epoch", func.statement_timestamp())
+    return cast(seconds * 1_000_000_000, BigInteger)
+
+
+@cache
+def lock_flight_stmt() -> Select[Any]:
+    """`lock_stmt`, with when the server received it (`_arrived_ns`, before any wait)."""
+    return select(leader.c.id, _arrived_ns()).where(leader.c.id == 1).with_for_update()
+
+
+@cache
+def take_flight_stmt() -> Update:
+    """`take_stmt` answering with the new epoch, the row's commit sequence and the instant
+    the expiry was computed from (`b_ttl` off it, on the database's clock): one row when
+    taken, none otherwise.
+
+    It fails (division by zero) when the row holds fewer commits than `b_acked`, so that a
+    take on a database that went back in time commits nothing (`DatabaseBehind`)."""
+    behind = case((leader.c.commit_seq < bindparam("b_acked"), 0), else_=1)
+    return take_stmt().returning(
+        leader.c.epoch,
+        leader.c.commit_seq,
+        (leader.c.expires_unix_ns - bindparam("b_ttl")).label("taken_at"),
+        (literal(1, Integer) // behind).label("ok"),
+    )
+
+
+@cache
+def probe_if_taken_stmt() -> Insert:
+    """`probe`'s write, of a row only where the take before it in the transaction succeeded
+    (the lease row names `b_holder`, on a schema this build may write): a flight cannot wait
+    for the take's answer to decide."""
+    row = (
+        select(
+            bindparam("b_name", type_=recurring.c.name.type),
+            literal("{}", recurring.c.spec.type),
+            bindparam("b_bytes", type_=recurring.c.template_payload.type),
+        )
+        .where(leader.c.id == 1, leader.c.holder == bindparam("b_holder"), _writable())
+        .select_from(leader)
+    )
+    return insert(recurring).from_select(["name", "spec", "template_payload"], row)
+
+
+def _take_in_flight(
+    conn: Connection,
+    flight: execution.Flight,
+    *,
+    holder: str,
+    ttl_ns: int,
+    acked: int,
+    last_epoch: int,
+) -> Lease | None:
+    """`take` in one flight: the row's lock (`lock_flight_stmt`), `take_flight_stmt`, the
+    probe (`probe_if_taken_stmt`) and its removal, and the COMMIT.
+
+    The lease runs from when the flight left plus, on the server's clock, the time from the
+    lock's arrival to the instant the take computed the expiry from: never later than that
+    instant (the server received the lock after the flight left), so the holder steps down
+    no later than the expiry written says; and a wait for the lock behind a killed leader's
+    commit, counted in, does not use the lease up on arrival."""
+    name = f"cronoq:take-probe:{holder}"[: codec.NAME_MAX]
+    params = {"b_holder": holder, "b_name": name, "b_bytes": os.urandom(TAKE_PROBE_BYTES)}
+    locked = flight.add(lock_flight_stmt())
+    at = flight.add(take_flight_stmt(), {"b_holder": holder, "b_ttl": ttl_ns, "b_acked": acked})
+    flight.add(probe_if_taken_stmt(), params)
+    flight.add(_probe_stmts()[1], {"b_name": name})
+    sent = time.monotonic()
+    try:
+        ran = flight.commit()
+    except sa_exc.DBAPIError as exc:
+        if flight.failed != at or getattr(exc.orig, "sqlstate", None) != _DIVISION_BY_ZERO:
+            raise
+        # Behind: nothing was committed. End the failed transaction, read the row's sequence
+        # in a new one (the caller's rollback then ends that one).
+        conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+        _epoch, seq = conn.execute(epoch_stmt()).one()
+        raise _behind(int(seq), acked, last_epoch) from None
+    if not ran[locked].rows:
+        raise LeaderRowMissing()
+    if not ran[at].rows:
+        return None
+    epoch, seq, taken_at, _ok = ran[at].rows[0]
+    waited = max(0, int(taken_at) - int(ran[locked].rows[0][1]))
+    started = min(time.monotonic(), sent + waited / 1e9)
+    return Lease(int(epoch), started, int(seq))
 
 
 TAKE_PROBE_BYTES: Final = 1 << 20
@@ -387,12 +518,25 @@ def diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
         )
 
 
-def renew(conn: Connection, *, epoch: int, holder: str, ttl_ns: int, acked: int) -> bool:
+def renew(
+    conn: Connection,
+    *,
+    epoch: int,
+    holder: str,
+    ttl_ns: int,
+    acked: int,
+    idle_ns: int | None = None,
+) -> bool:
     """Extend our lease by `ttl_ns`; False when it was taken over (`LeaderRowMissing` when the
-    row is gone, `DatabaseBehind` when it lost commits we `acked`)."""
+    row is gone, `DatabaseBehind` when it lost commits we `acked`).
+
+    Pipelined, the UPDATE and the COMMIT leave in one flight (with the transaction's idle
+    bound, given `idle_ns`: see `take`); the diagnosis of a renewal that matched nothing
+    reads the row in a new transaction."""
     params = {"b_epoch": epoch, "b_holder": holder, "b_ttl": ttl_ns, "b_acked": acked}
-    result = execution.run_stmt(conn, renew_stmt(), params)
-    if result.rowcount == 1:
+    flight = _flight(conn, idle_ns)
+    at = flight.add(renew_stmt(), params)
+    if flight.commit()[at].rowcount == 1:
         return True
     diagnose(conn, epoch=epoch, holder=holder, acked=acked)
     return False
@@ -455,9 +599,12 @@ def record_lost(conn: Connection, *, holder: str, lost: LostCommits) -> None:
     execution.run_stmt(conn, record_lost_stmt(), params)
 
 
-def release(conn: Connection, *, holder: str) -> None:
-    """Give our lease up at once (a no-op once another instance holds it)."""
-    conn.execute(release_stmt(), {"b_holder": holder})
+def release(conn: Connection, *, holder: str, idle_ns: int | None = None) -> None:
+    """Give our lease up at once (a no-op once another instance holds it). Pipelined, the
+    UPDATE and the COMMIT leave in one flight (with the idle bound, given `idle_ns`)."""
+    flight = _flight(conn, idle_ns)
+    flight.add(release_stmt(), {"b_holder": holder})
+    flight.commit()
 
 
 class Keeper(leadership.KeeperShell[Callable[[], bool], Callable[[str], None]]):

@@ -13,8 +13,9 @@ import click
 from .bloat import as_rows, run_bloat
 from .history import history_command
 from .report import markdown_table, plot, print_table
+from .rtt import markdown, measure
 from .runner import run_bench
-from .targets import resolve_targets
+from .targets import raw_database, resolve_targets
 from .workload import DEFAULT_BATCH_SIZES, DEFAULT_RUNS, DEFAULT_TASKS
 
 
@@ -79,6 +80,13 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[in
     "(comma-separated: each N in turn) old finished tasks in the table, against 10,000",
 )
 @click.option(
+    "--rtt",
+    "rtt_ms",
+    type=click.FloatRange(0, 10_000),
+    help="instead: round trips per operation (counted, and timed in RTTs) through a proxy "
+    "that adds MS milliseconds of round trip, in front of both the store and the raw driver",
+)
+@click.option(
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -94,6 +102,7 @@ def bench(
     as_markdown: bool,
     bloat_cycles: int | None,
     history_sizes: tuple[int, ...] | None,
+    rtt_ms: float | None,
     plot_path: Path | None,
 ) -> None:
     """Measure the store beside the raw driver: commits, recovery, prune."""
@@ -107,6 +116,9 @@ def bench(
         return
     if history_sizes is not None:
         history_command(urls, dialect_names, history_sizes, runs, as_json)
+        return
+    if rtt_ms is not None:
+        _rtt(urls, dialect_names, rtt_ms, runs, as_json)
         return
     with resolve_targets(urls, dialect_names) as targets:
         result = run_bench(targets, tasks=tasks, batch_sizes=batch_sizes, runs=runs)
@@ -146,3 +158,24 @@ def _bloat(
                     )
     if as_json:
         click.echo(json.dumps(results, indent=2))
+
+
+def _rtt(
+    urls: tuple[str, ...], dialect_names: tuple[str, ...], rtt_ms: float, runs: int, as_json: bool
+) -> None:
+    """`--rtt`: `rtt.measure` on each server target (SQLite has no wire: skipped)."""
+    results = []
+    names = dialect_names if dialect_names or urls else ("postgresql",)
+    with resolve_targets(urls, names) as targets:
+        for target in targets:
+            if target.dialect == "sqlite":
+                if target.full_sync:
+                    click.echo("sqlite: no wire, no round trips; skipped", err=True)
+                continue
+            with raw_database(target) as raw_url:
+                result = measure(target.url, raw_url, rtt_ms=rtt_ms, repeats=max(runs, 3))
+            results.append(result)
+            if not as_json:
+                click.echo(markdown(result))
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in results], indent=2))

@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import Connection
 
-from .. import inspection, lease
+from .. import dialects, inspection, lease
 from ..face import translated
 from ..repository.prune import PRUNE_BATCH, prune_batch
 from .output import duration_option, echo_json, progress_console
@@ -99,11 +100,15 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
         click.echo(f"lease: {lease_text(view)}")
         if not yes:
             click.confirm("Release it? Only do this if that process is dead", abort=True)
-        # The store's transaction for the leader row: bounded idle (`dialects.bound_idle`).
-        released = store._run(
-            "release",
-            lambda c: c.execute(lease.release_stmt(), {"b_holder": view["holder"]}).rowcount,
-        )
+        holder, idle = view["holder"], store.config.lease_ttl
+
+        def clear(c: Connection) -> int:
+            # The store's transaction for the leader row, bounded idle (`dialects.bound_idle`):
+            # a "release" sends its own bound (`face.transactions.LEASE_FLIGHTS`).
+            dialects.bound(c, idle=idle, timeout=None)
+            return c.execute(lease.release_stmt(), {"b_holder": holder}).rowcount
+
+        released = store._run("release", clear)
     if released != 1:
         raise click.ClickException("the lease changed hands meanwhile: nothing released")
     click.echo(

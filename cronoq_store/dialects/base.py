@@ -165,6 +165,12 @@ class DefaultImpl:
     (`durability.Durability.acknowledged`)."""
 
     @classmethod
+    def engine_options(cls, url: URL) -> dict[str, Any]:
+        """`create_engine` options of this database's for a server engine the store owns
+        (`face.engines.new_engine`), known from `url` before the engine exists."""
+        return {}
+
+    @classmethod
     def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
         """The settings among `settings` (the server's, by name, as
         `dialects.durability_settings` reads them) that let a crash take back an acknowledged

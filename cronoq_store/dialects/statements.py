@@ -283,10 +283,15 @@ def durability_settings(conn: Connection) -> dict[str, str | None]:
     (PostgreSQL: `current_setting`, so a per-database or per-role `synchronous_commit` shows;
     MySQL: the global variables, in one `SHOW`, which lists only those the server has, so a
     server without Galera has no `wsrep_on`; SQLite: this connection's pragmas, `synchronous`
-    being per connection). One round trip on the servers; nothing is changed."""
+    being per connection). One round trip on the servers (PostgreSQL pipelined: its BEGIN and
+    COMMIT too, which ends the transaction); nothing is changed."""
     which = name(conn.dialect)
     if which == "postgresql":
-        row = conn.execute(select(*(func.current_setting(s) for s in PG_DURABILITY))).one()
+        from .. import execution  # BEGIN, the read and COMMIT in one flight where pipelined
+
+        flight = execution.Flight(conn)
+        at = flight.add(select(*(func.current_setting(s) for s in PG_DURABILITY)))
+        row = flight.commit()[at].rows[0]
         return {s: str(v) for s, v in zip(PG_DURABILITY, row, strict=True)}
     if which == "mysql":
         names = ", ".join(f"'{s}'" for s in MYSQL_DURABILITY)  # constants, no input

@@ -607,7 +607,8 @@ class Face(Generic[E, K, C, H]):
         yield partial(self._stop)
         if self._leadership.epoch is not None:
             try:
-                yield Step("release", partial(lease.release, holder=self.holder))
+                idle = ns(self.config.lease_ttl)  # its bound in its flight (`LEASE_FLIGHTS`)
+                yield Step("release", partial(lease.release, holder=self.holder, idle_ns=idle))
             except StoreError as exc:
                 self._log.warning("could not clear the lease; it will expire: %s", exc)
         self._leadership.released()
@@ -617,13 +618,25 @@ class Face(Generic[E, K, C, H]):
         this instance saw land, and its epoch."""
         with self._lock:
             acked, last = self._leadership.acked, self._leadership.acked_epoch
-        return partial(lease.take, holder=self.holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last)
+        return partial(
+            lease.take,
+            holder=self.holder,
+            ttl_ns=ttl_ns,
+            acked=acked,
+            last_epoch=last,
+            idle_ns=ns(self.config.lease_ttl),
+        )
 
     def _renew_work(self, epoch: int) -> Callable[[Connection], bool]:
         """One renewal of our lease under `epoch`; False once another instance took it."""
         ttl = ns(self.config.lease_ttl)
         return partial(
-            lease.renew, epoch=epoch, holder=self.holder, ttl_ns=ttl, acked=self._acked()
+            lease.renew,
+            epoch=epoch,
+            holder=self.holder,
+            ttl_ns=ttl,
+            acked=self._acked(),
+            idle_ns=ttl,
         )
 
     def _set_aside(self, moved: int) -> None:

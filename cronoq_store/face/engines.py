@@ -136,6 +136,7 @@ def new_engine(
             hide_parameters=True,
             connect_args=connect_args,
             **dialects.pool_options(url),
+            **dialects.class_of(url).engine_options(url),
         )
         if dialects.dialect_of(sync(engine)).pipelined and _flights_prepare(config, connect_args):
             from .. import wire  # psycopg's

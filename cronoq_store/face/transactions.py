@@ -150,6 +150,8 @@ class Tx(NamedTuple):
     """How long a statement may wait for a lock (`commit_lock_bound`)."""
     outside: bool = False
     """Run `fn` in autocommit mode, in no transaction (`Kind.OUTSIDE`)."""
+    bounds_in_fn: bool = False
+    """`fn` sends the idle bound itself, in its own flight (`LEASE_FLIGHTS`)."""
 
 
 def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
@@ -169,7 +171,19 @@ def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
         return Tx(
             False, config.lease_ttl, timeout, timeout, RETRY_COMMIT, commit_lock_bound(config)
         )
-    return Tx(False, config.lease_ttl, deadline=lease_bound(config, deadline))
+    return Tx(
+        False,
+        config.lease_ttl,
+        deadline=lease_bound(config, deadline),
+        bounds_in_fn=op in LEASE_FLIGHTS,
+    )
+
+
+LEASE_FLIGHTS: Final[frozenset[Op]] = frozenset({"take", "renew", "release"})
+"""Lease transactions that send their idle bound in their own flight (`lease.take`, `renew`,
+`release`, given `idle_ns` = `lease_ttl` by the face): BEGIN, the bound, the statements and
+COMMIT in one round trip on PostgreSQL, where `transaction` would send BEGIN and the bound
+first (two more)."""
 
 
 def commit_lock_bound(config: StoreConfig) -> timedelta:
@@ -234,7 +248,8 @@ def transaction(
     committing = False
     try:
         with conn.begin():
-            dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, lock=tx.lock)
+            if not tx.bounds_in_fn:
+                dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, lock=tx.lock)
             result = fn(conn)
             if (
                 armed is not None

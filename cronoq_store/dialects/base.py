@@ -171,6 +171,12 @@ class DefaultImpl:
         return {}
 
     @classmethod
+    def on_libpq(cls, url: URL) -> bool:
+        """Whether `url`'s driver is libpq's (psycopg): it prepares statements on its own (none
+        behind a transaction pooler) and reads `connect_timeout` in whole seconds."""
+        return False
+
+    @classmethod
     def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
         """The settings among `settings` (the server's, by name, as
         `dialects.durability_settings` reads them) that let a crash take back an acknowledged

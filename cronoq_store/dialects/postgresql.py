@@ -74,7 +74,12 @@ class PostgresqlImpl(DefaultImpl):
         """psycopg: no native HSTORE (the store has no such column), so a new engine's first
         connection does not look the type up: three round trips (a SAVEPOINT, the query, a
         RELEASE) of its initialisation."""
-        return {"use_native_hstore": False} if url.get_driver_name().startswith("psycopg") else {}
+        return {"use_native_hstore": False} if cls.on_libpq(url) else {}
+
+    @classmethod
+    def on_libpq(cls, url: URL) -> bool:
+        """psycopg, sync or asyncio."""
+        return url.get_driver_name() in ("psycopg", "psycopg_async")
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """Sync psycopg's named (server-side) cursor."""

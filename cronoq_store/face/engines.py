@@ -63,7 +63,7 @@ def driver_options(url: URL, config: StoreConfig) -> tuple[URL, dict[str, Any]]:
     connection is unknown to (or already exists on) the next.
     """
     url, connect_args = dialects.connect_options(url)
-    if config.transaction_pooler and url.get_driver_name() in ("psycopg", "psycopg_async"):
+    if config.transaction_pooler and dialects.class_of(url).on_libpq(url):
         if connect_args.get(dialects.PREPARE_THRESHOLD) is not None:
             raise InvalidValue(
                 "prepare_threshold in the URL contradicts StoreConfig(transaction_pooler=True), "
@@ -110,7 +110,7 @@ def new_engine(
     dialects.check_url(url)
     dialects.require_database(url, config.schema)
     try:
-        if url.get_backend_name() == "sqlite":
+        if not dialects.class_of(url).server:
             path = sqlite_file(url)  # refuses a path SQLite would not lock, before anything
             if not read_only:
                 create_private(path)
@@ -152,7 +152,7 @@ def new_engine(
         why = f"bad database URL: {advice}" if advice else f"bad database URL: {exc}"
         raise StoreError(dialects.redact(why)) from exc
     execution.ping_when_idle(sync(engine), execution.PING_IDLE)  # a server's (SQLite returned)
-    whole = url.get_driver_name() in ("psycopg", "psycopg_async")  # libpq: whole seconds
+    whole = dialects.class_of(url).on_libpq(url)  # libpq: whole seconds
     execution.bound_connects(sync(engine), "connect_timeout", whole=whole)
     dialects.tune_sockets(sync(engine))
     dialects.reset_after_commit(sync(engine))

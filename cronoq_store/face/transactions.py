@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
-from typing import Final, Literal, NamedTuple, TypeVar
+from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
@@ -244,7 +244,8 @@ def transaction(
             return transaction(conn, fn, tx, own)
     if armed is not None:
         execution.WATCHDOG.bind(armed, dialects.interrupter(conn))
-    conn.info.pop(execution.COMMIT_SENT, None)
+    info = conn.info  # kept: once invalidated, `conn.info` would connect again
+    info.pop(execution.COMMIT_SENT, None)
     committing = False
     try:
         with conn.begin():
@@ -262,7 +263,7 @@ def transaction(
             committing = True
         dialects.committed(conn)
     except BaseException as exc:
-        _failed(conn, exc, tx, armed, committing)
+        _failed(conn, info, exc, tx, armed, committing)
         raise
     if armed is not None:
         _settled(conn, tx, armed)
@@ -271,6 +272,7 @@ def transaction(
 
 def _failed(
     conn: Connection,
+    info: dict[Any, Any],
     exc: BaseException,
     tx: Tx,
     armed: execution.Deadline | None,
@@ -278,12 +280,13 @@ def _failed(
 ) -> None:
     """A transaction raised `exc`: drop `conn` when it was interrupted past its deadline or
     a server refused a write; raise what the caller may know of an interrupted one (else
-    the caller raises `exc`)."""
+    the caller raises `exc`). `info` is `conn.info` read before the transaction: reading it
+    off a connection the failure invalidated would connect again, past the deadline."""
     overdue = armed is not None and execution.WATCHDOG.settle(armed)
     if overdue or (isinstance(exc, sa_exc.DBAPIError) and dialects.read_only(exc)):
         _drop(conn, exc)
     if overdue and not isinstance(exc, StoreError):  # the store's own (Fenced) stands
-        sent = committing or bool(conn.info.get(execution.COMMIT_SENT))
+        sent = committing or bool(info.get(execution.COMMIT_SENT))
         raise StoreUnavailable(_overdue(tx.deadline, sent, tx.unknown)) from exc
 
 
@@ -358,7 +361,8 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
             return commit(conn, c, tx, own)
     if armed is not None:
         execution.WATCHDOG.bind(armed, dialects.interrupter(conn))
-    conn.info.pop(execution.COMMIT_SENT, None)
+    info = conn.info  # kept: once invalidated, `conn.info` would connect again
+    info.pop(execution.COMMIT_SENT, None)
     committing = False
     fence_at = -1
     try:
@@ -393,7 +397,7 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
     except BaseException as exc:
         fenced = fence_at >= 0 and flight.failed == fence_at and lease.fence_failed(exc)
         error = _commit_error(conn, c, exc, fenced)
-        _failed(conn, exc if error is None else error, tx, armed, committing)
+        _failed(conn, info, exc if error is None else error, tx, armed, committing)
         if error is None:
             raise
         raise error from (None if fenced else exc)

@@ -16,6 +16,7 @@ or `%s` placeholders, `%%`), as SQLAlchemy compiles it for psycopg.
 
 from __future__ import annotations
 
+import itertools
 import re
 import select
 import weakref
@@ -86,6 +87,10 @@ _PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple[bytes, tuple[int, ...]], by
     weakref.WeakKeyDictionary()
 )
 """Per psycopg connection: the statements prepared on it, by SQL and parameter types."""
+_NAMES: weakref.WeakKeyDictionary[Any, itertools.count[int]] = weakref.WeakKeyDictionary()
+"""Per psycopg connection: the number of its next statement's name. Never reused: a statement
+forgotten here (its PREPARE skipped, or the server said one was lost) may still hold its name
+on the server, so a name from the count of those remembered could be one in use."""
 
 
 class Failed(Exception):
@@ -182,7 +187,8 @@ def _run(
             if prepared is not None and params is not None:  # BEGIN, COMMIT: nothing to plan
                 send.name = prepared.get(send.key)
                 if send.name is None:
-                    send.name = prepared[send.key] = b"cronoq_%d" % len(prepared)
+                    number = next(_NAMES.setdefault(conn, itertools.count()))
+                    send.name = prepared[send.key] = b"cronoq_%d" % number
                     send.prepare = True
             sends.append(send)
     if not pipeline and len(sends) != 1:

@@ -409,8 +409,10 @@ def test_postgresql_listener_is_made_anew_when_its_connection_dies(
             )
         ).scalar_one()
     assert killed == 1
-    assert woken_by_an_enqueue(store, engine, b"after the loss") == [True]
-    with engine.begin() as conn:  # and it listens again on a new connection
+    # The next wait finds the connection gone and listens anew. (A wait that finds an item
+    # at once returns before it looks at its connection: then the next one does.)
+    assert store.wait_inbox(0.05) is False
+    with engine.begin() as conn:  # it listens again, on a new connection
         assert (
             conn.execute(
                 text(
@@ -420,6 +422,7 @@ def test_postgresql_listener_is_made_anew_when_its_connection_dies(
             ).scalar_one()
             == 1
         )
+    assert woken_by_an_enqueue(store, engine, b"after the loss") == [True]
 
 
 def test_enqueue_notifies_in_its_own_round_trip_unless_told_not_to(

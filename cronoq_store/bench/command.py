@@ -14,7 +14,7 @@ from .bloat import as_rows, run_bloat
 from .history import history_command
 from .report import markdown_table, plot, print_table
 from .rtt import markdown, measure
-from .runner import run_bench
+from .suite import run_bench
 from .targets import raw_database, resolve_targets
 from .workload import DEFAULT_BATCH_SIZES, DEFAULT_RUNS, DEFAULT_TASKS
 

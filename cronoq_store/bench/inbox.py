@@ -23,17 +23,14 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-import click
 from sqlalchemy import Connection, bindparam, delete, insert, select
 
 from .. import inbox as inbox_module
 from ..model import InboxTaken, Submitted, TaskId, TaskSpec, TaskStatus
 from ..schema import inbox
-
-if TYPE_CHECKING:
-    from .runner import Bench
+from .runner import Bench, progress
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
 
@@ -161,7 +158,7 @@ class InboxBench:
                 pairs.append((rows / wall["store"], rows / wall["raw"]))
             baseline = "insert" if size == 1 else ("copy" if self.postgresql else "executemany")
             f = self.b.add("enqueue", size, "rows/s", pairs, baseline)
-            _progress(f"enqueue {size}/txn x{f.ratio:.2f} of raw {baseline}")
+            progress(f"enqueue {size}/txn x{f.ratio:.2f} of raw {baseline}")
 
     # The leader's side.
 
@@ -258,7 +255,7 @@ class InboxBench:
             pairs.append((count / wall["store"], count / wall["raw"]))
         baseline = "copy" if self.postgresql else "executemany"
         f = self.b.add("drain", DRAIN_BATCH, "rows/s", pairs, baseline)
-        _progress(f"drain {DRAIN_BATCH} x{f.ratio:.2f} of raw {baseline}")
+        progress(f"drain {DRAIN_BATCH} x{f.ratio:.2f} of raw {baseline}")
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -267,10 +264,6 @@ def _timed(fn: Callable[[], Any]) -> float:
     began = time.perf_counter()
     fn()
     return time.perf_counter() - began
-
-
-def _progress(message: str) -> None:
-    click.echo(f"  {message}", err=True)
 
 
 def inbox_figures(b: Bench) -> None:

@@ -141,6 +141,7 @@ def scenario(store: Any, url: URL) -> list[Outcome]:
     batch = [submit(1, "a"), submit(2, "b"), submit(3), done(2), InboxTaken(inbox_id=1)]
     op("commit", lambda: store.commit(epoch, BASE, batch, [(TaskId(2), b"out")]))
     op("commit_again", lambda: store.commit(epoch, BASE, batch, [(TaskId(2), b"out")]))
+    op("close_held_connection", store.close_held_connection)
     op("commit_bad_value", lambda: store.commit(epoch, BASE, [submit(-5)]))
     op("commit_live_key_conflict", lambda: store.commit(epoch, BASE, [submit(9, "a")]))
     op("commit_stale_epoch", lambda: store.commit(epoch - 1, BASE, [submit(4)]))
@@ -155,6 +156,7 @@ def scenario(store: Any, url: URL) -> list[Outcome]:
     op("recover", lambda: store.recover(BASE))
     op("prune", lambda: store.prune(timedelta(0)))
     op("inbox_rejected", lambda: store.inbox_rejected)
+    op("release_lease_of_another", lambda: store.release_lease_of("nobody"))
     op("release_leadership", store.release_leadership)
     op("is_leader_after", lambda: store.is_leader)
     op("commit_released", lambda: store.commit(epoch, BASE, [submit(5)]))
@@ -165,6 +167,7 @@ def scenario(store: Any, url: URL) -> list[Outcome]:
 OPERATIONS = {
     "acquire_leadership",
     "check_schema",
+    "close_held_connection",
     "commit",
     "epoch",
     "get_task",
@@ -178,6 +181,7 @@ OPERATIONS = {
     "read_inbox",
     "recover",
     "release_leadership",
+    "release_lease_of",
     "wait_inbox",
     "wait_leadership_lost",
 }

@@ -15,7 +15,14 @@ hand-written client would; it runs in the raw side's own database, like every ra
 
 from __future__ import annotations
 
-__all__ = ["DRAIN_BATCH", "ENQUEUE_BATCHES", "InboxBench", "inbox_figures"]
+__all__ = [
+    "DRAIN_BATCH",
+    "ENQUEUE_BATCHES",
+    "INBOX_COLUMNS",
+    "InboxBench",
+    "inbox_figures",
+    "raw_inbox_row",
+]
 
 import gc
 import json
@@ -38,7 +45,8 @@ ENQUEUE_BATCHES: Final = (1, 100)
 """Specs per app transaction."""
 DRAIN_BATCH: Final = 1000
 """Items per `read_inbox` and commit."""
-_COLUMNS: Final = tuple(c.name for c in inbox.columns if c.name != "id")
+INBOX_COLUMNS: Final = tuple(c.name for c in inbox.columns if c.name != "id")
+"""The inbox's columns a row is inserted with (its id is the database's), in table order."""
 
 
 def _sizes(tasks_n: int) -> tuple[int, int, int]:
@@ -64,8 +72,8 @@ def _specs(count: int) -> list[TaskSpec]:
     ]
 
 
-def _raw_row(spec: TaskSpec) -> tuple[Any, ...]:
-    """An inbox row as a hand-written client encodes it (in `_COLUMNS` order)."""
+def raw_inbox_row(spec: TaskSpec) -> tuple[Any, ...]:
+    """An inbox row as a hand-written client encodes it (in `INBOX_COLUMNS` order)."""
     return (
         time.time_ns(),
         spec.pool,
@@ -95,11 +103,12 @@ class InboxBench:
         self.b = b
         self.raw = b.raw
         self.postgresql = self.raw.which == "postgresql"
-        self.insert_sql, order = self.raw.sql(insert(inbox).values({c: None for c in _COLUMNS}))
-        if order != _COLUMNS:
+        empty = {c: None for c in INBOX_COLUMNS}
+        self.insert_sql, order = self.raw.sql(insert(inbox).values(empty))
+        if order != INBOX_COLUMNS:
             raise RuntimeError(f"unexpected inbox column order {order}")
         prep = b.engine.dialect.identifier_preparer
-        names = ", ".join(prep.quote(c) for c in _COLUMNS)
+        names = ", ".join(prep.quote(c) for c in INBOX_COLUMNS)
         self.copy_inbox = f"COPY {prep.format_table(inbox)} ({names}) FROM STDIN"
         self.read_sql = str(
             select(inbox)
@@ -132,13 +141,13 @@ class InboxBench:
         for specs in txns:
             with self.raw.transaction() as cur:
                 if len(specs) == 1:
-                    cur.execute(self.insert_sql, _raw_row(specs[0]))
+                    cur.execute(self.insert_sql, raw_inbox_row(specs[0]))
                 elif copy:
                     with cur.copy(self.copy_inbox) as c:
                         for spec in specs:
-                            c.write_row(_raw_row(spec))
+                            c.write_row(raw_inbox_row(spec))
                 else:
-                    cur.executemany(self.insert_sql, [_raw_row(s) for s in specs])
+                    cur.executemany(self.insert_sql, [raw_inbox_row(s) for s in specs])
 
     def enqueue(self, conn: Connection) -> None:
         batch1, batch100, _ = _sizes(self.b.n)
@@ -170,7 +179,7 @@ class InboxBench:
             with conn.begin():
                 inbox_module.enqueue_many(conn, chunk, notify=False)
             with self.raw.transaction() as cur:
-                cur.executemany(self.insert_sql, [_raw_row(s) for s in chunk])
+                cur.executemany(self.insert_sql, [raw_inbox_row(s) for s in chunk])
 
     def _store_drain(self) -> None:
         b = self.b

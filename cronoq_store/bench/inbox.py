@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, bindparam, delete, insert, select
 
+from .. import dialects
 from .. import inbox as inbox_module
 from ..model import InboxTaken, Submitted, TaskId, TaskSpec, TaskStatus
 from ..schema import inbox
@@ -102,7 +103,8 @@ class InboxBench:
     def __init__(self, b: Bench) -> None:
         self.b = b
         self.raw = b.raw
-        self.postgresql = self.raw.which == "postgresql"
+        self.copies = dialects.dialect_of(b.engine).copies
+        """The raw side loads rows with COPY where the store does (psycopg)."""
         empty = {c: None for c in INBOX_COLUMNS}
         self.insert_sql, order = self.raw.sql(insert(inbox).values(empty))
         if order != INBOX_COLUMNS:
@@ -137,7 +139,7 @@ class InboxBench:
             conn.commit()
 
     def _raw_enqueue(self, txns: Sequence[Sequence[TaskSpec]]) -> None:
-        copy = self.postgresql
+        copy = self.copies
         for specs in txns:
             with self.raw.transaction() as cur:
                 if len(specs) == 1:
@@ -165,7 +167,7 @@ class InboxBench:
                 wall = {name: _timed(fn) for name, fn in turns}
                 rows = size * count
                 pairs.append((rows / wall["store"], rows / wall["raw"]))
-            baseline = "insert" if size == 1 else ("copy" if self.postgresql else "executemany")
+            baseline = "insert" if size == 1 else ("copy" if self.copies else "executemany")
             f = self.b.add("enqueue", size, "rows/s", pairs, baseline)
             progress(f"enqueue {size}/txn x{f.ratio:.2f} of raw {baseline}")
 
@@ -237,7 +239,7 @@ class InboxBench:
                         )
                     )
                     next_id += 1
-                if self.postgresql:
+                if self.copies:
                     with cur.copy(raw.copy_tasks) as c:
                         for row in rows:
                             c.write_row(row)
@@ -262,7 +264,7 @@ class InboxBench:
             if run == 0:
                 self.b.check_same_rows(ignore=("arrival_unix_ns", "updated_unix_ns"))
             pairs.append((count / wall["store"], count / wall["raw"]))
-        baseline = "copy" if self.postgresql else "executemany"
+        baseline = "copy" if self.copies else "executemany"
         f = self.b.add("drain", DRAIN_BATCH, "rows/s", pairs, baseline)
         progress(f"drain {DRAIN_BATCH} x{f.ratio:.2f} of raw {baseline}")
 

@@ -36,6 +36,7 @@ from ..store import SqlStore, StoreConfig
 from .inbox import INBOX_COLUMNS, raw_inbox_row
 from .proxy import proxied_url
 from .raw import RawDriver
+from .targets import server_label
 
 OPERATIONS: Final = (
     "commit b1, a transition",
@@ -306,8 +307,7 @@ def measure(url: URL, raw_url: URL, *, rtt_ms: float, repeats: int = REPEATS) ->
     engine = create_engine(url)
     try:
         with engine.connect():
-            version = ".".join(str(v) for v in (engine.dialect.server_version_info or ())[:3])
-        name = "mariadb" if getattr(engine.dialect, "is_mariadb", False) else engine.dialect.name
+            label = server_label(engine.dialect)
     finally:
         engine.dispose()
     figures = tuple(
@@ -320,7 +320,7 @@ def measure(url: URL, raw_url: URL, *, rtt_ms: float, repeats: int = REPEATS) ->
         )
         for op in OPERATIONS
     )
-    return RttResult(label=f"{name} {version}", rtt_ms=rtt_ms, figures=figures)
+    return RttResult(label=label, rtt_ms=rtt_ms, figures=figures)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
 from .raw import Baseline, RawDriver, baselines
 from .results import Figure, Metric, Target, goal_of
+from .targets import server_label
 from .workload import (
     MIN_COMMITS,
     MIN_ROWS,
@@ -69,9 +70,7 @@ def _memory(fn: Callable[[], Any]) -> tuple[float, float]:
 def _label(target: Target, dialect: Dialect) -> str:
     if not dialects.class_of(target.dialect).server:
         return f"sqlite {sqlite3.sqlite_version} full_sync={'on' if target.full_sync else 'off'}"
-    version = ".".join(str(v) for v in (dialect.server_version_info or ())[:3])
-    name = "mariadb" if getattr(dialect, "is_mariadb", False) else dialect.name
-    return f"{name} {version}"
+    return server_label(dialect)
 
 
 class Bench:

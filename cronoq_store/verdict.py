@@ -1,13 +1,15 @@
-"""What the settings read mean for an acknowledged commit: `Durability` and its `Unsafe` parts.
+"""What becomes of an acknowledged commit: whether the server's settings let a crash take it
+back (`Durability`, `Unsafe`), and the commits a leader found lost (`LostCommits`).
 
-Plain records, apart from `durability` (which reads and classifies, through the dialect
-classes) so that the error tree (`errors.NotDurable` carries a `Durability`) imports no dialect.
-Their public home is `cronoq_store.durability`, which re-exports them.
+Plain records that import nothing of the package, so that the error tree, whose errors carry
+them (`errors.NotDurable`, `errors.DatabaseBehind`), imports neither the dialect classes
+(`durability` reads and classifies through them) nor the model (which validates with the
+errors). Their public homes re-export them: `cronoq_store.durability` and `cronoq_store.model`.
 """
 
 from __future__ import annotations
 
-__all__ = ["Durability", "Unsafe"]
+__all__ = ["Durability", "LostCommits", "Unsafe"]
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,3 +67,22 @@ class Durability:
             "unsafe": [{"setting": u.setting, "value": u.value, "why": u.why} for u in self.unsafe],
             "acknowledged": self.acknowledged,
         }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LostCommits:
+    """Commits a leader had acknowledged that the database no longer held when it looked.
+
+    Recorded by that leader as it stepped down (`DatabaseBehind`): the database had gone back
+    in time, as after an asynchronous failover that promoted a replica behind the primary.
+    What the lost commits held (tasks submitted, finished, their ids) is gone with them; an
+    engine should say so to its operators and re-submit what its callers still expect.
+    """
+
+    epoch: int
+    """The epoch the leader committed under."""
+    commits: int | None
+    """At most this many of its commits are missing; None when the database had lost the
+    leader's lease itself (the take), so the count cannot be told."""
+    noticed_unix_ns: int
+    """When the leader noticed, on the database's clock (the host's for SQLite)."""

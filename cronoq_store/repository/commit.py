@@ -14,10 +14,14 @@ from functools import cache
 from typing import Any, Final
 
 from sqlalchemy import (
+    Column,
     Connection,
     Delete,
     Insert,
+    Integer,
     Select,
+    String,
+    Text,
     Update,
     bindparam,
     case,
@@ -25,13 +29,17 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     null,
     select,
     true,
     union_all,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import dialect as postgresql_dialect
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.types import TypeEngine
 
 from .. import codec, dialects, execution
 from ..errors import CorruptValue
@@ -103,6 +111,19 @@ def revived_stmt() -> Select[Any]:
 
 
 @cache
+def revival_guard_stmt() -> Select[Any]:
+    """PostgreSQL, in a flight right behind the live transitions of the tasks `ids`
+    (`status_update_live_stmt`): fails the flight (division by zero) when one of them is
+    stored finished, so the UPDATE left it alone: a revival, which the optimistic flight
+    cannot write (`RevivalGuard`). A live row it changed is live now; a missing one passes."""
+    finished = exists().where(
+        tasks.c.terminal == True,  # noqa: E712
+        tasks.c.id.in_(bindparam("ids", expanding=True)),
+    )
+    return select(literal(1, Integer) // case((finished, 0), else_=1))
+
+
+@cache
 def status_output_stmt() -> Update:
     """A transition to succeeded that stores the task's output in the same statement."""
     return status_update_stmt().values(output=bindparam("b_output"))
@@ -159,6 +180,18 @@ def recurring_insert_stmt() -> Insert:
 
 
 @cache
+def recurring_upsert_stmt() -> Insert:
+    """PostgreSQL: a new schedule, or a stored one's spec replaced (its next/last stay):
+    `recurring_update_stmt` then `recurring_insert_stmt` in one statement, whose answer
+    nothing waits for."""
+    new = pg_insert(recurring)
+    return new.on_conflict_do_update(
+        index_elements=[recurring.c.name],
+        set_={"spec": new.excluded.spec, "template_payload": new.excluded.template_payload},
+    )
+
+
+@cache
 def recurring_delete_stmt() -> Delete:
     """Remove a schedule."""
     return delete(recurring).where(recurring.c.name == bindparam("b_name"))
@@ -189,12 +222,43 @@ def _revive(conn: Connection, ids: Sequence[int], dep_out: list[dict[str, Any]])
     return finished
 
 
+class RevivalGuard:
+    """The optimistic flight's bet that no live transition of a batch revives a finished task.
+
+    Pipelined (PostgreSQL), a commit's live transitions go with a guard statement
+    (`revival_guard_stmt`) behind them and nothing waits for their row count: the whole
+    commit is one flight. A revival (rare: a finished task made live again) fails the guard,
+    hence the flight, and nothing of it is written; the caller (`face.transactions.commit`)
+    asks `failed` and commits the batch again without a guard, the way that reads which tasks
+    revive and restores their dependency rows.
+    """
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = -1
+        """The guard statement's index in its flight; -1 while none was added."""
+
+    def failed(self, flight: execution.Flight, exc: BaseException) -> bool:
+        """Whether `exc`, raised by `flight`, is the guard's: a revival, to commit again."""
+        orig = getattr(exc, "orig", None)
+        return (
+            self.at >= 0
+            and flight.failed == self.at
+            and getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO
+        )
+
+
+_DIVISION_BY_ZERO: Final = "22012"
+
+
 def write(
     conn: Connection,
     base: TimeBase,
     folded: folding.Folded,
     outputs: Sequence[tuple[TaskId, bytes]],
     flight: execution.Flight,
+    guard: RevivalGuard | None = None,
 ) -> None:
     """Write a folded batch (after the fence check), in the order of the design.
 
@@ -204,16 +268,22 @@ def write(
     in one round trip. Before anything runs on its own the flight is sent, so the fence is
     answered first. The phases: transitions of stored tasks, new tasks with their
     dependency rows, outputs, inbox rows taken, recurring schedules.
+
+    Pipelined, every phase rides in the flight: live transitions behind `guard` (when given:
+    `RevivalGuard`), new tasks as one array per column (`insert_arrays_stmt`), inbox rows as
+    one array, schedules by upserts; so a commit is one round trip, COMMIT included.
     """
     inserts = _existing_dropped(conn, folded.inserts, flight)
     pending: dict[int, bytes] = dict(outputs)
-    revived = _write_updates(conn, folded.updates, pending, flight)
+    if not flight.pipelined:
+        guard = None
+    revived = _write_updates(conn, folded.updates, pending, flight, guard)
     _write_inserts(conn, folded, inserts, revived, flight)
     _write_outputs([(i, o) for i, o in outputs if i in pending], flight)
-    if folded.inbox_taken or folded.recurring:
-        flight.send()
-        _write_inbox(conn, folded.inbox_taken)
-        _write_recurring(conn, base, folded.recurring)
+    if folded.inbox_taken:
+        _write_inbox(folded.inbox_taken, flight)
+    if folded.recurring:
+        _write_recurring(conn, base, folded.recurring, flight)
 
 
 def _existing_dropped(
@@ -224,11 +294,12 @@ def _existing_dropped(
     Insert or ignore: a task stored already (a replayed batch) keeps its
     row, and the transitions folded into its insert (its dependency rows too) are ignored
     with it. One new task is inserted in a form that says whether it was stored already
-    (`_write_inserts`): no lookup first. More are looked up first, then loaded in one bulk
-    statement (COPY).
+    (`_write_inserts`): no lookup first; pipelined, up to `ARRAY_ROWS` too, in a statement that
+    ignores those stored (`insert_arrays_stmt`). More are looked up first, then loaded in one
+    bulk statement (COPY).
     """
-    if len(inserts) < 2:
-        return inserts
+    if len(inserts) < 2 or (flight.pipelined and len(inserts) <= ARRAY_ROWS):
+        return inserts  # one statement says it, or ignores them (`insert_arrays_stmt`)
     flight.send()
     existing: set[int] = set()
     low, high = min(inserts), max(inserts)
@@ -248,10 +319,12 @@ def _write_updates(
     updates: dict[int, folding.FoldedStatus],
     pending: dict[int, bytes],
     flight: execution.Flight,
+    guard: RevivalGuard | None,
 ) -> list[dict[str, Any]]:
     """Transitions of stored tasks, first, so the keys they release can be reused by the new
     tasks. A task that succeeded in this batch gets its output in the same statement (taken
-    from `pending`). Returns the dependency rows of revived tasks, to insert again."""
+    from `pending`). Returns the dependency rows of revived tasks, to insert again: none
+    with a `guard`, which fails the flight on a revival instead (`RevivalGuard`)."""
     revived: list[dict[str, Any]] = []
     if not updates:
         return revived
@@ -274,25 +347,26 @@ def _write_updates(
             plain.append(params)
             if not params["b_terminal"]:
                 live.append(params)
-    counts: list[int | None] = []
+    sent: list[int] = []
     if live:
         # A live transition of a task still live changes no live key: one statement for
         # all of them. Only when fewer rows matched than were sent can one be a revival.
         at = flight.add_many(status_update_live_stmt(), live)
-        matched = flight.send()[at].rowcount
-        counts.append(matched)
+        sent.append(at)
         done = {p["b_id"] for p in live}
-        if matched != len(live):
+        if guard is not None:  # nothing waits: the guard fails the flight on a revival
+            guard.at = flight.add_in(revival_guard_stmt(), list(done))
+        elif flight.send()[at].rowcount != len(live):
             done -= _revive(conn, list(done), revived)
         plain = [p for p in plain if p["b_id"] not in done]
-    sent = [
+    sent += [
         flight.add_many(stmt, rows)
         for stmt, rows in ((status_update_stmt(), plain), (status_output_stmt(), with_output))
         if rows
     ]
 
     def warn_missing(ran: Sequence[execution.Ran]) -> None:
-        matched = [*counts, *(ran[i].rowcount for i in sent)]
+        matched = [ran[i].rowcount for i in sent]
         missing = len(updates) - sum(c for c in matched if c is not None)
         if None not in matched and missing > 0:
             log.warning("status updates for %d tasks missing from the store (pruned?)", missing)
@@ -306,6 +380,9 @@ def _write_updates(
 
 FLIGHT_ROWS: Final = 8
 """Most dependency rows a flight carries as an executemany; more go by COPY, on their own."""
+ARRAY_ROWS: Final = 100_000
+"""Most new tasks a flight carries as arrays (`insert_arrays_stmt`); more are looked up and
+go by COPY, on their own."""
 
 
 def _write_inserts(
@@ -323,14 +400,17 @@ def _write_inserts(
         # Stored already (nothing of it is written), or its rows went in the same statement.
         new_deps = [] if not inserted or flight.pipelined else deps
     else:
-        if inserts:
-            flight.insert_many(insert_tasks_stmt(), list(inserts.values()))
         new_deps = [
             d
             for i, rows in folded.deps.items()
             if i in inserts and not inserts[i]["terminal"]
             for d in rows
         ]
+        if flight.pipelined and 1 < len(inserts) <= ARRAY_ROWS:
+            _insert_arrays(list(inserts.values()), new_deps, flight)
+            new_deps = []
+        elif inserts:
+            flight.insert_many(insert_tasks_stmt(), list(inserts.values()))
     new_deps = [*new_deps, *revived]
     if not new_deps:
         return
@@ -338,6 +418,62 @@ def _write_inserts(
         flight.add_many(insert_deps_stmt(), new_deps)
         return
     flight.insert_many(insert_deps_stmt(), new_deps)
+
+
+DEP_COLUMNS: Final = ("task_id", "ordinal", "target_id", "target_key")
+
+
+def _insert_arrays(
+    rows: Sequence[Mapping[str, Any]], deps: Sequence[Mapping[str, Any]], flight: execution.Flight
+) -> None:
+    """PostgreSQL: `rows` (new tasks, some perhaps stored already) and `deps` (the dependency
+    rows of the live ones) in one statement of the flight, each column one array."""
+    keys = tuple(rows[0])
+    params = {f"a_{k}": [r[k] for r in rows] for k in keys}
+    if deps:
+        params.update({f"d_{k}": [d[k] for d in deps] for k in DEP_COLUMNS})
+    flight.add(insert_arrays_stmt(keys, bool(deps)), params)
+
+
+def _array_of(column: Column[Any]) -> ARRAY[Any]:
+    """An array parameter's type for `column`: text for a string (a cast to `varchar(n)`
+    would cut a longer value, where the column refuses it)."""
+    element: TypeEngine[Any] = Text() if isinstance(column.type, String) else column.type
+    return ARRAY(element)
+
+
+@cache
+def insert_arrays_stmt(keys: tuple[str, ...], with_deps: bool) -> Insert:
+    """PostgreSQL: new task rows of the columns `keys`, one array per column (`a_{key}`,
+    unnested), but those whose id is stored already (ON CONFLICT DO NOTHING on the primary key
+    alone: a live key in use still refuses the row); `with_deps`, also the dependency rows
+    (`d_{column}` arrays) of the tasks it did insert, selected from its RETURNING. So a
+    replayed batch changes nothing, its dependency rows included, without a lookup first."""
+    columns = [c for c in tasks.c if c.name in keys]
+    names = [c.name for c in columns]
+    source = (
+        func.unnest(*(bindparam(f"a_{c.name}", type_=_array_of(c)) for c in columns))
+        .table_valued(*names)
+        .render_derived(name="a")
+    )
+    new = (
+        pg_insert(tasks)
+        .from_select(names, select(*(source.c[n] for n in names)))
+        .on_conflict_do_nothing(index_elements=[tasks.c.id])
+    )
+    if not with_deps:
+        return new
+    inserted = new.returning(tasks.c.id).cte("new")
+    dep_columns = [task_deps.c[n] for n in DEP_COLUMNS]
+    dep_source = (
+        func.unnest(*(bindparam(f"d_{c.name}", type_=_array_of(c)) for c in dep_columns))
+        .table_valued(*DEP_COLUMNS)
+        .render_derived(name="d")
+    )
+    rows = select(*(dep_source.c[n] for n in DEP_COLUMNS)).join_from(
+        dep_source, inserted, inserted.c.id == dep_source.c.task_id
+    )
+    return insert(task_deps).from_select(list(DEP_COLUMNS), rows).add_cte(inserted)
 
 
 def _insert_one(
@@ -417,23 +553,31 @@ def _write_outputs(rest: Sequence[tuple[TaskId, bytes]], flight: execution.Fligh
         )
 
 
-def _write_inbox(conn: Connection, taken: Mapping[int, None]) -> None:
+def _write_inbox(taken: Mapping[int, None], flight: execution.Flight) -> None:
     """Inbox rows made into these tasks (or dropped), gone in the same fenced transaction."""
     for chunk in execution.chunks(list(taken)):
-        execution.run_in(conn, inbox_take_stmt(), chunk)
+        flight.add_in(inbox_take_stmt(), chunk)
 
 
 def _write_recurring(
     conn: Connection,
     base: TimeBase,
     changes: Sequence[RecurringUpsert | RecurringRemove | RecurringNext],
+    flight: execution.Flight,
 ) -> None:
-    """Recurring schedules, in batch order."""
+    """Recurring schedules, in batch order: pipelined, in the flight (an upsert is then one
+    statement, `recurring_upsert_stmt`); elsewhere each at once."""
     for m in changes:
         if isinstance(m, RecurringUpsert):
             name = codec.bounded("RecurringSpec.name", m.spec.name, codec.NAME_MAX)
             spec_text = codec.encode_recurring(base, m.spec)
             payload = m.spec.template.payload
+            if flight.pipelined:
+                flight.add(
+                    recurring_upsert_stmt(),
+                    {"name": name, "spec": spec_text, "template_payload": payload},
+                )
+                continue
             result = conn.execute(
                 recurring_update_stmt(),
                 {"b_name": name, "b_spec": spec_text, "b_payload": payload},
@@ -444,13 +588,21 @@ def _write_recurring(
                     {"name": name, "spec": spec_text, "template_payload": payload},
                 )
         elif isinstance(m, RecurringRemove):
-            conn.execute(recurring_delete_stmt(), {"b_name": codec.clean(m.name)})
+            _recurring_run(conn, flight, recurring_delete_stmt(), {"b_name": codec.clean(m.name)})
         else:
-            conn.execute(
-                recurring_next_stmt(),
-                {
-                    "b_name": codec.clean(m.name),
-                    "b_next": codec.to_unix_opt(base, m.next, "RecurringNext.next"),
-                    "b_last": m.last,
-                },
-            )
+            params = {
+                "b_name": codec.clean(m.name),
+                "b_next": codec.to_unix_opt(base, m.next, "RecurringNext.next"),
+                "b_last": m.last,
+            }
+            _recurring_run(conn, flight, recurring_next_stmt(), params)
+
+
+def _recurring_run(
+    conn: Connection, flight: execution.Flight, stmt: Update | Delete, params: dict[str, Any]
+) -> None:
+    """`stmt` in the flight where it pipelines; elsewhere at once, as ever."""
+    if flight.pipelined:
+        flight.add(stmt, params)
+    else:
+        conn.execute(stmt, params)

@@ -407,7 +407,7 @@ def commit(
             committing = True
         dialects.committed(conn)
     except BaseException as exc:
-        if guard is not None and guard.failed(flight, exc):
+        if guard is not None and guard.failed(exc):
             return _revived_again(conn, c, tx, armed)
         fenced = fence_at >= 0 and flight.failed == fence_at and lease.fence_failed(exc)
         error = _commit_error(conn, c, exc, fenced)

@@ -1,0 +1,130 @@
+"""A PostgreSQL commit in one flight (issue 41) writes what the step-by-step commit wrote: a
+revival restores its dependency rows and live key (the guard fails the optimistic flight and
+the commit runs again), a replayed batch of arrays changes no stored row and adds no
+dependency row twice, and a fenced commit writes nothing. The same tests on every dialect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from builders import BASE, status
+from sqlalchemy import URL, Engine, select, text, update
+
+from cronoq_store import (
+    ById,
+    ByKey,
+    Dep,
+    Fenced,
+    SqlStore,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+)
+from cronoq_store.face import transactions
+from cronoq_store.schema import leader, task_deps, tasks
+
+
+def _submit(i: int, deps: tuple[Dep, ...] = ()) -> Submitted:
+    return Submitted(
+        id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=f"k{i}", deps=deps)
+    )
+
+
+def _tasks(engine: Engine) -> dict[int, tuple[Any, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(tasks.c.id, tasks.c.status, tasks.c.live_key)).all()
+    return {r.id: (r.status, r.live_key) for r in rows}
+
+
+def _deps(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(task_deps).order_by(task_deps.c.task_id, task_deps.c.ordinal))
+        return [tuple(r) for r in rows]
+
+
+def test_a_revival_restores_dependency_rows_and_live_key(
+    db_url: URL, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live transition of a finished task, beside a live task's and a new task's: the
+    guarded flight fails on it (PostgreSQL), and the commit run again restores its
+    dependency rows and its live key, and writes the rest once."""
+    again: list[int] = []
+    real = transactions._revived_again
+
+    def counted(*args: Any) -> None:
+        again.append(1)
+        real(*args)
+
+    monkeypatch.setattr(transactions, "_revived_again", counted)
+    deps = (Dep(target=ById(id=TaskId(50))), Dep(target=ByKey(key="other")))
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1, deps), _submit(2)])
+        before = _deps(store.engine)
+        assert [d[0] for d in before] == [1, 1]
+        store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)], [(TaskId(1), b"out")])
+        assert _deps(store.engine) == []
+        assert _tasks(store.engine)[1] == ("succeeded", None)
+        store.commit(
+            epoch,
+            BASE,
+            [status(1, TaskStatus.RUNNING), status(2, TaskStatus.RUNNING), _submit(3)],
+        )
+        assert _tasks(store.engine) == {
+            1: ("running", "k1"),
+            2: ("running", "k2"),
+            3: ("queued", "k3"),
+        }
+        assert _deps(store.engine) == before
+        assert again == ([1] if dialect == "postgresql" else [])
+        store.release_leadership()
+
+
+@pytest.mark.parametrize("stored_every", [1, 3, 7])
+def test_a_replayed_batch_of_100_changes_no_stored_row(db_url: URL, stored_every: int) -> None:
+    """100 submissions with dependencies, some stored already (and moved on since): the
+    replay inserts the others with their dependency rows, and leaves the stored ones and
+    their dependency rows as they were, none twice."""
+    deps = (Dep(target=ById(id=TaskId(1000))), Dep(target=ByKey(key="x")))
+    batch = [_submit(i, deps) for i in range(100)]
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        first = [m for m in batch if m.id % stored_every == 0]
+        store.commit(epoch, BASE, first)
+        store.commit(epoch, BASE, [status(m.id, TaskStatus.RUNNING) for m in first])
+        stored = _tasks(store.engine)
+        store.commit(epoch, BASE, batch)
+        after = _tasks(store.engine)
+        assert {i: after[i] for i in stored} == stored
+        assert {i: v for i, v in after.items() if i not in stored} == {
+            i: ("queued", f"k{i}") for i in range(100) if i not in stored
+        }
+        assert len(after) == 100
+        rows = _deps(store.engine)
+        assert len(rows) == len({(r[0], r[1]) for r in rows}) == 200
+        store.commit(epoch, BASE, batch)  # once more: nothing changes
+        assert _tasks(store.engine) == after
+        assert _deps(store.engine) == rows
+        store.release_leadership()
+
+
+def test_a_fenced_commit_writes_nothing(db_url: URL) -> None:
+    """Another instance took the lease: a commit of transitions, a revival and 100 new tasks
+    raises `Fenced`, and nothing of it is written."""
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1), _submit(2)])
+        store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)])
+        before, deps_before = _tasks(store.engine), _deps(store.engine)
+        with store.engine.begin() as conn:
+            conn.execute(update(leader).values(epoch=leader.c.epoch + 1, holder="someone else"))
+        batch = [status(1, TaskStatus.RUNNING), status(2, TaskStatus.RUNNING)]
+        batch += [_submit(i, (Dep(target=ById(id=TaskId(1))),)) for i in range(10, 110)]
+        with pytest.raises(Fenced):
+            store.commit(epoch, BASE, batch)
+        assert _tasks(store.engine) == before
+        assert _deps(store.engine) == deps_before
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM cronoq_tasks")).scalar_one() == 2

@@ -68,29 +68,26 @@ DENSE: Final = 4
 ids out in order, so a batch's usually span no more than their count)."""
 
 
+def _task_update() -> Update:
+    """An UPDATE of the task `b_id`: what a transition and an output each start from."""
+    return update(tasks).where(tasks.c.id == bindparam("b_id"))
+
+
 @cache
 def status_update_stmt() -> Update:
     """One task's transition; a terminal one releases its live key."""
-    return (
-        update(tasks)
-        .where(tasks.c.id == bindparam("b_id"))
-        .values(
-            status=bindparam("b_status"),
-            terminal=bindparam("b_terminal"),
-            attempt=bindparam("b_attempt"),
-            updated_unix_ns=bindparam("b_at"),
-            message=func.coalesce(
-                bindparam("b_message", type_=tasks.c.message.type), tasks.c.message
-            ),
-            # A terminal transition releases the key; a live one (a revival too) holds it.
-            live_key=case((bindparam("b_terminal") == true(), null()), else_=tasks.c.key),
-            # Set when it finishes, NULL while live: a live transition changes no indexed
-            # column, so PostgreSQL can update the row in place (HOT), leaving no dead index
-            # entries behind.
-            finished_unix_ns=case(
-                (bindparam("b_terminal") == true(), bindparam("b_at")), else_=null()
-            ),
-        )
+    return _task_update().values(
+        status=bindparam("b_status"),
+        terminal=bindparam("b_terminal"),
+        attempt=bindparam("b_attempt"),
+        updated_unix_ns=bindparam("b_at"),
+        message=func.coalesce(bindparam("b_message", type_=tasks.c.message.type), tasks.c.message),
+        # A terminal transition releases the key; a live one (a revival too) holds it.
+        live_key=case((bindparam("b_terminal") == true(), null()), else_=tasks.c.key),
+        # Set when it finishes, NULL while live: a live transition changes no indexed
+        # column, so PostgreSQL can update the row in place (HOT), leaving no dead index
+        # entries behind.
+        finished_unix_ns=case((bindparam("b_terminal") == true(), bindparam("b_at")), else_=null()),
     )
 
 
@@ -157,20 +154,23 @@ def inbox_take_stmt() -> Delete:
 def output_stmt() -> Update:
     """Store the output of a task that succeeded (`b_succeeded` is that status's name)."""
     return (
-        update(tasks)
-        .where(tasks.c.id == bindparam("b_id"), tasks.c.status == bindparam("b_succeeded"))
+        _task_update()
+        .where(tasks.c.status == bindparam("b_succeeded"))
         .values(output=bindparam("b_output"))
     )
+
+
+def _schedule_update(**binds: str) -> Update:
+    """An UPDATE of the schedule `b_name` that sets each column named in `binds` to its bind
+    parameter: a new spec, a next fire time."""
+    values = {column: bindparam(bind) for column, bind in binds.items()}
+    return update(recurring).where(recurring.c.name == bindparam("b_name")).values(values)
 
 
 @cache
 def recurring_update_stmt() -> Update:
     """Replace a schedule's spec (its next/last stay)."""
-    return (
-        update(recurring)
-        .where(recurring.c.name == bindparam("b_name"))
-        .values(spec=bindparam("b_spec"), template_payload=bindparam("b_payload"))
-    )
+    return _schedule_update(spec="b_spec", template_payload="b_payload")
 
 
 @cache
@@ -200,11 +200,7 @@ def recurring_delete_stmt() -> Delete:
 @cache
 def recurring_next_stmt() -> Update:
     """A schedule's next fire time and last task."""
-    return (
-        update(recurring)
-        .where(recurring.c.name == bindparam("b_name"))
-        .values(next_unix_ns=bindparam("b_next"), last_task_id=bindparam("b_last"))
-    )
+    return _schedule_update(next_unix_ns="b_next", last_task_id="b_last")
 
 
 def _revive(conn: Connection, ids: Sequence[int], dep_out: list[dict[str, Any]]) -> set[int]:

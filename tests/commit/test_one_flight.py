@@ -5,6 +5,7 @@ dependency row twice, and a fenced commit writes nothing. The same tests on ever
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -16,13 +17,20 @@ from cronoq_store import (
     ByKey,
     Dep,
     Fenced,
+    InboxTaken,
+    RecurringNext,
+    RecurringRemove,
+    RecurringSpec,
+    RecurringUpsert,
     SqlStore,
     Submitted,
     TaskId,
     TaskSpec,
     TaskStatus,
 )
+from cronoq_store.bench.proxy import proxied_url
 from cronoq_store.face import transactions
+from cronoq_store.inbox import enqueue
 from cronoq_store.schema import leader, task_deps, tasks
 
 
@@ -128,3 +136,45 @@ def test_a_fenced_commit_writes_nothing(db_url: URL) -> None:
         assert _deps(store.engine) == deps_before
         with store.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM cronoq_tasks")).scalar_one() == 2
+
+
+def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> None:
+    """New tasks with dependency rows, live and finishing transitions, an output, inbox rows
+    taken and schedules added, replaced, moved on and removed: all written, and on
+    PostgreSQL (counted by the proxy) in one round trip, COMMIT included."""
+    first = RecurringSpec(name="a", template=TaskSpec(payload=b"t"), cron="0 3 * * *")
+    second = RecurringSpec(name="a", template=TaskSpec(payload=b"u"), interval_ns=10**9)
+    gone = RecurringSpec(name="gone", template=TaskSpec(payload=b"g"), cron="0 4 * * *")
+    with contextlib.ExitStack() as stack:
+        url, proxy = db_url, None
+        if dialect == "postgresql":
+            url, proxy = stack.enter_context(proxied_url(db_url, delay=0))
+        store = stack.enter_context(SqlStore.open(url))
+        with store.engine.begin() as conn:
+            taken = [enqueue(conn, TaskSpec(payload=b"i")) for _ in range(3)]
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1), _submit(2), RecurringUpsert(spec=gone)])
+        store.commit(epoch, BASE, [status(1, TaskStatus.RUNNING)])  # statements prepared
+        batch: list[Any] = [
+            status(1, TaskStatus.SUCCEEDED),
+            status(2, TaskStatus.RUNNING),
+            *(_submit(i, (Dep(target=ById(id=TaskId(2))),)) for i in (3, 4, 5)),
+            *(InboxTaken(inbox_id=i) for i in taken),
+            RecurringUpsert(spec=first),
+            RecurringUpsert(spec=second),
+            RecurringNext(name="a", next=500, last=TaskId(3)),
+            RecurringRemove(name="gone"),
+        ]
+        before = proxy.count if proxy is not None else 0
+        store.commit(epoch, BASE, batch, [(TaskId(1), b"out")])
+        if proxy is not None:
+            assert proxy.count - before == 1
+        rec = store.recover(BASE)
+        assert [t.id for t in rec.tasks] == [2, 3, 4, 5]
+        assert _tasks(store.engine)[1] == ("succeeded", None)
+        assert [(r.spec, r.next, r.last) for r in rec.recurring] == [(second, 500, 3)]
+        assert store.load_output(TaskId(1)) == b"out"
+        assert [d[:2] for d in _deps(store.engine)] == [(3, 0), (4, 0), (5, 0)]
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM cronoq_inbox")).scalar_one() == 0
+        store.release_leadership()

@@ -257,10 +257,11 @@ def test_a_batch1_commit_of_a_new_task_is_one_round_trip(dialect: str, db_url: U
 
 
 def test_a_batch1_transition_costs_its_answers_and_no_more(dialect: str, db_url: URL) -> None:
-    """A live transition waits for the UPDATE's count (a revival needs more writes before
-    the COMMIT), so on PostgreSQL it costs the BEGIN with the bounds and the fence, the
-    UPDATE and the COMMIT (the BEGIN is no round trip of its own: psycopg's would be); a
-    finished task's dependency rows go with that COMMIT, not on their own. Counted by the
+    """A live transition waits for no answer (a guard behind its UPDATE fails the flight on
+    a revival: `test_one_flight`), so on PostgreSQL the BEGIN with the bounds, the fence,
+    the UPDATE and the COMMIT are one flight (the BEGIN is no round trip of its own:
+    psycopg's would be); a finished task's dependency rows go with that COMMIT, not on
+    their own. Counted by the
     proxy, as above, after one transition of each kind (a statement is prepared on its
     connection's first use of it)."""
     spec = TaskSpec(payload=b"x", deps=(Dep(target=ById(id=TaskId(0))),))

@@ -163,7 +163,7 @@ def output_stmt() -> Update:
 def _schedule_update(**binds: str) -> Update:
     """An UPDATE of the schedule `b_name` that sets each column named in `binds` to its bind
     parameter: a new spec, a next fire time."""
-    values = {column: bindparam(bind) for column, bind in binds.items()}
+    values: dict[str, Any] = {column: bindparam(bind) for column, bind in binds.items()}
     return update(recurring).where(recurring.c.name == bindparam("b_name")).values(values)
 
 
@@ -380,9 +380,11 @@ FLIGHT_ROWS: Final = 8
 """Most dependency rows a flight carries as an executemany; more go by COPY, on their own."""
 ARRAY_ROWS: Final = 250
 """Most new tasks a flight carries as arrays (`insert_arrays_stmt`); more are looked up and
-go by COPY, on their own. Measured on PostgreSQL 15, no latency, against that path: 100
-rows 0.89/1.07 ms of CPU and 3.2/3.8 ms a commit; 300 even; 1000 6.2/5.6 ms CPU and
-27/23 ms (the server's unnest and ON CONFLICT cost more than COPY's rows)."""
+go by COPY, on their own. Measured on PostgreSQL 15 with no latency, against that path, on
+the bench's tasks (two dependencies each), arrays/COPY: 100 rows 1.7/2.1 ms of CPU and
+8.5/10.7 ms a commit; 250 4.1/4.3 and 25/22 ms; 1000 16.8/16.3 and 78/65 ms (the server's
+unnest, join and ON CONFLICT cost more than COPY's rows). Each flight saves four round
+trips, so from 1 ms of RTT arrays win at 250 rows too."""
 
 
 def _write_inserts(
@@ -427,9 +429,9 @@ def _insert_arrays(
     rows: Sequence[Mapping[str, Any]], deps: Sequence[Mapping[str, Any]], flight: execution.Flight
 ) -> None:
     """PostgreSQL: `rows` (new tasks, some perhaps stored already) and `deps` (the dependency
-    rows of the live ones) in one statement of the flight, each column one array, or one
-    value where it is the same in every row (most are: psycopg dumps an array element by
-    element, and a batch's pool, status, JSON columns and NULLs seldom differ)."""
+    rows of the live ones) in one statement of the flight, each column one array (in its
+    text form: `array_text`), or one value where it is the same in every row (most are: a
+    batch's pool, status and NULLs seldom differ)."""
     keys = tuple(rows[0])
     params: dict[str, Any] = {}
     same: list[str] = []
@@ -439,10 +441,31 @@ def _insert_arrays(
             params[f"s_{key}"] = values[0]
             same.append(key)
         else:
-            params[f"a_{key}"] = values
+            params[f"a_{key}"] = array_text(values)
     if deps:
-        params.update({f"d_{k}": [d[k] for d in deps] for k in DEP_COLUMNS})
+        params.update({f"d_{k}": array_text([d[k] for d in deps]) for k in DEP_COLUMNS})
     flight.add(insert_arrays_stmt(keys, frozenset(same), bool(deps)), params)
+
+
+def array_text(values: Sequence[Any]) -> str:
+    """PostgreSQL's text form of an array of `values` (int, bool, str, bytes or None), which
+    the statement casts to its column's array type: psycopg dumps a list element by element
+    in Python, a quoted one through a regex substitution per quote (JSON columns are full
+    of them): twice a 100-row commit's CPU. Here each element is a few string methods."""
+    return "{" + ",".join(map(_element_text, values)) + "}"
+
+
+def _element_text(value: Any) -> str:
+    """One element of `array_text`: quoted (with backslash escapes) unless a number or NULL."""
+    if value is None:
+        return "NULL"
+    if value is True or value is False:
+        return "t" if value else "f"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return '"\\\\x' + bytes(value).hex() + '"'
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _element_type(column: Column[Any]) -> TypeEngine[Any]:

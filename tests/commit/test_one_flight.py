@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 from builders import BASE, status
-from sqlalchemy import URL, Engine, select, text, update
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import URL, Engine, create_engine, select, text, update
 
 from cronoq_store import (
     ById,
@@ -31,6 +33,7 @@ from cronoq_store import (
 from cronoq_store.bench.proxy import proxied_url
 from cronoq_store.face import transactions
 from cronoq_store.inbox import enqueue
+from cronoq_store.repository.commit import array_text
 from cronoq_store.schema import leader, task_deps, tasks
 
 
@@ -178,3 +181,32 @@ def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> 
         with store.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM cronoq_inbox")).scalar_one() == 0
         store.release_leadership()
+
+
+def test_arrays_in_their_text_form_read_back_as_sent(db_url: URL, dialect: str) -> None:
+    """`array_text` (the arrays of a flight's new tasks): any text (quotes, backslashes,
+    braces, commas, "NULL"), bytes, integers, booleans and NULLs come back from the server's
+    cast as they were."""
+    if dialect != "postgresql":
+        pytest.skip("PostgreSQL's array text form")
+    text_values = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]))
+    engine = create_engine(db_url)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.none() | text_values),
+        st.lists(st.none() | st.binary()),
+        st.lists(st.none() | st.integers(-(2**63), 2**63 - 1)),
+        st.lists(st.none() | st.booleans()),
+    )
+    def read_back(texts: list[Any], blobs: list[Any], ints: list[Any], bools: list[Any]) -> None:
+        sent = [array_text(v) for v in (texts, blobs, ints, bools)]
+        stmt = "SELECT %s::text[], %s::bytea[], %s::bigint[], %s::boolean[]"
+        row = conn.exec_driver_sql(stmt, tuple(sent)).one()
+        assert [list(v) for v in row] == [texts, blobs, ints, bools]
+
+    try:
+        with engine.connect() as conn:
+            read_back()
+    finally:
+        engine.dispose()

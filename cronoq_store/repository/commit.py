@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     Update,
+    any_,
     bindparam,
     case,
     delete,
@@ -113,10 +114,8 @@ def revival_guard_stmt() -> Select[Any]:
     (`status_update_live_stmt`): fails the flight (division by zero) when one of them is
     stored finished, so the UPDATE left it alone: a revival, which the optimistic flight
     cannot write (`RevivalGuard`). A live row it changed is live now; a missing one passes."""
-    finished = exists().where(
-        tasks.c.terminal == True,  # noqa: E712
-        tasks.c.id.in_(bindparam("ids", expanding=True)),
-    )
+    ids = bindparam("ids", type_=ARRAY(tasks.c.id.type))  # one array (`array_text`)
+    finished = exists().where(tasks.c.terminal == True, tasks.c.id == any_(ids))  # noqa: E712
     return select(literal(1, Integer) // case((finished, 0), else_=1))
 
 
@@ -353,7 +352,8 @@ def _write_updates(
         sent.append(at)
         done = {p["b_id"] for p in live}
         if guard is not None:  # nothing waits: the guard fails the flight on a revival
-            guard.flight, guard.at = flight, flight.add_in(revival_guard_stmt(), list(done))
+            at = flight.add(revival_guard_stmt(), {"ids": array_text(list(done))})
+            guard.flight, guard.at = flight, at
         elif flight.send()[at].rowcount != len(live):
             done -= _revive(conn, list(done), revived)
         plain = [p for p in plain if p["b_id"] not in done]

@@ -31,7 +31,7 @@ def test_blocked_commit_times_out_and_writes_nothing(db_url: URL, dialect: str) 
                 else:
                     other.execute(select(tasks.c.id).where(tasks.c.id == 1).with_for_update())
                 started = time.monotonic()
-                with pytest.raises(cq.StoreUnavailable):
+                with pytest.raises(cq.StoreUnavailable) as raised:
                     store.commit(
                         epoch,
                         BASE,
@@ -51,7 +51,14 @@ def test_blocked_commit_times_out_and_writes_nothing(db_url: URL, dialect: str) 
         assert waited < 4.5
         with store.engine.connect() as conn:
             rows = conn.execute(select(tasks.c.id, tasks.c.status).order_by(tasks.c.id)).all()
-        assert [(r.id, r.status) for r in rows] == [(1, "queued")]
+        stored = [(r.id, r.status) for r in rows]
+        if "outcome unknown" in str(raised.value):
+            # Its COMMIT left in its one flight (PostgreSQL) and the server, still waiting
+            # when the deadline cut the session off, may finish it once the lock is gone:
+            # all of the batch or none of it.
+            assert stored in ([(1, "queued")], [(1, "running"), (2, "queued")])
+        else:
+            assert stored == [(1, "queued")]
         # The store carries on once the blocker is gone.
         store.commit(epoch, BASE, [cq.Submitted(id=cq.TaskId(2), seq=2, arrival=2, spec=spec)])
         task = store.get_task(cq.ById(id=cq.TaskId(2)))

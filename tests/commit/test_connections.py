@@ -24,6 +24,7 @@ from sqlalchemy import exc as sa_exc
 import cronoq_store as cq
 from cronoq_store import execution
 from cronoq_store.face import HOLD_MIN_POOL
+from cronoq_store.repository.commit import ARRAY_ROWS
 from cronoq_store.schema import tasks
 from cronoq_store.store import StoreConfig
 from cronoq_store.testing.statements import after_statements
@@ -207,9 +208,9 @@ def test_a_connection_lost_before_copy_is_invalidated(db_url: URL, admin: Engine
         with admin.connect() as conn:
             conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": killed[0]})
 
+    ids = range(1, ARRAY_ROWS + 2)  # more than a flight carries as arrays: COPY
     batch = [
-        cq.Submitted(id=cq.TaskId(i), seq=i, arrival=i, spec=cq.TaskSpec(payload=b"p"))
-        for i in (1, 2)
+        cq.Submitted(id=cq.TaskId(i), seq=i, arrival=i, spec=cq.TaskSpec(payload=b"p")) for i in ids
     ]
     with cq.SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
@@ -221,7 +222,7 @@ def test_a_connection_lost_before_copy_is_invalidated(db_url: URL, admin: Engine
         assert str(cause.statement).startswith("COPY"), cause.statement
         assert cause.connection_invalidated
         store.commit(epoch, BASE, batch)  # on a new connection
-        assert stored(admin) == {1, 2}
+        assert stored(admin) == set(ids)
 
 
 def test_a_leader_commits_on_the_connection_its_last_commit_kept(db_url: URL) -> None:
@@ -317,8 +318,10 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(5)])  # the connection kept
         armed.append(1)
+        # More tasks than one flight carries as arrays: the fence's flight is sent first.
+        batch = [keyed(i) for i in range(10, 11 + ARRAY_ROWS)]
         with pytest.raises(cq.StoreUnavailable):
-            store.commit(epoch, BASE, [keyed(2), keyed(3)])
+            store.commit(epoch, BASE, batch)
         assert killed
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         store.commit(epoch, BASE, [keyed(4)])

@@ -304,10 +304,9 @@ def test_status_in_prometheus_format_carries_the_json_figures(
         for name, f in families.items()
     }
     assert all(f.type == "gauge" and f.documentation for f in families.values())
-    assert value["cronoq_tasks"] == {
-        (("pool", "default"), ("status", "failed")): 1,
-        (("pool", "default"), ("status", "queued")): 2,
-    }
+    assert value["cronoq_tasks"] == {(("pool", "default"), ("status", "queued")): 2}  # live
+    assert value["cronoq_finished_tasks"] == {(): 1}
+    assert set(value["cronoq_finished_last_hour_tasks"].values()) == {0}  # task 1: long ago
     assert value["cronoq_inbox_items"] == {(): 2}
     assert value["cronoq_inbox_oldest_age_seconds"][()] >= 0
     assert value["cronoq_lease_epoch"] == {(): epoch}

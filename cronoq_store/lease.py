@@ -551,10 +551,12 @@ def fence(
     ttl_ns: int,
     seq: int,
     acked: int,
+    flight: execution.Flight | None = None,
 ) -> bool:
     """Run the fence check, raising the high-water to `next_id` and the commit sequence to
     `seq`; False when we do not lead (`LeaderRowMissing` when nobody can: the row is gone;
-    `DatabaseBehind` when it lost commits we `acked`)."""
+    `DatabaseBehind` when it lost commits we `acked`). `flight`: the commit's, not pipelined
+    (its statements run as they are added), which runs it."""
     params = {
         "b_epoch": epoch,
         "b_holder": holder,
@@ -563,7 +565,10 @@ def fence(
         "b_seq": seq,
         "b_acked": acked,
     }
-    result = execution.run_stmt(conn, fence_stmt(), params)
+    if flight is None:
+        result = execution.run_stmt(conn, fence_stmt(), params)
+    else:
+        result = flight.send()[flight.add(fence_stmt(), params)]
     if result.rowcount == 1:
         return True
     diagnose(conn, epoch=epoch, holder=holder, acked=acked)

@@ -359,18 +359,22 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
     if armed is None and tx.deadline is not None:  # not armed before connecting: arm it here
         with execution.bounded(tx.deadline.total_seconds()) as own:
             return commit(conn, c, tx, own)
+    line = dialects.line_of(conn)  # worked out once per connection: kept on it
     if armed is not None:
-        execution.WATCHDOG.bind(armed, dialects.interrupter(conn))
-    info = conn.info  # kept: once invalidated, `conn.info` would connect again
+        execution.WATCHDOG.bind(armed, line.interrupter)
+    info = line.info
     info.pop(execution.COMMIT_SENT, None)
     committing = False
     fence_at = -1
     try:
         with conn.begin(), execution.collection_paused():
-            flight = execution.Flight(conn)
-            first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True, lock=tx.lock)
-            if first is not None:
-                flight.add(*first)
+            flight = execution.Flight(conn, line)
+            if line.impl.server:  # a file has nothing to bound (`dialects.bound`)
+                first = line.impl.bound(
+                    conn, idle=tx.idle, timeout=tx.timeout, idle_too=True, defer=True, lock=tx.lock
+                )
+                if first is not None:
+                    flight.add(*first)
             if flight.pipelined:
                 params = {
                     "b_epoch": c.epoch,
@@ -383,7 +387,7 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
                 fence_at = flight.add(lease.fence_or_fail_stmt(), params)
             elif not lease.fence(
                 conn, epoch=c.epoch, holder=c.holder, next_id=c.next_id, ttl_ns=c.ttl_ns,
-                seq=c.seq, acked=c.acked,
+                seq=c.seq, acked=c.acked, flight=flight,
             ):  # fmt: skip
                 raise Fenced(lease.FENCED.format(epoch=c.epoch))
             writing.write(conn, c.base, c.folded, c.outputs, flight)
@@ -393,7 +397,7 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
                     f"the transaction did not finish within {tx.deadline}; rolled back"
                 )
             committing = True
-        dialects.committed(conn)
+        info[dialects.COMMITTED] = True  # nothing left for the pool to roll back
     except BaseException as exc:
         fenced = fence_at >= 0 and flight.failed == fence_at and lease.fence_failed(exc)
         error = _commit_error(conn, c, exc, fenced)

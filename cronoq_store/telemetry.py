@@ -56,9 +56,7 @@ def configured() -> bool:
     (a dozen calls, 5% of a batch-1 commit's). Read from the API's own globals, which stay
     None until a provider is set (or made from the environment, which `get_meter` and
     `get_tracer` do at `Telemetry`'s creation): no call."""
-    return (
-        _metrics_internal._METER_PROVIDER is not None or _trace._TRACER_PROVIDER is not None  # type: ignore[attr-defined]
-    )
+    return _metrics_internal._METER_PROVIDER is not None or _trace._TRACER_PROVIDER is not None
 
 
 def _outcome(exc: BaseException | None) -> str:

@@ -16,7 +16,15 @@ from sqlalchemy import Connection, Delete, Insert, Select, Update
 
 from ..errors import StoreError
 
-__all__ = ["COMPILED", "Params", "Statement", "compile_key", "driver_sql", "positional", "schema_key"]
+__all__ = [
+    "COMPILED",
+    "Params",
+    "Statement",
+    "compile_key",
+    "driver_sql",
+    "positional",
+    "schema_key",
+]
 
 
 Statement = Insert | Update | Delete | Select[Any]
@@ -84,8 +92,12 @@ def driver_sql(
 def _filled(own: Mapping[str, Any], then: Params | None) -> Params:
     """`then` applied to a mapping with the statement's own binds filled in."""
 
+    binds = tuple(own.items())
+
     def params(row: Mapping[str, Any]) -> Any:
-        full = {n: b.callable() if b.callable is not None else b.value for n, b in own.items()}
+        full: dict[str, Any] = {}
+        for n, b in binds:
+            full[n] = b.callable() if b.callable is not None else b.value
         full.update(row)
         return full if then is None else then(full)
 

@@ -72,16 +72,23 @@ def observed(conn: Connection, options: Mapping[str, Any] | None = None) -> bool
 
 
 def run(
-    conn: Connection, sql: str, params: Any = None, *, many: bool = False, last: bool = False
+    conn: Connection,
+    sql: str,
+    params: Any = None,
+    *,
+    many: bool = False,
+    last: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> Ran:
     """Run driver SQL in `conn`'s transaction: on its DB-API cursor, or through
     `exec_driver_sql` when `observed`. `many`: `params` is a list, run as the driver's
-    executemany. `last`: keep the driver's `lastrowid` (not every driver has one).
+    executemany. `last`: keep the driver's `lastrowid` (not every driver has one). `options`:
+    `conn`'s execution options, when the caller has read them already (`observed`).
 
     A driver error leaves as SQLAlchemy's `DBAPIError` either way (parameters hidden: they are
     task data), and a lost connection is invalidated as SQLAlchemy would (`compat.driver_error`).
     """
-    if observed(conn):
+    if observed(conn, options):
         result = conn.exec_driver_sql(sql, params)
         rows = result.all() if result.returns_rows else []
         return Ran(counted(result.rowcount), rows, result.lastrowid if last else None)

@@ -24,6 +24,11 @@ from .sqlite import SQLITE_TRANSIENT
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
 
 
+STORE_BEGIN: Final = "_cronoq_store_begin"
+"""The attribute that marks the store's own `begin` listener (`configure_sqlite`), holding the
+statement it begins a writing transaction with: a commit may send it itself
+(`face.transactions.commit`, past SQLAlchemy's transaction)."""
+
 READ_ONLY: Final = "cronoq_read_only"
 """Execution option marking a transaction that only reads (SQLite begins it deferred)."""
 
@@ -68,8 +73,13 @@ def configure_sqlite(
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
         # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
-        reads = read_only or conn.get_execution_options().get(READ_ONLY, False)
-        run(conn, "BEGIN" if reads else "BEGIN IMMEDIATE")
+        options = conn.get_execution_options()
+        reads = read_only or options.get(READ_ONLY, False)
+        run(conn, "BEGIN" if reads else "BEGIN IMMEDIATE", options=options)
+
+    # What it begins a commit's (a writing) transaction with, for a commit that begins its own
+    # (`face.transactions`, past SQLAlchemy's transaction).
+    setattr(_begin, STORE_BEGIN, "BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _wal(cursor: sqlite3.Cursor, busy_timeout: timedelta) -> None:

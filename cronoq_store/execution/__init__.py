@@ -34,7 +34,6 @@ from sqlalchemy import exc as sa_exc
 
 from .. import compat
 from ..dialects.base import dialect_of
-from ..dialects.sessions import Line
 from ..dialects.compiled import COMPILED, schema_key
 from ..dialects.compiled import Statement as Statement
 from ..dialects.compiled import compile_key as compile_key
@@ -50,6 +49,7 @@ from ..dialects.cursor import run_many as run_many
 from ..dialects.cursor import run_on as run_on
 from ..dialects.cursor import run_stmt as run_stmt
 from ..dialects.sessions import CONNECT_TIMEOUT as CONNECT_TIMEOUT
+from ..dialects.sessions import Line
 from .bulk import IN_CHUNK as IN_CHUNK
 from .bulk import SMALL_IN as SMALL_IN
 from .bulk import chunks as chunks
@@ -145,7 +145,17 @@ class Flight:
     statement can wait for that flight.
     """
 
-    __slots__ = ("_dbapi", "_queue", "_ran", "_then", "_where", "conn", "failed", "pipelined")
+    __slots__ = (
+        "_dbapi",
+        "_queue",
+        "_ran",
+        "_then",
+        "_where",
+        "conn",
+        "failed",
+        "pipelined",
+        "watched",
+    )
 
     def __init__(self, conn: Connection, line: Line | None = None) -> None:
         """A flight on `conn`; `line`: `conn`'s `dialects.Line`, when the caller has it (a
@@ -156,7 +166,8 @@ class Flight:
         options = conn.get_execution_options()
         translate = options.get("schema_translate_map")
         self._where = (conn.dialect, None if translate is None else schema_key(translate))
-        watched = observed(conn, options)
+        self.watched = watched = observed(conn, options)
+        """Whether its statements run through SQLAlchemy's execution (`observed`)."""
         if line is None:
             self.pipelined = not watched and pipelines(conn)
             self._dbapi: Any = None if watched else conn.connection.dbapi_connection
@@ -210,19 +221,24 @@ class Flight:
         what is queued: a bulk insert must not overtake the statements added before it (a
         new task takes the key a transition before it released)."""
         self.send()
+        if self._dbapi is not None and not self.pipelined and not dialect_of(self.conn).copies:
+            self.add_many(stmt, rows)  # the driver's executemany, as `insert_many` runs it
+            return
         insert_many(self.conn, stmt, rows)
 
     def _add(self, sql: str, params: Any, many: bool) -> int:
-        index = len(self._ran) + len(self._queue)
+        ran = self._ran
         if self.pipelined:
+            index = len(ran) + len(self._queue)
             self._queue.append((sql, params, many))
-        else:
+        else:  # nothing is ever queued
+            index = len(ran)
             dbapi = self._dbapi
             try:
                 if dbapi is None:
-                    self._ran.append(run(self.conn, sql, params, many=many))
+                    ran.append(run(self.conn, sql, params, many=many))
                 else:
-                    self._ran.append(run_on(self.conn, dbapi, sql, params, many))
+                    ran.append(run_on(self.conn, dbapi, sql, params, many))
             except sa_exc.DBAPIError:
                 self.failed = index
                 raise

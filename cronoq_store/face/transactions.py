@@ -20,7 +20,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
-from .. import dialects, execution, lease
+from .. import compat, dialects, execution, lease
 from ..config import StoreConfig
 from ..errors import Fenced, StoreError, StoreUnavailable
 from ..model import TaskId, TimeBase
@@ -370,19 +370,23 @@ def commit(
     if armed is None and tx.deadline is not None:  # not armed before connecting: arm it here
         with execution.bounded(tx.deadline.total_seconds()) as own:
             return commit(conn, c, tx, own, optimistic=optimistic)
+    line = dialects.line_of(conn)  # worked out once per connection: kept on it
     if armed is not None:
-        execution.WATCHDOG.bind(armed, dialects.interrupter(conn))
-    info = conn.info  # kept: once invalidated, `conn.info` would connect again
+        execution.WATCHDOG.bind(armed, line.interrupter)
+    info = line.info
     info.pop(execution.COMMIT_SENT, None)
     committing = False
     fence_at = -1
     guard = writing.RevivalGuard() if optimistic else None
+    flight = execution.Flight(conn, line)  # no I/O yet: how its statements run, worked out
     try:
-        with conn.begin(), execution.collection_paused():
-            flight = execution.Flight(conn)
-            first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True, lock=tx.lock)
-            if first is not None:
-                flight.add(*first)
+        with _opened(conn, flight, c.folded, line):  # the collector paused (`Face._committing`)
+            if line.impl.server:  # a file has nothing to bound (`dialects.bound`)
+                first = line.impl.bound(
+                    conn, idle=tx.idle, timeout=tx.timeout, idle_too=True, defer=True, lock=tx.lock
+                )
+                if first is not None:
+                    flight.add(*first)
             if flight.pipelined:
                 params = {
                     "b_epoch": c.epoch,
@@ -395,7 +399,7 @@ def commit(
                 fence_at = flight.add(lease.fence_or_fail_stmt(), params)
             elif not lease.fence(
                 conn, epoch=c.epoch, holder=c.holder, next_id=c.next_id, ttl_ns=c.ttl_ns,
-                seq=c.seq, acked=c.acked,
+                seq=c.seq, acked=c.acked, flight=flight,
             ):  # fmt: skip
                 raise Fenced(lease.FENCED.format(epoch=c.epoch))
             writing.write(conn, c.base, c.folded, c.outputs, flight, guard)
@@ -405,7 +409,7 @@ def commit(
                     f"the transaction did not finish within {tx.deadline}; rolled back"
                 )
             committing = True
-        dialects.committed(conn)
+        info[dialects.COMMITTED] = True  # nothing left for the pool to roll back
     except BaseException as exc:
         if guard is not None and guard.failed(exc):
             return _revived_again(conn, c, tx, armed)
@@ -424,6 +428,78 @@ def _revived_again(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadlin
     nothing written): commit the batch again, the way that restores revived tasks' rows,
     under the same deadline."""
     commit(conn, c, tx, armed, optimistic=False)
+
+
+def _opened(
+    conn: Connection, flight: execution.Flight, folded: folding.Folded, line: dialects.Line
+) -> contextlib.AbstractContextManager[Any]:
+    """The commit's transaction: SQLAlchemy's (`Connection.begin`), or, where nothing but the
+    store would see the difference, the driver's own (`_Driven`): no listener of the engine's
+    but the store's own `begin` (`dialects.STORE_BEGIN`), no statement through SQLAlchemy's
+    execution (`Flight.watched`; a recurring schedule's `conn.execute`; an IN list of more
+    than `execution.SMALL_IN` ids), no transaction open: a small commit's case, where
+    SQLAlchemy's bookkeeping of a transaction cost a batch-1 commit 10 us of CPU."""
+    small = execution.SMALL_IN
+    if (
+        flight.watched
+        or folded.recurring
+        or len(folded.inserts) > small
+        or len(folded.updates) > small
+        or len(folded.inbox_taken) > small
+        or conn.in_transaction()
+    ):
+        return conn.begin()
+    found = compat.transaction_listeners(conn)
+    if found is None or found[1]:
+        return conn.begin()
+    begin: list[str] = []
+    for listener in found[0]:
+        sql = getattr(listener, dialects.STORE_BEGIN, None)
+        if sql is None:
+            return conn.begin()
+        begin.append(sql)
+    return _Driven(conn, begin, line.dbapi)
+
+
+class _Driven:
+    """A transaction on the DB-API connection, begun as SQLAlchemy's would be (what the store's
+    `begin` listener sends: SQLite's BEGIN IMMEDIATE; elsewhere the driver begins one itself),
+    and ended by the driver's `commit()`, or `rollback()` when the block raised (`_opened`)."""
+
+    __slots__ = ("_begin", "_conn", "_dbapi")
+
+    def __init__(self, conn: Connection, begin: list[str], dbapi: Any) -> None:
+        self._conn = conn
+        self._begin = begin
+        self._dbapi = dbapi
+
+    def __enter__(self) -> None:
+        for sql in self._begin:
+            execution.run_on(self._conn, self._dbapi, sql, None)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        conn = self._conn
+        if conn.in_transaction():  # SQLAlchemy began one after all: it ends with this one
+            if kind is None:
+                conn.commit()
+            else:
+                conn.rollback()
+        if kind is None:
+            try:
+                self._dbapi.commit()
+                return
+            except conn.dialect.loaded_dbapi.Error as error:
+                self._rollback()
+                raise compat.driver_error(conn, error, "COMMIT") from error
+        self._rollback()
+
+    def _rollback(self) -> None:
+        """Roll back, as SQLAlchemy's transaction would; a connection that cannot is lost (its
+        holder closes it), and the error that ended the block is what the caller sees."""
+        with contextlib.suppress(Exception):
+            self._dbapi.rollback()
 
 
 def _commit_error(

@@ -188,7 +188,11 @@ first (two more)."""
 
 def commit_lock_bound(config: StoreConfig) -> timedelta:
     """How long a commit's statement may wait for a lock: a third of `lease_ttl` -
-    `lease_renew`, or `commit_timeout` if shorter.
+    `lease_renew`, or `LOCK_SHARE` of `commit_timeout` if shorter.
+
+    Under `commit_timeout`, so the server gives up a blocked statement before the deadline
+    cuts the session off: where the COMMIT rides in the flight behind it (PostgreSQL), the
+    server fails the flight and the commit is rolled back, not of unknown outcome.
 
     A commit holds the lease row from its fence check on, so a renewal that starts meanwhile
     waits for it; a commit waiting on a table lock (a migration's ALTER TABLE queued on the
@@ -200,7 +204,12 @@ def commit_lock_bound(config: StoreConfig) -> timedelta:
     the stalled commit fails with `StoreUnavailable` (rolled back: retry it). MariaDB counts
     lock waits in whole seconds (rounded down, at least 1): there, keep `lease_ttl` at
     least `lease_renew` + 3 s."""
-    return min(config.commit_timeout, (config.lease_ttl - config.lease_renew) / 3)
+    return min(config.commit_timeout * LOCK_SHARE, (config.lease_ttl - config.lease_renew) / 3)
+
+
+LOCK_SHARE: Final = 0.8
+"""The share of `commit_timeout` a commit's statement may wait for a lock
+(`commit_lock_bound`): the rest is the server's answer's way back."""
 
 
 def transaction(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import (
     Connection,
+    Engine,
     Insert,
     Table,
 )
@@ -34,7 +35,7 @@ from .statements import (
 )
 
 if TYPE_CHECKING:  # sync users never import the asyncio extension
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 log = logging.getLogger("cronoq_store.inbox")  # the package's, as before its split
 
@@ -275,11 +276,26 @@ def _connection(conn: Connection | Session) -> Connection:
         return conn.connection()  # joins (or begins) the session's transaction
     if isinstance(conn, Connection):
         return conn
-    raise InvalidValue(f"enqueue needs a Connection or Session, not {type(conn).__name__}")
+    raise InvalidValue(f"enqueue needs a Connection, Session or Engine, not {type(conn).__name__}")
+
+
+def _standalone(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+) -> list[int]:
+    """`_write_or_explain` in a transaction of its own on `conn`, fresh from an engine,
+    committed before it returns. On PostgreSQL every enqueue is one statement (its
+    notification in it), atomic by itself: run in autocommit, it is one round trip where the
+    app's BEGIN, INSERT and COMMIT are three (psycopg) and a peer's job one. Elsewhere the
+    statement and a COMMIT."""
+    if dialects.dialect_of(conn).notifies:
+        conn.execution_options(isolation_level="AUTOCOMMIT")  # reset when conn goes back
+        return _write_or_explain(conn, rows, options, notify=notify)
+    with conn.begin():
+        return _write_or_explain(conn, rows, options, notify=notify)
 
 
 def enqueue(
-    conn: Connection | Session,
+    conn: Connection | Session | Engine,
     spec: TaskSpec,
     *,
     schema: str | None = None,
@@ -289,7 +305,9 @@ def enqueue(
     """Write `spec` into the inbox in the caller's transaction.
 
     Never commits: the item exists once the caller's transaction commits, and a rollback leaves
-    no trace.
+    no trace. Given an `Engine` instead (no transaction of the app's to join), it writes the
+    item in a transaction of its own, committed before it returns: on PostgreSQL one
+    autocommit statement, one round trip.
 
     PostgreSQL: the transaction also notifies a listening leader when it commits, unless not
     `notify`. A notifying commit holds a database-wide lock through its WAL flush, so where
@@ -299,7 +317,8 @@ def enqueue(
     arrives anyway); within `SLOW_CHECK_S` if it listens.
 
     Args:
-        conn: The app's `Connection`, or its ORM `Session` (its transaction is joined).
+        conn: The app's `Connection`, or its ORM `Session` (its transaction is joined), or
+            an `Engine` (a connection of its own, committed).
         spec: The task to create once a leader drains the inbox.
         schema: The PostgreSQL schema (MySQL database) of the store's tables, if any: the
             store's `StoreConfig.schema`.
@@ -318,7 +337,7 @@ def enqueue(
         SchemaError: No cronoq inbox table where the statement looked: the message names
             the schema searched (usually a store in a schema and no `schema=`).
         StoreUnavailable: The database could not be reached (the caller's transaction
-            is then the caller's to roll back).
+            is then the caller's to roll back; an `Engine`'s is rolled back).
         StoreError: Anything else the database refused; never a driver exception.
     """
     return enqueue_many(
@@ -327,17 +346,18 @@ def enqueue(
 
 
 def enqueue_many(
-    conn: Connection | Session,
+    conn: Connection | Session | Engine,
     specs: Iterable[TaskSpec],
     *,
     schema: str | None = None,
     notify: bool = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[int]:
-    """`enqueue` for several specs at once (all or none), in the caller's transaction.
+    """`enqueue` for several specs at once (all or none), in the caller's transaction (or,
+    given an `Engine`, in one of its own, committed: on PostgreSQL one round trip).
 
     Args:
-        conn: The app's `Connection`, or its ORM `Session`.
+        conn: The app's `Connection`, or its ORM `Session`, or an `Engine`.
         specs: The tasks, in order.
         schema: As for `enqueue` (the store's `StoreConfig.schema`).
         notify: As for `enqueue`: one notification for them all.
@@ -354,7 +374,11 @@ def enqueue_many(
     """
     rows = _rows(specs, max_payload_bytes)
     options = _options(schema)
-    return _write_or_explain(_connection(conn), rows, options, notify=_notify(notify))
+    notify = _notify(notify)
+    if isinstance(conn, Engine):
+        with conn.connect() as own:
+            return _standalone(own, rows, options, notify=notify)
+    return _write_or_explain(_connection(conn), rows, options, notify=notify)
 
 
 def _notify(notify: object) -> bool:
@@ -364,17 +388,19 @@ def _notify(notify: object) -> bool:
 
 
 async def enqueue_async(
-    conn: AsyncConnection | AsyncSession,
+    conn: AsyncConnection | AsyncSession | AsyncEngine,
     spec: TaskSpec,
     *,
     schema: str | None = None,
     notify: bool = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> int:
-    """`enqueue` awaited, on an asyncio `AsyncConnection` or `AsyncSession`.
+    """`enqueue` awaited, on an asyncio `AsyncConnection` or `AsyncSession` (or, as
+    `enqueue` on an `Engine`, an `AsyncEngine`: committed before it returns).
 
     Args:
-        conn: The app's `AsyncConnection`, or its `AsyncSession` (whose transaction it joins).
+        conn: The app's `AsyncConnection`, or its `AsyncSession` (whose transaction it
+            joins), or an `AsyncEngine`.
         spec: As for `enqueue`, and so are the arguments below.
         schema: The store's `StoreConfig.schema`, if any.
         notify: Whether a listening leader wakes on the commit (PostgreSQL).
@@ -394,15 +420,15 @@ async def enqueue_async(
 
 
 async def enqueue_many_async(
-    conn: AsyncConnection | AsyncSession,
+    conn: AsyncConnection | AsyncSession | AsyncEngine,
     specs: Iterable[TaskSpec],
     *,
     schema: str | None = None,
     notify: bool = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[int]:
-    """`enqueue_many` awaited: several specs (all or none) on an `AsyncConnection` or
-    `AsyncSession`, as `enqueue_async` writes one.
+    """`enqueue_many` awaited: several specs (all or none) on an `AsyncConnection`,
+    `AsyncSession` or `AsyncEngine`, as `enqueue_async` writes one.
 
     Args:
         conn: The app's asyncio connection or session, as for `enqueue_async`.
@@ -418,16 +444,19 @@ async def enqueue_many_async(
         StoreError: Whatever `enqueue_many` raises (`InvalidValue` also for a `conn` of
             another type).
     """
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
     rows = _rows(specs, max_payload_bytes)
     options = _options(schema)
     notify = _notify(notify)
+    if isinstance(conn, AsyncEngine):
+        async with conn.connect() as own:
+            return await own.run_sync(lambda c: _standalone(c, rows, options, notify=notify))
     if isinstance(conn, AsyncSession):
         conn = await conn.connection()
     if not isinstance(conn, AsyncConnection):
         raise InvalidValue(
-            f"enqueue_many_async needs an AsyncConnection or AsyncSession, "
+            f"enqueue_many_async needs an AsyncConnection, AsyncSession or AsyncEngine, "
             f"not {type(conn).__name__}"
         )
     return await conn.run_sync(lambda c: _write_or_explain(c, rows, options, notify=notify))

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import URL, Connection, create_engine
 from test_round_trips import SyncCounter
 
-from cronoq_store import SqlStore, TaskSpec, enqueue
+from cronoq_store import SqlStore, TaskSpec, enqueue, enqueue_many
 
 SPEC = TaskSpec(payload=b"x" * 100, kind="job")
 WARM = 6
@@ -126,3 +126,37 @@ def test_an_opening_enqueue_keeps_the_apps_isolation_level(
     finally:
         engine.dispose()
     assert level == isolation.lower()
+
+
+def test_an_enqueue_on_an_engine_is_one_round_trip(dialect: str, db_url: URL) -> None:
+    """PostgreSQL: an enqueue given an `Engine` (no transaction of the app's) is one
+    autocommit statement, atomic by itself: one round trip, as a peer's job is, where BEGIN,
+    INSERT, COMMIT took three."""
+    if dialect != "postgresql":
+        pytest.skip("psycopg's autocommit: PostgreSQL")
+    SqlStore.open(db_url).close()
+    proxy = SyncCounter(db_url.host or "127.0.0.1", db_url.port or 5432)
+    url = db_url.set(host="127.0.0.1", port=proxy.port).update_query_dict(
+        {"sslmode": "disable", "gssencmode": "disable"}
+    )
+    engine = create_engine(url, pool_size=1)
+    specs = [SPEC] * 3
+    calls: dict[str, Callable[[], Any]] = {
+        "enqueue": lambda: enqueue(engine, SPEC),
+        "enqueue_many": lambda: enqueue_many(engine, specs),
+        "enqueue, not notifying": lambda: enqueue(engine, SPEC, notify=False),
+    }
+    found: dict[str, list[int]] = {}
+    try:
+        for name, call in calls.items():
+            for _ in range(WARM):
+                call()
+            found[name] = []
+            for _ in range(3):
+                before = proxy.syncs
+                call()
+                found[name].append(proxy.syncs - before)
+    finally:
+        engine.dispose()
+        proxy.close()
+    assert found == {name: [1, 1, 1] for name in calls}

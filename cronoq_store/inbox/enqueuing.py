@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypedDict, Unpack
 
 from sqlalchemy import (
     Connection,
@@ -294,13 +294,37 @@ def _standalone(
         return _write_or_explain(conn, rows, options, notify=notify)
 
 
-def enqueue(
-    conn: Connection | Session | Engine,
-    spec: TaskSpec,
+class EnqueueOptions(TypedDict, total=False):
+    """The keyword arguments of `enqueue`, `enqueue_many` and their asyncio twins: each
+    optional, its default in brackets."""
+
+    schema: str | None
+    """The PostgreSQL schema (MySQL database) of the store's tables, if any: the store's
+    `StoreConfig.schema` [None]."""
+    notify: bool
+    """PostgreSQL: wake a listening leader when the transaction commits [True]."""
+    max_payload_bytes: int | None
+    """The longest payload accepted (`InvalidValue` past it): the store's
+    `StoreConfig.max_payload_bytes` [16 MiB]; None accepts any."""
+
+
+def _prepared(
+    specs: Iterable[TaskSpec],
     *,
     schema: str | None = None,
-    notify: bool = True,
+    notify: object = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+) -> tuple[list[dict[str, Any]], Mapping[str, Any], bool]:
+    """The rows of `specs`, the execution options for `schema`, and `notify`, each checked
+    (`InvalidValue`) before anything is written; an unknown option is a `TypeError`, as a
+    keyword argument no signature names."""
+    if not isinstance(notify, bool):
+        raise InvalidValue(f"notify must be a bool, not {type(notify).__name__}")
+    return _rows(specs, max_payload_bytes), _options(schema), notify
+
+
+def enqueue(
+    conn: Connection | Session | Engine, spec: TaskSpec, **options: Unpack[EnqueueOptions]
 ) -> int:
     """Write `spec` into the inbox in the caller's transaction.
 
@@ -309,23 +333,21 @@ def enqueue(
     item in a transaction of its own, committed before it returns: on PostgreSQL one
     autocommit statement, one round trip.
 
-    PostgreSQL: the transaction also notifies a listening leader when it commits, unless not
-    `notify`. A notifying commit holds a database-wide lock through its WAL flush, so where
-    commits are slow such commits run one at a time (docs/tuning.md, "Waking the leader").
-    Without it the leader finds the item by its probe: every `StoreConfig.inbox_poll` when it
-    polls (`inbox_listen=False`, or `transaction_pooler=True`, behind which no notification
-    arrives anyway); within `SLOW_CHECK_S` if it listens.
+    PostgreSQL: the transaction also notifies a listening leader when it commits, unless
+    `notify=False`. A notifying commit holds a database-wide lock through its WAL flush, so
+    where commits are slow such commits run one at a time (docs/tuning.md, "Waking the
+    leader"). Without it the leader finds the item by its probe: every
+    `StoreConfig.inbox_poll` when it polls (`inbox_listen=False`, or `transaction_pooler=True`,
+    behind which no notification arrives anyway); within `SLOW_CHECK_S` if it listens.
 
     Args:
         conn: The app's `Connection`, or its ORM `Session` (its transaction is joined), or
             an `Engine` (a connection of its own, committed).
         spec: The task to create once a leader drains the inbox.
-        schema: The PostgreSQL schema (MySQL database) of the store's tables, if any: the
-            store's `StoreConfig.schema`.
-        notify: PostgreSQL: wake a listening leader when the transaction commits (above).
-        max_payload_bytes: The longest payload accepted (`InvalidValue` past it): the
-            store's `StoreConfig.max_payload_bytes` (16 MiB by default), whose leader sets
-            aside an item longer than its own; None accepts any.
+        options: `schema` (the store's `StoreConfig.schema`), `notify` (PostgreSQL: wake
+            a listening leader on commit, above) and `max_payload_bytes` (the store's
+            `StoreConfig.max_payload_bytes`, whose leader sets aside an item longer than its
+            own; None accepts any): `EnqueueOptions`.
 
     Returns:
         The item's inbox id.
@@ -340,18 +362,13 @@ def enqueue(
             is then the caller's to roll back; an `Engine`'s is rolled back).
         StoreError: Anything else the database refused; never a driver exception.
     """
-    return enqueue_many(
-        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
-    )[0]
+    return enqueue_many(conn, [spec], **options)[0]
 
 
 def enqueue_many(
     conn: Connection | Session | Engine,
     specs: Iterable[TaskSpec],
-    *,
-    schema: str | None = None,
-    notify: bool = True,
-    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
     """`enqueue` for several specs at once (all or none), in the caller's transaction (or,
     given an `Engine`, in one of its own, committed: on PostgreSQL one round trip).
@@ -359,9 +376,8 @@ def enqueue_many(
     Args:
         conn: The app's `Connection`, or its ORM `Session`, or an `Engine`.
         specs: The tasks, in order.
-        schema: As for `enqueue` (the store's `StoreConfig.schema`).
-        notify: As for `enqueue`: one notification for them all.
-        max_payload_bytes: As for `enqueue`, for each spec.
+        options: As for `enqueue` (one notification for them all; `max_payload_bytes`
+            for each spec).
 
     Returns:
         Their inbox ids, in order.
@@ -372,28 +388,17 @@ def enqueue_many(
         StoreUnavailable: As for `enqueue`.
         StoreError: As for `enqueue`; never a driver exception.
     """
-    rows = _rows(specs, max_payload_bytes)
-    options = _options(schema)
-    notify = _notify(notify)
+    rows, settings, notify = _prepared(specs, **options)
     if isinstance(conn, Engine):
         with conn.connect() as own:
-            return _standalone(own, rows, options, notify=notify)
-    return _write_or_explain(_connection(conn), rows, options, notify=notify)
-
-
-def _notify(notify: object) -> bool:
-    if not isinstance(notify, bool):
-        raise InvalidValue(f"notify must be a bool, not {type(notify).__name__}")
-    return notify
+            return _standalone(own, rows, settings, notify=notify)
+    return _write_or_explain(_connection(conn), rows, settings, notify=notify)
 
 
 async def enqueue_async(
     conn: AsyncConnection | AsyncSession | AsyncEngine,
     spec: TaskSpec,
-    *,
-    schema: str | None = None,
-    notify: bool = True,
-    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+    **options: Unpack[EnqueueOptions],
 ) -> int:
     """`enqueue` awaited, on an asyncio `AsyncConnection` or `AsyncSession` (or, as
     `enqueue` on an `Engine`, an `AsyncEngine`: committed before it returns).
@@ -401,10 +406,8 @@ async def enqueue_async(
     Args:
         conn: The app's `AsyncConnection`, or its `AsyncSession` (whose transaction it
             joins), or an `AsyncEngine`.
-        spec: As for `enqueue`, and so are the arguments below.
-        schema: The store's `StoreConfig.schema`, if any.
-        notify: Whether a listening leader wakes on the commit (PostgreSQL).
-        max_payload_bytes: The longest payload accepted.
+        spec: As for `enqueue`.
+        options: As for `enqueue` (`EnqueueOptions`).
 
     Returns:
         The item's inbox id.
@@ -413,19 +416,14 @@ async def enqueue_async(
         StoreError: Whatever `enqueue` raises, for the same reasons (`InvalidValue` also for
             a `conn` of another type; `SchemaError`, `StoreUnavailable`).
     """
-    ids = await enqueue_many_async(
-        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
-    )
+    ids = await enqueue_many_async(conn, [spec], **options)
     return ids[0]
 
 
 async def enqueue_many_async(
     conn: AsyncConnection | AsyncSession | AsyncEngine,
     specs: Iterable[TaskSpec],
-    *,
-    schema: str | None = None,
-    notify: bool = True,
-    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
     """`enqueue_many` awaited: several specs (all or none) on an `AsyncConnection`,
     `AsyncSession` or `AsyncEngine`, as `enqueue_async` writes one.
@@ -433,9 +431,7 @@ async def enqueue_many_async(
     Args:
         conn: The app's asyncio connection or session, as for `enqueue_async`.
         specs: The tasks, in order.
-        schema: As for `enqueue_async`.
-        notify: As for `enqueue_async`.
-        max_payload_bytes: As for `enqueue_async`, for each spec.
+        options: As for `enqueue_many`.
 
     Returns:
         Their inbox ids, in order.
@@ -446,12 +442,10 @@ async def enqueue_many_async(
     """
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-    rows = _rows(specs, max_payload_bytes)
-    options = _options(schema)
-    notify = _notify(notify)
+    rows, settings, notify = _prepared(specs, **options)
     if isinstance(conn, AsyncEngine):
         async with conn.connect() as own:
-            return await own.run_sync(lambda c: _standalone(c, rows, options, notify=notify))
+            return await own.run_sync(lambda c: _standalone(c, rows, settings, notify=notify))
     if isinstance(conn, AsyncSession):
         conn = await conn.connection()
     if not isinstance(conn, AsyncConnection):
@@ -459,4 +453,4 @@ async def enqueue_many_async(
             f"enqueue_many_async needs an AsyncConnection, AsyncSession or AsyncEngine, "
             f"not {type(conn).__name__}"
         )
-    return await conn.run_sync(lambda c: _write_or_explain(c, rows, options, notify=notify))
+    return await conn.run_sync(lambda c: _write_or_explain(c, rows, settings, notify=notify))

@@ -126,7 +126,7 @@ def _write(
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
             # On the driver's cursor (`execution.run`): SQLAlchemy's result fetched the ids
             # a row at a time, a sixth of a 1000-row enqueue's CPU.
-            got = [row[0] for row in execution.run(conn, sql, {**params, **columns}).rows]
+            got = [row[0] for row in _run_arrays(conn, sql, {**params, **columns})]
         else:
             result = conn.execute(
                 insert_many_stmt(notify=notify), columns, execution_options=options
@@ -172,16 +172,29 @@ _BEGIN: Final = ("BEGIN", None, False)
 
 
 def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
-    """The rows of `stmt` run once with `params` (`execution.run_stmt`). Where it opens the
-    app's transaction on sync psycopg (`execution.pipelines`: nothing observes it), its BEGIN
-    leaves with it in one flight (`wire`): psycopg's own BEGIN is a round trip of its own, so
-    an enqueue that opens the transaction costs the app no round trip of its own."""
+    """The rows of `stmt` run once with `params` (`execution.run_stmt`), its BEGIN in the
+    same flight where it opens the app's transaction (`_opening`)."""
     if not _opens(conn):
         return execution.run_stmt(conn, stmt, params).rows
+    sql, getter = execution.driver_sql(conn, stmt, tuple(params))
+    return _opening(conn, sql, params if getter is None else getter(params))
+
+
+def _run_arrays(conn: Connection, sql: str, params: Mapping[str, Any]) -> Sequence[Any]:
+    """The rows of `insert_many_stmt`'s driver SQL (`_binary`), its BEGIN in the same flight
+    where it opens the app's transaction (`_opening`)."""
+    if not _opens(conn):
+        return execution.run(conn, sql, params).rows
+    return _opening(conn, sql, params)
+
+
+def _opening(conn: Connection, sql: str, values: Any) -> Sequence[Any]:
+    """The rows of driver SQL `sql` that opens the app's transaction on sync psycopg
+    (`_opens`), sent with its BEGIN in one flight (`wire`): psycopg's own BEGIN is a round
+    trip of its own, so an enqueue that opens the transaction costs the app no round trip of
+    its own."""
     from .. import wire  # psycopg's: only a pipelined connection comes here
 
-    sql, getter = execution.driver_sql(conn, stmt, tuple(params))
-    values = params if getter is None else getter(params)
     driver: Any = conn.connection.dbapi_connection
     if driver.prepare_threshold is not None:
         # Prepared once, as psycopg would from its fifth use: planned anew each time, a
@@ -200,7 +213,7 @@ def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> S
 
 def _opens(conn: Connection) -> bool:
     """Whether a statement now opens `conn`'s transaction on sync psycopg, whose BEGIN can
-    then leave with it (`_run_opening`; `execution.pipelines`: nothing observes it)."""
+    then leave with it (`_opening`; `execution.pipelines`: nothing observes it)."""
     if not execution.pipelines(conn):
         return False
     driver: Any = conn.connection.dbapi_connection

@@ -55,14 +55,15 @@ BODIES: dict[str, Callable[[Connection], Any]] = {
     "app": _app_insert,
     "enqueue": lambda conn: enqueue(conn, SPEC),
     "enqueue, then app": lambda conn: (enqueue(conn, SPEC), _app_insert(conn)),
+    "enqueue_many, then app": lambda conn: (enqueue_many(conn, [SPEC] * 3), _app_insert(conn)),
 }
 
 
 def test_an_enqueue_that_opens_the_transaction_rides_its_begin(dialect: str, db_url: URL) -> None:
     """PostgreSQL: psycopg sends its BEGIN as a round trip of its own; an enqueue that opens
     the app's transaction sends it in the same flight as its INSERT, so the app's
-    BEGIN/INSERT/COMMIT with an enqueue costs what it costs without (3), and a transaction
-    of an enqueue alone 2."""
+    BEGIN/INSERT/COMMIT with an enqueue (or an enqueue_many) costs what it costs without
+    (3), and a transaction of an enqueue alone 2."""
     if dialect != "postgresql":
         pytest.skip("psycopg's BEGIN: PostgreSQL")
     SqlStore.open(db_url).close()  # the tables
@@ -77,7 +78,12 @@ def test_an_enqueue_that_opens_the_transaction_rides_its_begin(dialect: str, db_
     finally:
         engine.dispose()
         proxy.close()
-    assert counts == {"app": [3, 3, 3], "enqueue": [2, 2, 2], "enqueue, then app": [3, 3, 3]}
+    assert counts == {
+        "app": [3, 3, 3],
+        "enqueue": [2, 2, 2],
+        "enqueue, then app": [3, 3, 3],
+        "enqueue_many, then app": [3, 3, 3],
+    }
 
 
 def test_an_enqueue_is_one_statement_on_mariadb(dialect: str, db_url: URL) -> None:
@@ -104,7 +110,12 @@ def test_an_enqueue_is_one_statement_on_mariadb(dialect: str, db_url: URL) -> No
     finally:
         engine.dispose()
     # INSERT, COMMIT and one SHOW: an enqueue is one statement, as the app's INSERT is
-    assert counts == {"app": [3, 3, 3], "enqueue": [3, 3, 3], "enqueue, then app": [4, 4, 4]}
+    assert counts == {
+        "app": [3, 3, 3],
+        "enqueue": [3, 3, 3],
+        "enqueue, then app": [4, 4, 4],
+        "enqueue_many, then app": [4, 4, 4],
+    }
 
 
 @pytest.mark.parametrize("isolation", ["SERIALIZABLE", "REPEATABLE READ"])

@@ -109,7 +109,12 @@ def _options(schema: str | None) -> Mapping[str, Any]:
 
 
 def _write(
-    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+    conn: Connection,
+    rows: list[dict[str, Any]],
+    options: Mapping[str, Any],
+    *,
+    notify: bool,
+    alone: bool = False,
 ) -> list[int]:
     """Insert `rows` in order and return their ids; where the database `notifies`
     (PostgreSQL), to `notify`, notify on commit, in the same round trip as the ids. What the
@@ -126,7 +131,7 @@ def _write(
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
             # On the driver's cursor (`execution.run`): SQLAlchemy's result fetched the ids
             # a row at a time, a sixth of a 1000-row enqueue's CPU.
-            got = [row[0] for row in _run_arrays(conn, sql, {**params, **columns})]
+            got = [row[0] for row in _run_arrays(conn, sql, {**params, **columns}, alone)]
         else:
             result = conn.execute(
                 insert_many_stmt(notify=notify), columns, execution_options=options
@@ -146,7 +151,7 @@ def _write(
         ids = [execution.inserted_id(conn, insert_into_stmt(_table(options)), rows[0])]
     elif len(rows) == 1 and dialect.insert_returning:  # PostgreSQL: the notification with it
         stmt = insert_one_stmt(_table(options), notify=notify and notifies)
-        ids = [int(_run_opening(conn, stmt, rows[0])[0][0])]
+        ids = [int(_run_opening(conn, stmt, rows[0], alone)[0][0])]
     elif notifies and notify:
         [row] = rows
         ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
@@ -171,28 +176,45 @@ def _write(
 _BEGIN: Final = ("BEGIN", None, False)
 
 
-def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
-    """The rows of `stmt` run once with `params` (`execution.run_stmt`), its BEGIN in the
-    same flight where it opens the app's transaction (`_opening`)."""
-    if not _opens(conn):
+def _run_opening(
+    conn: Connection, stmt: Insert, params: Mapping[str, Any], alone: bool
+) -> Sequence[Any]:
+    """The rows of `stmt` run once with `params`: on the cursor (`execution.run_stmt`), or in
+    a flight (`_flight`)."""
+    begin = _flies(conn, alone)
+    if begin is None:
         return execution.run_stmt(conn, stmt, params).rows
     sql, getter = execution.driver_sql(conn, stmt, tuple(params))
-    return _opening(conn, sql, params if getter is None else getter(params))
+    return _flight(conn, sql, params if getter is None else getter(params), begin=begin)
 
 
-def _run_arrays(conn: Connection, sql: str, params: Mapping[str, Any]) -> Sequence[Any]:
-    """The rows of `insert_many_stmt`'s driver SQL (`_binary`), its BEGIN in the same flight
-    where it opens the app's transaction (`_opening`)."""
-    if not _opens(conn):
+def _run_arrays(
+    conn: Connection, sql: str, params: Mapping[str, Any], alone: bool
+) -> Sequence[Any]:
+    """The rows of `insert_many_stmt`'s driver SQL (`_binary`): on the cursor
+    (`execution.run`), or in a flight (`_flight`)."""
+    begin = _flies(conn, alone)
+    if begin is None:
         return execution.run(conn, sql, params).rows
-    return _opening(conn, sql, params)
+    return _flight(conn, sql, params, begin=begin)
 
 
-def _opening(conn: Connection, sql: str, values: Any) -> Sequence[Any]:
-    """The rows of driver SQL `sql` that opens the app's transaction on sync psycopg
-    (`_opens`), sent with its BEGIN in one flight (`wire`): psycopg's own BEGIN is a round
-    trip of its own, so an enqueue that opens the transaction costs the app no round trip of
-    its own."""
+def _flies(conn: Connection, alone: bool) -> bool | None:
+    """Whether an enqueue's statement goes in a `wire` flight on sync psycopg
+    (`execution.pipelines`: nothing observes it), and with a BEGIN: True where it opens the
+    app's transaction (`_opens`), False where it is `alone` (`_standalone`: autocommit, the
+    statement its own transaction); None: on the cursor. The flight costs less CPU than
+    psycopg's cursor, whose send and wait of a 1000-row statement cost several times the
+    rest of it."""
+    if alone:
+        return False if execution.pipelines(conn) else None
+    return True if _opens(conn) else None
+
+
+def _flight(conn: Connection, sql: str, values: Any, *, begin: bool) -> Sequence[Any]:
+    """The rows of driver SQL `sql` sent in one flight (`wire`), after a BEGIN where it opens
+    the app's transaction: psycopg's own BEGIN is a round trip of its own, so an enqueue that
+    opens the transaction costs the app no round trip of its own."""
     from .. import wire  # psycopg's: only a pipelined connection comes here
 
     driver: Any = conn.connection.dbapi_connection
@@ -201,19 +223,32 @@ def _opening(conn: Connection, sql: str, values: Any) -> Sequence[Any]:
         # one-row enqueue cost the server more than the round trip saved. An app behind a
         # transaction pooler turns psycopg's off (`prepare_threshold=None`): then so is this.
         wire.prepare_on(driver)
+    statements = [_BEGIN, (sql, values, False)] if begin else [(sql, values, False)]
     try:
         try:
-            answers = wire.run(driver, [_BEGIN, (sql, values, False)])
+            try:
+                answers = wire.run(driver, statements)
+            except wire.Failed as failed:
+                if begin or getattr(failed.error, "sqlstate", None) != _NO_SUCH_STATEMENT:
+                    raise
+                # Alone, it ran nowhere: the server had lost what `wire` prepared on this
+                # connection (an app's DEALLOCATE, psycopg's after a rollback), which `wire`
+                # now prepares anew. (With a BEGIN, `wire.run` itself sends it again.)
+                answers = wire.run(driver, statements)
         except wire.Failed as failed:
             raise failed.error from None
     except conn.dialect.loaded_dbapi.Error as exc:
         raise compat.driver_error(conn, exc, sql) from exc
-    return answers[1][1]
+    return answers[-1][1]
+
+
+_NO_SUCH_STATEMENT: Final = "26000"
+"""PostgreSQL's invalid_sql_statement_name: a prepared statement the server does not have."""
 
 
 def _opens(conn: Connection) -> bool:
     """Whether a statement now opens `conn`'s transaction on sync psycopg, whose BEGIN can
-    then leave with it (`_opening`; `execution.pipelines`: nothing observes it)."""
+    then leave with it (`_flight`; `execution.pipelines`: nothing observes it)."""
     if not execution.pipelines(conn):
         return False
     driver: Any = conn.connection.dbapi_connection
@@ -245,12 +280,17 @@ def _table(options: Mapping[str, Any]) -> Table:
 
 
 def _write_or_explain(
-    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+    conn: Connection,
+    rows: list[dict[str, Any]],
+    options: Mapping[str, Any],
+    *,
+    notify: bool,
+    alone: bool = False,
 ) -> list[int]:
     """`_write`, its driver errors translated: where the inbox table is not, a `SchemaError`
     naming the schema searched and `schema=` (an app's usual slip is to leave it out)."""
     try:
-        return _write(conn, rows, options, notify=notify)
+        return _write(conn, rows, options, notify=notify, alone=alone)
     except sa_exc.DBAPIError as exc:
         if not dialects.missing_table(exc):
             raise dialects.translate(exc) from exc
@@ -297,12 +337,12 @@ def _standalone(
 ) -> list[int]:
     """`_write_or_explain` in a transaction of its own on `conn`, fresh from an engine,
     committed before it returns. On PostgreSQL every enqueue is one statement (its
-    notification in it), atomic by itself: run in autocommit, it is one round trip where the
-    app's BEGIN, INSERT and COMMIT are three (psycopg) and a peer's job one. Elsewhere the
-    statement and a COMMIT."""
+    notification in it), atomic by itself: run in autocommit (on sync psycopg in a flight of
+    its own, `_flies`), it is one round trip where the app's BEGIN, INSERT and COMMIT are
+    three (psycopg) and a peer's job one. Elsewhere the statement and a COMMIT."""
     if dialects.dialect_of(conn).notifies:
         conn.execution_options(isolation_level="AUTOCOMMIT")  # reset when conn goes back
-        return _write_or_explain(conn, rows, options, notify=notify)
+        return _write_or_explain(conn, rows, options, notify=notify, alone=True)
     with conn.begin():
         return _write_or_explain(conn, rows, options, notify=notify)
 

@@ -171,3 +171,27 @@ def test_an_enqueue_on_an_engine_is_one_round_trip(dialect: str, db_url: URL) ->
         engine.dispose()
         proxy.close()
     assert found == {name: [1, 1, 1] for name in calls}
+
+
+def test_an_enqueue_on_an_engine_prepares_anew_what_the_server_lost(
+    dialect: str, db_url: URL
+) -> None:
+    """PostgreSQL: an enqueue on an `Engine` prepares its INSERT on the pooled connection;
+    where the server has since dropped it (an app's DEALLOCATE ALL, psycopg's after a
+    rollback), the statement, which ran nowhere, is prepared and sent again."""
+    if dialect != "postgresql":
+        pytest.skip("prepared statements: PostgreSQL")
+    SqlStore.open(db_url).close()
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        first = enqueue(engine, SPEC)
+        many = enqueue_many(engine, [SPEC] * 2)
+        with engine.connect() as conn:
+            conn.exec_driver_sql("DEALLOCATE ALL")
+            conn.commit()
+        again = enqueue(engine, SPEC)
+        more = enqueue_many(engine, [SPEC] * 2)
+    finally:
+        engine.dispose()
+    with SqlStore.open(db_url) as store:
+        assert [i.inbox_id for i in store.read_inbox()] == [first, *many, again, *more]

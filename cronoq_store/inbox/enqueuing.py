@@ -110,12 +110,7 @@ def _options(schema: str | None) -> Mapping[str, Any]:
 
 
 def _write(
-    conn: Connection,
-    rows: list[dict[str, Any]],
-    options: Mapping[str, Any],
-    *,
-    notify: bool,
-    alone: bool = False,
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
     """Insert `rows` in order and return their ids; where the database `notifies`
     (PostgreSQL), to `notify`, notify on commit, in the same round trip as the ids. What the
@@ -132,7 +127,7 @@ def _write(
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
             # On the driver's cursor (`execution.run`): SQLAlchemy's result fetched the ids
             # a row at a time, a sixth of a 1000-row enqueue's CPU.
-            got = [row[0] for row in _run_arrays(conn, sql, {**params, **columns}, alone)]
+            got = [row[0] for row in _run_arrays(conn, sql, {**params, **columns})]
         else:
             result = conn.execute(
                 insert_many_stmt(notify=notify), columns, execution_options=options
@@ -152,7 +147,7 @@ def _write(
         ids = [execution.inserted_id(conn, insert_into_stmt(_table(options)), rows[0])]
     elif len(rows) == 1 and dialect.insert_returning:  # PostgreSQL: the notification with it
         stmt = insert_one_stmt(_table(options), notify=notify and notifies)
-        ids = [int(_run_opening(conn, stmt, rows[0], alone)[0][0])]
+        ids = [int(_run_opening(conn, stmt, rows[0])[0][0])]
     elif notifies and notify:
         [row] = rows
         ids = [int(conn.execute(insert_notify_stmt(), row, execution_options=options).one()[0])]
@@ -177,38 +172,35 @@ def _write(
 _BEGIN: Final = ("BEGIN", None, False)
 
 
-def _run_opening(
-    conn: Connection, stmt: Insert, params: Mapping[str, Any], alone: bool
-) -> Sequence[Any]:
+def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
     """The rows of `stmt` run once with `params`: on the cursor (`execution.run_stmt`), or in
     a flight (`_flight`)."""
-    begin = _flies(conn, alone)
+    begin = _flies(conn)
     if begin is None:
         return execution.run_stmt(conn, stmt, params).rows
     sql, getter = execution.driver_sql(conn, stmt, tuple(params))
     return _flight(conn, sql, params if getter is None else getter(params), begin=begin)
 
 
-def _run_arrays(
-    conn: Connection, sql: str, params: Mapping[str, Any], alone: bool
-) -> Sequence[Any]:
+def _run_arrays(conn: Connection, sql: str, params: Mapping[str, Any]) -> Sequence[Any]:
     """The rows of `insert_many_stmt`'s driver SQL (`_binary`): on the cursor
     (`execution.run`), or in a flight (`_flight`)."""
-    begin = _flies(conn, alone)
+    begin = _flies(conn)
     if begin is None:
         return execution.run(conn, sql, params).rows
     return _flight(conn, sql, params, begin=begin)
 
 
-def _flies(conn: Connection, alone: bool) -> bool | None:
+def _flies(conn: Connection) -> bool | None:
     """Whether an enqueue's statement goes in a `wire` flight on sync psycopg
     (`execution.pipelines`: nothing observes it), and with a BEGIN: True where it opens the
-    app's transaction (`_opens`), False where it is `alone` (`_standalone`: autocommit, the
-    statement its own transaction); None: on the cursor. The flight costs less CPU than
-    psycopg's cursor, whose send and wait of a 1000-row statement cost several times the
-    rest of it."""
-    if alone:
-        return False if execution.pipelines(conn) else None
+    app's transaction (`_opens`), False on a connection in autocommit (`_standalone`'s, or
+    an app's: the statement is its own transaction); None: on the cursor, in a transaction
+    already open or begun as psycopg begins it."""
+    if not execution.pipelines(conn):
+        return None
+    if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+        return False
     return True if _opens(conn) else None
 
 
@@ -281,12 +273,7 @@ def _table(options: Mapping[str, Any]) -> Table:
 
 
 def _write_or_explain(
-    conn: Connection,
-    rows: list[dict[str, Any]],
-    options: Mapping[str, Any],
-    *,
-    notify: bool,
-    alone: bool = False,
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
     """`_write`, its driver errors translated: where the inbox table is not, a `SchemaError`
     naming the schema searched and `schema=` (an app's usual slip is to leave it out).
@@ -296,7 +283,7 @@ def _write_or_explain(
     that a 1000-row enqueue_many set off cost 47 ms, more than the call itself."""
     try:
         with execution.collection_paused():
-            return _write(conn, rows, options, notify=notify, alone=alone)
+            return _write(conn, rows, options, notify=notify)
     except sa_exc.DBAPIError as exc:
         if not dialects.missing_table(exc):
             raise dialects.translate(exc) from exc
@@ -348,7 +335,7 @@ def _standalone(
     three (psycopg) and a peer's job one. Elsewhere the statement and a COMMIT."""
     if dialects.dialect_of(conn).notifies:
         conn.execution_options(isolation_level="AUTOCOMMIT")  # reset when conn goes back
-        return _write_or_explain(conn, rows, options, notify=notify, alone=True)
+        return _write_or_explain(conn, rows, options, notify=notify)
     with conn.begin():
         return _write_or_explain(conn, rows, options, notify=notify)
 

@@ -202,6 +202,11 @@ class MySQLImpl(DefaultImpl):
             conn.info[IDLE_INFO] = seconds
         return None
 
+    async_driver: ClassVar[str | None] = "asyncmy"
+    sync_drivers: ClassVar[frozenset[str]] = frozenset({"pymysql"})
+    wire: ClassVar[str | None] = "mysql"
+    default_port: ClassVar[int | None] = 3306
+
 
 IDLE_INFO: Final = "cronoq_idle_s"
 """`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""

@@ -187,3 +187,41 @@ def test_postgresql_bounds_deferred_in_one_statement(engines: list[Engine]) -> N
         "n2": "lock_timeout",
         "v2": "500",
     }
+
+
+@pytest.mark.parametrize(
+    ("backend", "async_driver", "sync_drivers"),
+    [
+        ("sqlite", "aiosqlite", {"pysqlite"}),
+        ("postgresql", "psycopg", {"psycopg", "psycopg2"}),
+        ("mysql", "asyncmy", {"pymysql"}),
+        ("mariadb", "asyncmy", {"pymysql"}),
+        ("oracle", None, set()),
+    ],
+)
+def test_each_class_names_its_drivers(
+    backend: str, async_driver: str | None, sync_drivers: set[str]
+) -> None:
+    """The async driver a sync URL is mapped to (`aio.async_url`) is its database class's."""
+    impl = class_of(backend)
+    assert impl.async_driver == async_driver
+    assert impl.sync_drivers == sync_drivers
+
+
+@pytest.mark.parametrize(
+    ("url", "wire", "port", "plaintext"),
+    [
+        ("sqlite:///x.db", None, None, {}),
+        ("postgresql+psycopg://u@h/d", "postgresql", 5432, {"sslmode": "disable"}),
+        ("mysql+pymysql://u@h/d", "mysql", 3306, {}),
+        ("mariadb+pymysql://u@h/d", "mysql", 3306, {}),
+    ],
+)
+def test_each_class_says_its_wire(
+    url: str, wire: str | None, port: int | None, plaintext: dict[str, str]
+) -> None:
+    """The latency proxy reads a server's protocol, port and plaintext options off its class."""
+    impl = class_of(make_url(url))
+    assert impl.wire == wire
+    assert impl.default_port == port
+    assert plaintext.items() <= dict(impl.plaintext_query).items()

@@ -206,6 +206,12 @@ class MySQLImpl(DefaultImpl):
     sync_drivers: ClassVar[frozenset[str]] = frozenset({"pymysql"})
     wire: ClassVar[str | None] = "mysql"
     default_port: ClassVar[int | None] = 3306
+    explain_json: ClassVar[str | None] = "EXPLAIN FORMAT=JSON"
+    analyze_sql: ClassVar[str | None] = "ANALYZE TABLE"
+
+    def server_name(self) -> str:
+        """MariaDB by its own name."""
+        return "mariadb" if getattr(self.dialect, "is_mariadb", False) else self.name
 
 
 IDLE_INFO: Final = "cronoq_idle_s"

@@ -113,3 +113,4 @@ class SQLiteImpl(DefaultImpl):
 
     async_driver: ClassVar[str | None] = "aiosqlite"
     sync_drivers: ClassVar[frozenset[str]] = frozenset({"pysqlite"})
+    checkpoint_sql: ClassVar[str | None] = "PRAGMA wal_checkpoint(TRUNCATE)"

@@ -225,3 +225,49 @@ def test_each_class_says_its_wire(
     assert impl.wire == wire
     assert impl.default_port == port
     assert plaintext.items() <= dict(impl.plaintext_query).items()
+
+
+def test_each_class_says_its_upkeep_and_plans() -> None:
+    """The planner's JSON plan, statistics and checkpoint statements, by database."""
+    assert SQLiteImpl.explain_json is None and SQLiteImpl.analyze_sql is None
+    assert SQLiteImpl.checkpoint_sql == "PRAGMA wal_checkpoint(TRUNCATE)"
+    assert PostgresqlImpl.explain_json == "EXPLAIN (FORMAT JSON)"
+    assert PostgresqlImpl.analyze_sql == "VACUUM ANALYZE"
+    assert PostgresqlImpl.checkpoint_sql == "CHECKPOINT"
+    assert MySQLImpl.explain_json == "EXPLAIN FORMAT=JSON"
+    assert MySQLImpl.analyze_sql == "ANALYZE TABLE"
+    assert MySQLImpl.checkpoint_sql is None
+
+
+@pytest.mark.parametrize(
+    ("url", "label"),
+    [
+        ("sqlite://", "sqlite"),
+        ("postgresql+psycopg://u@h/d", "postgresql"),
+        ("mysql+pymysql://u@h/d", "mysql"),
+        ("mariadb+pymysql://u@h/d", "mariadb"),
+    ],
+)
+def test_server_name_calls_mariadb_by_its_name(url: str, label: str) -> None:
+    """Labels say MariaDB where MySQL's dialect speaks to it."""
+    engine = create_engine(url)
+    try:
+        assert dialect_of(engine).server_name() == label
+    finally:
+        engine.dispose()
+
+
+def test_explain_compiles_with_its_class_prefix() -> None:
+    """`operators.Explain` is one compile rule: the class's `explain_json`, or none."""
+    from sqlalchemy import select
+    from sqlalchemy.dialects import mysql, postgresql, sqlite
+    from sqlalchemy.exc import CompileError
+
+    from cronoq_store.repository.operators import Explain
+    from cronoq_store.schema import tasks
+
+    explain = Explain(select(tasks.c.id))
+    assert str(explain.compile(dialect=postgresql.dialect())).startswith("EXPLAIN (FORMAT JSON) ")
+    assert str(explain.compile(dialect=mysql.dialect())).startswith("EXPLAIN FORMAT=JSON SELECT")
+    with pytest.raises(CompileError):
+        explain.compile(dialect=sqlite.dialect())

@@ -245,7 +245,7 @@ def proxied_url(url: URL, *, delay: float) -> Iterator[tuple[URL, Proxy]]:
     PostgreSQL, so the proxy can read the messages); the proxy is closed after."""
     impl = dialects.class_of(url)
     target = (url.host or "127.0.0.1", url.port or impl.default_port or 0)
-    proxy = Proxy(target, delay=delay, protocol=protocol_of(url.get_backend_name()))
+    proxy = Proxy(target, delay=delay, protocol=impl.wire or "none")
     routed = url.set(host="127.0.0.1", port=proxy.port)
     if impl.plaintext_query:
         routed = routed.update_query_dict(dict(impl.plaintext_query))

@@ -14,7 +14,6 @@ A store belongs to the event loop that first uses it; share it between that loop
 from __future__ import annotations
 
 __all__ = [
-    "ASYNC_DRIVERS",
     "AsyncSqlStore",
     "LeadershipLostCallback",
     "async_url",
@@ -30,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -54,21 +53,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-ASYNC_DRIVERS: Final = {
-    "sqlite": "aiosqlite",
-    "postgresql": "psycopg",
-    "mysql": "asyncmy",
-    "mariadb": "asyncmy",
-}
-"""The async driver each backend gets when a URL names none, or names its sync counterpart."""
-SYNC_DRIVERS: Final = {
-    "sqlite": frozenset({"pysqlite"}),
-    "postgresql": frozenset({"psycopg", "psycopg2"}),
-    "mysql": frozenset({"pymysql"}),
-    "mariadb": frozenset({"pymysql"}),
-}
-"""Sync drivers whose URLs (query options included) their async counterparts also accept."""
-
 LeadershipLostCallback = Callable[[], object]
 """Called on leadership loss; a coroutine it returns is awaited."""
 
@@ -86,10 +70,11 @@ def async_url(target: str | os.PathLike[str] | URL) -> URL:
     Raises:
         InvalidValue: A URL the store cannot parse or use.
     """
-    url = engines.target_url(target, ASYNC_DRIVERS["sqlite"])
+    url = engines.target_url(target, dialects.SQLiteImpl.async_driver or "")
     backend, _, driver = url.drivername.partition("+")
-    if backend in ASYNC_DRIVERS and (not driver or driver in SYNC_DRIVERS[backend]):
-        return url.set(drivername=f"{backend}+{ASYNC_DRIVERS[backend]}")
+    impl = dialects.class_of(backend)  # each database's class names its drivers
+    if impl.async_driver and (not driver or driver in impl.sync_drivers):
+        return url.set(drivername=f"{backend}+{impl.async_driver}")
     return url  # an async driver named explicitly (asyncpg, aiomysql, ...) is kept
 
 

@@ -37,7 +37,7 @@ def classify(dialect: str, settings: Mapping[str, str | None]) -> Durability:
     `synchronous` of the leader's connections) and makes nothing unsafe.
 
     Args:
-        dialect: "postgresql", "mysql" (MariaDB too) or "sqlite".
+        dialect: The database's name, as `dialects.name` says it (MariaDB's is MySQL's).
         settings: The server's settings by name, as `dialects.durability_settings` reads
             them (values as the server prints them: "on", "2", "wal", ...).
 

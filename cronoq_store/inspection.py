@@ -165,7 +165,7 @@ def count(conn: Connection, rows: Select[Any], params: Mapping[str, Any] | None 
     if counted <= cap:
         return {"tasks": counted, "accuracy": "exact"}
     estimate = None
-    if dialects.name(conn.dialect) != "sqlite":
+    if dialects.dialect_of(conn).explain_json is not None:
         plan = conn.execute(operators.Explain(rows), given).scalar()
         estimate = operators.planned_rows(plan)
     if estimate is None or estimate <= cap:

@@ -11,10 +11,10 @@ its defaults, say): benchmarks/README.md has the figures.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import URL, Connection, text
 
@@ -40,30 +40,49 @@ class Cycle:
 
 
 def _size_bytes(conn: Connection) -> int:
-    which = dialects.name(conn.dialect)
-    if which == "postgresql":
-        total = " + ".join(f"pg_total_relation_size('{t}')" for t in TABLES)
-        return int(conn.execute(text(f"SELECT {total}")).scalar_one())
-    if which == "mysql":
-        for t in TABLES:
-            conn.execute(text(f"ANALYZE TABLE {t}"))
-        return int(
-            conn.execute(
-                text(
-                    "SELECT COALESCE(SUM(data_length + index_length), 0) FROM "
-                    "information_schema.tables WHERE table_schema = DATABASE() "
-                    "AND table_name IN ('cronoq_tasks', 'cronoq_task_deps')"
-                )
-            ).scalar_one()
-        )
-    # The whole file, free pages included: what the disk holds (SQLite reuses them).
+    """The tables' size on disk, indexes included, as each database counts it."""
+    return _SIZES.get(type(dialects.dialect_of(conn)), _file_size)(conn)
+
+
+def _postgresql_size(conn: Connection) -> int:
+    """Each table's whole size: heap, TOAST and indexes."""
+    total = " + ".join(f"pg_total_relation_size('{t}')" for t in TABLES)
+    return int(conn.execute(text(f"SELECT {total}")).scalar_one())
+
+
+def _mysql_size(conn: Connection) -> int:
+    """ANALYZE first: InnoDB's sizes are its statistics'."""
+    for t in TABLES:
+        conn.execute(text(f"ANALYZE TABLE {t}"))
+    return int(
+        conn.execute(
+            text(
+                "SELECT COALESCE(SUM(data_length + index_length), 0) FROM "
+                "information_schema.tables WHERE table_schema = DATABASE() "
+                "AND table_name IN ('cronoq_tasks', 'cronoq_task_deps')"
+            )
+        ).scalar_one()
+    )
+
+
+def _file_size(conn: Connection) -> int:
+    """The whole file, free pages included: what the disk holds (SQLite reuses them)."""
     pages = conn.execute(text("PRAGMA page_count")).scalar_one()
     size = conn.execute(text("PRAGMA page_size")).scalar_one()
     return int(pages * size)
 
 
+_SIZES: Final[dict[type[dialects.DefaultImpl], Callable[[Connection], int]]] = {
+    dialects.PostgresqlImpl: _postgresql_size,
+    dialects.MySQLImpl: _mysql_size,
+}
+"""How each server counts its tables' size, by the class of its database (a file's by
+default)."""
+
+
 def _hot(conn: Connection) -> tuple[int, int] | None:
-    if dialects.name(conn.dialect) != "postgresql":
+    """PostgreSQL's updates and HOT updates of the task table so far (None elsewhere)."""
+    if not isinstance(dialects.dialect_of(conn), dialects.PostgresqlImpl):
         return None
     conn.execute(text("SELECT pg_stat_clear_snapshot()"))
     row = conn.execute(

@@ -6,7 +6,9 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -16,8 +18,10 @@ from .history import history_command
 from .report import markdown_table, plot, print_table
 from .rtt import markdown, measure
 from .suite import run_bench
-from .targets import raw_database, resolve_targets
+from .targets import ALL, raw_database, resolve_targets
 from .workload import DEFAULT_BATCH_SIZES, DEFAULT_RUNS, DEFAULT_TASKS
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -28,6 +32,11 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[in
     if not sizes or min(sizes) < 1:
         raise click.BadParameter("batch sizes must be positive")
     return sizes
+
+
+def _instead(flag: str, dest: str, what: str, **kw: Any) -> Callable[[_F], _F]:
+    """An option that measures `what` instead of the figures."""
+    return click.option(flag, dest, help=f"instead: {what}", **kw)
 
 
 @click.command("bench")
@@ -41,7 +50,7 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[in
     "--dialect",
     "dialect_names",
     multiple=True,
-    type=click.Choice(["sqlite", "postgresql", "mysql", "all"]),
+    type=click.Choice([*(impl.name for impl in ALL), "all"]),
     help="a SQLite temp file, or a scratch database on the server of "
     "CRONOQ_BENCH_POSTGRESQL_URL / CRONOQ_BENCH_MYSQL_URL (repeatable)",
 )
@@ -66,26 +75,26 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[in
     is_flag=True,
     help="print the README's Markdown table instead of a table",
 )
-@click.option(
+@_instead(
     "--bloat",
     "bloat_cycles",
-    type=click.IntRange(1, 1000),
-    help="instead: CYCLES cycles of -n tasks through running and succeeded, each pruned; "
+    "CYCLES cycles of -n tasks through running and succeeded, each pruned; "
     "table sizes, commit rate and PostgreSQL's HOT share per cycle",
+    type=click.IntRange(1, 1000),
 )
-@click.option(
+@_instead(
     "--history",
     "history_sizes",
-    callback=lambda ctx, param, v: None if v is None else _sizes(ctx, param, v),
-    help="instead: recovery of 10,000 live tasks, batch-1000 commits and prune with N "
+    "recovery of 10,000 live tasks, batch-1000 commits and prune with N "
     "(comma-separated: each N in turn) old finished tasks in the table, against 10,000",
+    callback=lambda ctx, param, v: None if v is None else _sizes(ctx, param, v),
 )
-@click.option(
+@_instead(
     "--rtt",
     "rtt_ms",
-    type=click.FloatRange(0, 10_000),
-    help="instead: round trips per operation (counted, and timed in RTTs) through a proxy "
+    "round trips per operation (counted, and timed in RTTs) through a proxy "
     "that adds MS milliseconds of round trip, in front of both the store and the raw driver",
+    type=click.FloatRange(0, 10_000),
 )
 @click.option(
     "--plot",
@@ -166,7 +175,7 @@ def _rtt(
 ) -> None:
     """`--rtt`: `rtt.measure` on each server target (SQLite has no wire: skipped)."""
     results = []
-    names = dialect_names if dialect_names or urls else ("postgresql",)
+    names = dialect_names if dialect_names or urls else (dialects.PostgresqlImpl.name,)
     with resolve_targets(urls, names) as targets:
         for target in targets:
             if not dialects.class_of(target.dialect).server:

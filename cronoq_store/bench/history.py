@@ -49,7 +49,7 @@ from ..model import Mutation, StatusChanged, TaskSpec, TaskStatus, TimeBase
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
 from .results import Target
-from .targets import raw_database, resolve_targets
+from .targets import raw_database, resolve_targets, server_label
 from .workload import PAYLOAD_BYTES, Workload, in_batches
 
 BASELINE: Final = 10_000
@@ -159,16 +159,14 @@ def analyze(engine: Engine) -> None:
     """What the server's own upkeep does after a large load: PostgreSQL VACUUM ANALYZE
     (autovacuum, off on the shared development server), MariaDB ANALYZE TABLE (InnoDB's
     persistent statistics after 10 % changed). SQLite keeps no statistics unless asked."""
-    dialect = dialects.name(engine.dialect)
-    if dialect == "sqlite":
+    word = dialects.dialect_of(engine).analyze_sql
+    if word is None:
         return
     with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         prep = conn.dialect.identifier_preparer
         for table in (tasks, task_deps):
-            name = prep.format_table(table)
-            word = "VACUUM ANALYZE" if dialect == "postgresql" else "ANALYZE TABLE"
-            conn.exec_driver_sql(f"{word} {name}").close()
+            conn.exec_driver_sql(f"{word} {prep.format_table(table)}").close()
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -196,10 +194,7 @@ class _History:
         self.epoch = self.store.acquire_leadership()
         self.size = 0
         with self.engine.connect() as conn:
-            dialect = conn.dialect
-            version = ".".join(str(v) for v in (dialect.server_version_info or ())[:3])
-            name = "mariadb" if getattr(dialect, "is_mariadb", False) else dialect.name
-        self.label = f"{name} {version}"
+            self.label = server_label(conn.dialect)
 
     def close(self) -> None:
         self.store.close()
@@ -278,16 +273,13 @@ class _History:
 def checkpoint(engine: Engine) -> None:
     """Write out what a fill left to flush, so the measurements do not pay for it
     (PostgreSQL's CHECKPOINT needs a privileged user: skipped where refused)."""
-    dialect = dialects.name(engine.dialect)
+    sql = dialects.dialect_of(engine).checkpoint_sql
+    if sql is None:
+        return
     with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-        try:
-            if dialect == "postgresql":
-                conn.exec_driver_sql("CHECKPOINT").close()
-            elif dialect == "sqlite":
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").close()
-        except sa_exc.DBAPIError:
-            pass
+        with contextlib.suppress(sa_exc.DBAPIError):
+            conn.exec_driver_sql(sql).close()
 
 
 def measure(small: _History, big: _History, runs: int, fill_s: float) -> HistoryFigures:

@@ -34,39 +34,53 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Final, Literal
+from typing import Any, ClassVar, Final
 
 from sqlalchemy import URL
 
-Protocol = Literal["postgresql", "mysql", "none"]
-"""Which client messages the proxy counts as round trips."""
+from .. import dialects
+
+Protocol = str
+"""Which client messages the proxy counts as round trips: a database's `wire`
+(`dialects.DefaultImpl.wire`), or "none"."""
 
 _CHUNK: Final = 65536
 _PG_UNTYPED: Final = (80877103, 80877104)  # SSLRequest, GSSENCRequest: then the startup
 
 
 class _Counter:
-    """Reads the client's byte stream of one connection and counts its round trips."""
+    """Reads the client's byte stream of one connection and counts its round trips: nothing,
+    for a protocol no subclass reads. One subclass per wire protocol, registered by the `wire`
+    of its database's class (`dialects.DefaultImpl.wire`)."""
 
-    def __init__(self, protocol: Protocol, proxy: Proxy) -> None:
-        self.protocol = protocol
+    wire: ClassVar[str | None] = None
+    _registry: ClassVar[dict[str | None, type[_Counter]]] = {}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        _Counter._registry[cls.wire] = cls
+
+    @staticmethod
+    def of(protocol: Protocol) -> type[_Counter]:
+        """The counter of `protocol` (the base, which counts nothing, for one unknown)."""
+        return _Counter._registry.get(protocol, _Counter)
+
+    def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
         self.buffer = b""
-        self.startup = True  # PostgreSQL: the first messages carry no type byte
         self.skip = 0  # bytes of a message already counted, not yet seen
 
     def feed(self, data: bytes) -> None:
-        if self.protocol == "none":
-            return
         if self.skip:
             taken = min(self.skip, len(data))
             self.skip -= taken
             data = data[taken:]
         self.buffer += data
-        if self.protocol == "postgresql":
-            self._postgresql()
-        else:
-            self._mysql()
+        self._count()
+
+    def _count(self) -> None:
+        """Count the whole messages in the buffer and drop them."""
+        self.buffer = b""
 
     def _consume(self, length: int) -> bool:
         """Drop a message of `length` bytes from the buffer (what is not here yet, later)."""
@@ -77,7 +91,17 @@ class _Counter:
         self.buffer = b""
         return False
 
-    def _postgresql(self) -> None:
+
+class _PostgresqlCounter(_Counter):
+    """The client's Sync and simple Query messages."""
+
+    wire: ClassVar[str | None] = dialects.PostgresqlImpl.wire
+
+    def __init__(self, proxy: Proxy) -> None:
+        super().__init__(proxy)
+        self.startup = True  # the first messages carry no type byte
+
+    def _count(self) -> None:
         while True:
             if self.startup:
                 if len(self.buffer) < 8:
@@ -94,7 +118,13 @@ class _Counter:
             if not self._consume(length):
                 return
 
-    def _mysql(self) -> None:
+
+class _MySQLCounter(_Counter):
+    """The client's command packets."""
+
+    wire: ClassVar[str | None] = dialects.MySQLImpl.wire
+
+    def _count(self) -> None:
         while len(self.buffer) >= 4:
             length = int.from_bytes(self.buffer[:3], "little") + 4
             if self.buffer[3] == 0:  # sequence 0: a new command (the handshake reply is 1)
@@ -171,7 +201,7 @@ class Proxy:
                     return
                 self.connections += 1
                 self._sockets += [client, server]
-            counter = _Counter(self.protocol, self)
+            counter = _Counter.of(self.protocol)(self)
             self._pump(client, server, counter)
             self._pump(server, client, None)
 
@@ -205,25 +235,20 @@ class Proxy:
 
 
 def protocol_of(backend: str) -> Protocol:
-    """The protocol a SQLAlchemy backend name speaks ("postgresql", "mysql", "mariadb")."""
-    if backend == "postgresql":
-        return "postgresql"
-    if backend in ("mysql", "mariadb"):
-        return "mysql"
-    return "none"
+    """The protocol a SQLAlchemy backend name speaks: its database class's `wire`."""
+    return dialects.class_of(backend).wire or "none"
 
 
 @contextlib.contextmanager
 def proxied_url(url: URL, *, delay: float) -> Iterator[tuple[URL, Proxy]]:
     """`url` rerouted through a new `Proxy` adding `delay` seconds each way (TLS off on
     PostgreSQL, so the proxy can read the messages); the proxy is closed after."""
-    backend = url.get_backend_name()
-    default = 5432 if backend == "postgresql" else 3306
-    target = (url.host or "127.0.0.1", url.port or default)
-    proxy = Proxy(target, delay=delay, protocol=protocol_of(backend))
+    impl = dialects.class_of(url)
+    target = (url.host or "127.0.0.1", url.port or impl.default_port or 0)
+    proxy = Proxy(target, delay=delay, protocol=impl.wire or "none")
     routed = url.set(host="127.0.0.1", port=proxy.port)
-    if backend == "postgresql":
-        routed = routed.update_query_dict({"sslmode": "disable", "gssencmode": "disable"})
+    if impl.plaintext_query:
+        routed = routed.update_query_dict(dict(impl.plaintext_query))
     try:
         yield routed, proxy
     finally:
@@ -236,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", required=True, help="HOST:PORT of the server")
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on")
     parser.add_argument("--delay-ms", type=float, default=10.0, help="one-way delay, ms")
-    parser.add_argument("--protocol", choices=["postgresql", "mysql", "none"], default="none")
+    parser.add_argument(
+        "--protocol", choices=[*sorted(w for w in _Counter._registry if w), "none"], default="none"
+    )
     args = parser.parse_args(argv)
     host, _, port = args.target.rpartition(":")
     lhost, _, lport = args.listen.rpartition(":")

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import json
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, Literal, cast
+from typing import Any, ClassVar, Final, Literal, cast
 
 from sqlalchemy import URL, Table
 from sqlalchemy.engine.interfaces import Dialect
@@ -63,56 +62,126 @@ def raw_tables(dialect: Dialect) -> tuple[Table, Table]:
     return tasks, task_deps
 
 
+class RawDatabase:
+    """What the raw side does its own way on one database: how it connects, begins, commits
+    and ends a read, and its baselines. One subclass per database, registered by the store's
+    class of that database (`dialects.DefaultImpl`, Alembic's way): a new database is a new
+    subclass here, never a branch in `RawDriver`."""
+
+    impl: ClassVar[type[dialects.DefaultImpl]] = dialects.DefaultImpl
+    """The store's class of the database this one speaks to."""
+    paramstyle: ClassVar[str] = "format"
+    """The driver's own positional style, as a hand-written caller binds rows."""
+    baselines: ClassVar[tuple[Baseline, ...]] = ("executemany",)
+    """The raw submission baselines; the first is the main one."""
+
+    _registry: ClassVar[dict[type[dialects.DefaultImpl], type[RawDatabase]]] = {}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        RawDatabase._registry[cls.impl] = cls
+
+    @staticmethod
+    def of(impl: type[dialects.DefaultImpl]) -> type[RawDatabase]:
+        """The raw class of the database whose store class is `impl`."""
+        return RawDatabase._registry.get(impl, RawDatabase)
+
+    def connect(self, url: URL, *, full_sync: bool) -> Any:
+        """A bare DB-API connection to `url`, not in autocommit."""
+        raise NotImplementedError(f"no raw driver for {self.impl.name}")
+
+    def begin(self, conn: Any) -> None:
+        """Begin a write transaction (the driver begins one on its own by default)."""
+
+    def commit(self, conn: Any) -> None:
+        """Commit the transaction."""
+        conn.commit()
+
+    def end_read(self, conn: Any) -> None:
+        """End the transaction a read began (the driver's own, by default)."""
+        conn.commit()
+
+
+class SQLiteRaw(RawDatabase):
+    """sqlite3 in autocommit, with the store's pragmas; BEGIN IMMEDIATE as the store does."""
+
+    impl: ClassVar[type[dialects.DefaultImpl]] = dialects.SQLiteImpl
+    paramstyle: ClassVar[str] = "qmark"
+    baselines: ClassVar[tuple[Baseline, ...]] = ("json", "pre-encoded")
+
+    def connect(self, url: URL, *, full_sync: bool) -> Any:
+        conn = sqlite3.connect(url.database or "", isolation_level=None)
+        for pragma in (
+            "PRAGMA busy_timeout = 5000",
+            "PRAGMA journal_mode = WAL",
+            f"PRAGMA synchronous = {'FULL' if full_sync else 'NORMAL'}",
+            "PRAGMA foreign_keys = OFF",
+        ):
+            conn.execute(pragma)
+        return conn
+
+    def begin(self, conn: Any) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def commit(self, conn: Any) -> None:
+        conn.execute("COMMIT")
+
+    def end_read(self, conn: Any) -> None:
+        """Nothing: autocommit, a read begins no transaction."""
+
+
+class PostgresqlRaw(RawDatabase):
+    """psycopg 3; COPY as a second baseline."""
+
+    impl: ClassVar[type[dialects.DefaultImpl]] = dialects.PostgresqlImpl
+    baselines: ClassVar[tuple[Baseline, ...]] = ("executemany", "copy")
+
+    def connect(self, url: URL, *, full_sync: bool) -> Any:
+        import psycopg  # the bench's extra: imported only where it runs
+
+        kw: dict[str, Any] = {
+            "host": url.host,
+            "port": url.port,
+            "user": url.username,
+            "password": url.password,
+            "dbname": url.database,
+        }
+        return psycopg.connect(**{k: v for k, v in kw.items() if v is not None})
+
+
+class MySQLRaw(RawDatabase):
+    """PyMySQL (MariaDB, MySQL)."""
+
+    impl: ClassVar[type[dialects.DefaultImpl]] = dialects.MySQLImpl
+
+    def connect(self, url: URL, *, full_sync: bool) -> Any:
+        import pymysql  # type: ignore[import-untyped]  # the bench's extra, where it runs
+
+        return pymysql.connect(
+            host=url.host or "localhost",
+            port=url.port or 3306,
+            user=url.username or "root",
+            password=url.password or "",
+            database=url.database,
+            charset="utf8mb4",
+            autocommit=False,
+        )
+
+
 def baselines(dialect_name: str) -> tuple[Baseline, ...]:
     """The raw submission baselines of a dialect; the first is the main one."""
-    if dialect_name == "sqlite":
-        return ("json", "pre-encoded")
-    if dialect_name == "postgresql":
-        return ("executemany", "copy")
-    return ("executemany",)
+    return RawDatabase.of(dialects.class_of(dialect_name)).baselines
 
 
 class RawDriver:
     """A bare DB-API connection running the store's statements compiled once from Core."""
 
     def __init__(self, url: URL, dialect: Dialect, *, full_sync: bool) -> None:
-        self.which = dialects.name(dialect)
-        # The driver's own positional style, as a hand-written caller would bind rows.
+        self.database = RawDatabase.of(type(dialects.dialect_of(dialect)))()
+        """What this database does its own way."""
         dialect_class: Any = type(dialect)
-        self.compile_dialect: Dialect = dialect_class(
-            paramstyle="qmark" if self.which == "sqlite" else "format"
-        )
-        self.conn: Any
-        if self.which == "sqlite":
-            self.conn = sqlite3.connect(url.database or "", isolation_level=None)
-            for pragma in (
-                "PRAGMA busy_timeout = 5000",
-                "PRAGMA journal_mode = WAL",
-                f"PRAGMA synchronous = {'FULL' if full_sync else 'NORMAL'}",
-                "PRAGMA foreign_keys = OFF",
-            ):
-                self.conn.execute(pragma)
-        elif self.which == "postgresql":
-            psycopg: Any = importlib.import_module("psycopg")
-            kw = {
-                "host": url.host,
-                "port": url.port,
-                "user": url.username,
-                "password": url.password,
-                "dbname": url.database,
-            }
-            self.conn = psycopg.connect(**{k: v for k, v in kw.items() if v is not None})
-        else:
-            pymysql: Any = importlib.import_module("pymysql")
-            self.conn = pymysql.connect(
-                host=url.host or "localhost",
-                port=url.port or 3306,
-                user=url.username or "root",
-                password=url.password or "",
-                database=url.database,
-                charset="utf8mb4",
-                autocommit=False,
-            )
+        self.compile_dialect: Dialect = dialect_class(paramstyle=self.database.paramstyle)
+        self.conn: Any = self.database.connect(url, full_sync=full_sync)
         self.tasks, self.deps = tasks, task_deps
         self.insert_tasks, columns = self.sql(commit.insert_tasks_stmt())
         if columns != tuple(c.name for c in tasks.columns):
@@ -164,8 +233,7 @@ class RawDriver:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Any]:
         """A cursor in a transaction (BEGIN IMMEDIATE on SQLite, as the store does)."""
-        if self.which == "sqlite":
-            self.conn.execute("BEGIN IMMEDIATE")
+        self.database.begin(self.conn)
         cursor = self.conn.cursor()
         try:
             yield cursor
@@ -174,10 +242,7 @@ class RawDriver:
             raise
         finally:
             cursor.close()
-        if self.which == "sqlite":
-            self.conn.execute("COMMIT")
-        else:
-            self.conn.commit()
+        self.database.commit(self.conn)
 
     def close(self) -> None:
         self.conn.close()
@@ -354,8 +419,7 @@ class RawDriver:
             if enabled:
                 gc.enable()
         cur.close()
-        if self.which != "sqlite":
-            self.conn.commit()
+        self.database.end_read(self.conn)
         return out
 
     def prune(self, cutoff: int, limit: int) -> int:

@@ -25,19 +25,23 @@ from .. import dialects
 from ..schema import tasks
 from .results import Target
 
-SERVER_URLS: Final = {
-    "postgresql": os.environ.get(
+SERVER_URLS: Final[dict[type[dialects.DefaultImpl], str]] = {
+    dialects.PostgresqlImpl: os.environ.get(
         "CRONOQ_BENCH_POSTGRESQL_URL",
         os.environ.get(
             "CRONOQ_TEST_POSTGRESQL_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
         ),
     ),
-    "mysql": os.environ.get(
+    dialects.MySQLImpl: os.environ.get(
         "CRONOQ_BENCH_MYSQL_URL",
         os.environ.get("CRONOQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/"),
     ),
 }
-"""Servers on which `--dialect` creates (and afterwards drops) a scratch database."""
+"""Servers on which `--dialect` creates (and afterwards drops) a scratch database, by the
+class of their database."""
+
+ALL: Final = (dialects.SQLiteImpl, dialects.PostgresqlImpl, dialects.MySQLImpl)
+"""The databases `--dialect all` runs on, in this order."""
 
 
 # Databases to run on: SQLite temp files, scratch server databases, or given URLs.
@@ -110,15 +114,16 @@ def resolve_targets(urls: Sequence[str], dialect_names: Sequence[str]) -> Iterat
         targets: list[Target] = []
         names = list(dialect_names)
         if "all" in names:
-            names = ["sqlite", "postgresql", "mysql"]
+            names = [impl.name for impl in ALL]
         if not urls and not names:
-            names = ["sqlite"]
+            names = [dialects.SQLiteImpl.name]
         for name in dict.fromkeys(names):
-            if not dialects.class_of(name).server:  # a file
+            impl = dialects.class_of(name)
+            if not impl.server:  # a file
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cronoq-bench-"))
                 targets += _sqlite_targets(str(Path(tmp) / "bench.db"))
             else:
-                targets.append(Target(url=stack.enter_context(scratch_database(SERVER_URLS[name]))))
+                targets.append(Target(url=stack.enter_context(scratch_database(SERVER_URLS[impl]))))
         for raw in urls:
             if "://" not in raw:
                 targets += _sqlite_targets(raw)
@@ -137,5 +142,4 @@ def server_label(dialect: Dialect) -> str:
     "postgresql 16.4", "mariadb 11.4.2" (MariaDB by its own name, which `dialects.name` gives
     as MySQL's)."""
     version = ".".join(str(v) for v in (dialect.server_version_info or ())[:3])
-    name = "mariadb" if getattr(dialect, "is_mariadb", False) else dialects.name(dialect)
-    return f"{name} {version}"
+    return f"{dialects.dialect_of(dialect).server_name()} {version}"

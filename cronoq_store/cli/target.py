@@ -32,7 +32,7 @@ class Target:
     def parsed(self) -> URL:
         """The URL; a bare path means a SQLite file."""
         if "://" not in self.url:
-            return URL.create("sqlite", database=self.url)
+            return URL.create(dialects.SQLiteImpl.name, database=self.url)
         try:
             return dialects.parse_url(self.url)
         except InvalidValue as exc:

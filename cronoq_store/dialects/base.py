@@ -23,6 +23,10 @@ The public surface, all on `DefaultImpl`:
   `translation` reads;
 - the inbox's: `notifies`, `listens` (NOTIFY and LISTEN), `binary_arrays`, `numbers_in_order`
   (how many rows are best inserted), `schema_word` (what a schema is called).
+- the drivers' and the wire's: `async_driver`, `sync_drivers` (`aio.async_url`), `wire`,
+  `default_port`, `plaintext_query` (the benchmark's latency proxy);
+- `explain_json` (the planner's estimate), `analyze_sql`, `checkpoint_sql` (the benchmarks'
+  upkeep) and `server_name` (labels).
 
 A new difference between databases (LISTEN, say) goes here: the generic behaviour as an
 attribute or method of `DefaultImpl`, documented, and an override in each database that
@@ -215,6 +219,35 @@ class DefaultImpl:
         """`dialects.bound`'s work on this database: nothing where the server has no such
         bounds (a file waits only for other writers, and `busy_timeout` bounds that)."""
         return None
+
+    async_driver: ClassVar[str | None] = None
+    """The asyncio driver the store is tested with, which `aio.async_url` names when a URL
+    names no driver or one of `sync_drivers` (None: no async driver known)."""
+    sync_drivers: ClassVar[frozenset[str]] = frozenset()
+    """Sync drivers whose URLs (query options included) `async_driver` also accepts."""
+    wire: ClassVar[str | None] = None
+    """The wire protocol whose client messages the latency proxy counts as round trips
+    (`bench.proxy`: "postgresql", "mysql"); None: none it can read (a file has no wire)."""
+    default_port: ClassVar[int | None] = None
+    """The server's port when a URL names none (None: no server)."""
+    plaintext_query: ClassVar[Mapping[str, str]] = {}
+    """URL query options that keep the session's messages unencrypted, so that a proxy in
+    front of the server can read them (`bench.proxy.proxied_url`)."""
+    explain_json: ClassVar[str | None] = None
+    """What precedes a SELECT to have the planner's plan of it as one JSON value, not run
+    (`repository.operators.Explain`); None: the planner keeps no estimate of rows (SQLite)."""
+    analyze_sql: ClassVar[str | None] = None
+    """The statement, before a table's name, that refreshes the planner's statistics of the
+    table as the server's own upkeep would (the benchmarks' `bench.history.analyze`); None:
+    none kept unless asked (SQLite)."""
+    checkpoint_sql: ClassVar[str | None] = None
+    """The statement that writes out what the log holds to the data files (the benchmarks'
+    `bench.history.checkpoint`); None: none the store sends."""
+
+    def server_name(self) -> str:
+        """The database's name as people know it, for labels ("mariadb" where MySQL's
+        dialect speaks to MariaDB)."""
+        return self.name
 
 
 def class_of(where: str | URL) -> type[DefaultImpl]:

@@ -202,6 +202,17 @@ class MySQLImpl(DefaultImpl):
             conn.info[IDLE_INFO] = seconds
         return None
 
+    async_driver: ClassVar[str | None] = "asyncmy"
+    sync_drivers: ClassVar[frozenset[str]] = frozenset({"pymysql"})
+    wire: ClassVar[str | None] = "mysql"
+    default_port: ClassVar[int | None] = 3306
+    explain_json: ClassVar[str | None] = "EXPLAIN FORMAT=JSON"
+    analyze_sql: ClassVar[str | None] = "ANALYZE TABLE"
+
+    def server_name(self) -> str:
+        """MariaDB by its own name."""
+        return "mariadb" if getattr(self.dialect, "is_mariadb", False) else self.name
+
 
 IDLE_INFO: Final = "cronoq_idle_s"
 """`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""

@@ -205,6 +205,15 @@ class PostgresqlImpl(DefaultImpl):
             run_stmt(conn, _set_local_stmt(len(settings)), params)
         return None
 
+    async_driver: ClassVar[str | None] = "psycopg"
+    sync_drivers: ClassVar[frozenset[str]] = frozenset({"psycopg", "psycopg2"})
+    wire: ClassVar[str | None] = "postgresql"
+    default_port: ClassVar[int | None] = 5432
+    plaintext_query: ClassVar[Mapping[str, str]] = {"sslmode": "disable", "gssencmode": "disable"}
+    explain_json: ClassVar[str | None] = "EXPLAIN (FORMAT JSON)"
+    analyze_sql: ClassVar[str | None] = "VACUUM ANALYZE"
+    checkpoint_sql: ClassVar[str | None] = "CHECKPOINT"  # refused to an unprivileged user
+
 
 _MS: Final = timedelta(milliseconds=1)
 

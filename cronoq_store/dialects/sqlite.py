@@ -110,3 +110,7 @@ class SQLiteImpl(DefaultImpl):
             return False
         connect_with(engine, "factory", sqlite3.Connection, committing)
         return True
+
+    async_driver: ClassVar[str | None] = "aiosqlite"
+    sync_drivers: ClassVar[frozenset[str]] = frozenset({"pysqlite"})
+    checkpoint_sql: ClassVar[str | None] = "PRAGMA wal_checkpoint(TRUNCATE)"

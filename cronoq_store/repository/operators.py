@@ -19,7 +19,7 @@ from sqlalchemy import BigInteger, Select, bindparam, func, literal_column, sele
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from .. import codec
+from .. import codec, dialects
 from ..schema import recurring, tasks
 from . import prune, queries
 
@@ -146,15 +146,13 @@ class Explain(sa.Executable, sa.ClauseElement):
         self.stmt = stmt
 
 
-@compiles(Explain, "postgresql")
-def _explain_postgresql(element: Explain, compiler: SQLCompiler, **kw: Any) -> str:
-    return "EXPLAIN (FORMAT JSON) " + compiler.process(element.stmt, **kw)
-
-
-@compiles(Explain, "mysql")
-@compiles(Explain, "mariadb")
-def _explain_mysql(element: Explain, compiler: SQLCompiler, **kw: Any) -> str:
-    return "EXPLAIN FORMAT=JSON " + compiler.process(element.stmt, **kw)
+@compiles(Explain)
+def _explain(element: Explain, compiler: SQLCompiler, **kw: Any) -> str:
+    """The database class's `explain_json` before the statement."""
+    prefix = dialects.dialect_of(compiler.dialect).explain_json
+    if prefix is None:
+        raise sa.exc.CompileError("this database keeps no plan estimate")
+    return f"{prefix} {compiler.process(element.stmt, **kw)}"
 
 
 def planned_rows(doc: Any) -> int | None:

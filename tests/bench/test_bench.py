@@ -59,6 +59,25 @@ def test_raw_baselines_per_dialect() -> None:
     assert baselines("mysql") == ("executemany",)
 
 
+def test_one_raw_class_per_database() -> None:
+    """Each database the store speaks has its raw class, found by the store's class of it."""
+    from cronoq_store import dialects
+    from cronoq_store.bench.raw import RawDatabase
+
+    for impl in (dialects.SQLiteImpl, dialects.PostgresqlImpl, dialects.MySQLImpl):
+        assert RawDatabase.of(impl).impl is impl
+    assert RawDatabase.of(dialects.DefaultImpl) is RawDatabase
+
+
+def test_proxy_protocol_by_database_class() -> None:
+    """The latency proxy counts each server's protocol, chosen by its database class."""
+    from cronoq_store.bench.proxy import protocol_of
+
+    assert protocol_of("postgresql") == "postgresql"
+    assert protocol_of("mysql") == protocol_of("mariadb") == "mysql"
+    assert protocol_of("sqlite") == "none"
+
+
 def test_bench_reports_every_figure(db_url: URL, dialect: str, tmp_path: Path) -> None:
     result = run_bench([Target(url=db_url)], tasks=TASKS, batch_sizes=SIZES, runs=2)
     (db,) = result.databases

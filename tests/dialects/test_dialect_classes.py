@@ -187,3 +187,87 @@ def test_postgresql_bounds_deferred_in_one_statement(engines: list[Engine]) -> N
         "n2": "lock_timeout",
         "v2": "500",
     }
+
+
+@pytest.mark.parametrize(
+    ("backend", "async_driver", "sync_drivers"),
+    [
+        ("sqlite", "aiosqlite", {"pysqlite"}),
+        ("postgresql", "psycopg", {"psycopg", "psycopg2"}),
+        ("mysql", "asyncmy", {"pymysql"}),
+        ("mariadb", "asyncmy", {"pymysql"}),
+        ("oracle", None, set()),
+    ],
+)
+def test_each_class_names_its_drivers(
+    backend: str, async_driver: str | None, sync_drivers: set[str]
+) -> None:
+    """The async driver a sync URL is mapped to (`aio.async_url`) is its database class's."""
+    impl = class_of(backend)
+    assert impl.async_driver == async_driver
+    assert impl.sync_drivers == sync_drivers
+
+
+@pytest.mark.parametrize(
+    ("url", "wire", "port", "plaintext"),
+    [
+        ("sqlite:///x.db", None, None, {}),
+        ("postgresql+psycopg://u@h/d", "postgresql", 5432, {"sslmode": "disable"}),
+        ("mysql+pymysql://u@h/d", "mysql", 3306, {}),
+        ("mariadb+pymysql://u@h/d", "mysql", 3306, {}),
+    ],
+)
+def test_each_class_says_its_wire(
+    url: str, wire: str | None, port: int | None, plaintext: dict[str, str]
+) -> None:
+    """The latency proxy reads a server's protocol, port and plaintext options off its class."""
+    impl = class_of(make_url(url))
+    assert impl.wire == wire
+    assert impl.default_port == port
+    assert plaintext.items() <= dict(impl.plaintext_query).items()
+
+
+def test_each_class_says_its_upkeep_and_plans() -> None:
+    """The planner's JSON plan, statistics and checkpoint statements, by database."""
+    assert SQLiteImpl.explain_json is None and SQLiteImpl.analyze_sql is None
+    assert SQLiteImpl.checkpoint_sql == "PRAGMA wal_checkpoint(TRUNCATE)"
+    assert PostgresqlImpl.explain_json == "EXPLAIN (FORMAT JSON)"
+    assert PostgresqlImpl.analyze_sql == "VACUUM ANALYZE"
+    assert PostgresqlImpl.checkpoint_sql == "CHECKPOINT"
+    assert MySQLImpl.explain_json == "EXPLAIN FORMAT=JSON"
+    assert MySQLImpl.analyze_sql == "ANALYZE TABLE"
+    assert MySQLImpl.checkpoint_sql is None
+
+
+@pytest.mark.parametrize(
+    ("url", "label"),
+    [
+        ("sqlite://", "sqlite"),
+        ("postgresql+psycopg://u@h/d", "postgresql"),
+        ("mysql+pymysql://u@h/d", "mysql"),
+        ("mariadb+pymysql://u@h/d", "mariadb"),
+    ],
+)
+def test_server_name_calls_mariadb_by_its_name(url: str, label: str) -> None:
+    """Labels say MariaDB where MySQL's dialect speaks to it."""
+    engine = create_engine(url)
+    try:
+        assert dialect_of(engine).server_name() == label
+    finally:
+        engine.dispose()
+
+
+def test_explain_compiles_with_its_class_prefix() -> None:
+    """`operators.Explain` is one compile rule: the class's `explain_json`, or none."""
+    from sqlalchemy import select
+    from sqlalchemy.dialects import mysql, postgresql, sqlite
+    from sqlalchemy.exc import CompileError
+
+    from cronoq_store.repository.operators import Explain
+    from cronoq_store.schema import tasks
+
+    explain = Explain(select(tasks.c.id))
+    assert str(explain.compile(dialect=postgresql.dialect())).startswith("EXPLAIN (FORMAT JSON) ")
+    assert str(explain.compile(dialect=mysql.dialect())).startswith("EXPLAIN FORMAT=JSON SELECT")
+    with pytest.raises(CompileError):
+        explain.compile(dialect=sqlite.dialect())

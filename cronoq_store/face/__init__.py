@@ -9,6 +9,7 @@ and a keeper of threads or of an asyncio task.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -93,6 +94,7 @@ class _Engine(Protocol):
     @property
     def dialect(self) -> Dialect: ...
     def execution_options(self, **opt: Any) -> Self: ...
+    def dispose(self) -> Any: ...
 
 
 class _Flag(Protocol):
@@ -124,14 +126,14 @@ class Step(NamedTuple):
 
 Effect = Callable[[], Any]
 """What an operation asks its face to do besides a transaction: call it (and await what it
-returns, on the asyncio face). Only the face's own blocking or awaiting methods: `_lose`,
-`_stop`, `_try_take`, `_sleep`."""
+returns, on the asyncio face). Only the face's own blocking or awaiting methods: `_end_term`,
+`_stop_keeper`, `_try_take`, `_sleep`, and `open`'s own steps."""
 
 Steps = Generator[Step | Commit | Effect, Any, T]
 """An operation, written once for both faces: it yields each `Step` (a transaction), `Commit`
 (the way of a commit: `transactions.commit`) or `Effect`, is sent back its result (or thrown
-its error), and returns the operation's result. A face drives it (`_drive`), blocking or
-awaiting."""
+its error), and returns the operation's result. A face drives it (`_drive`: `Face._driving`,
+the one driver of both faces), blocking or awaiting."""
 
 
 HOLD_MIN_POOL: Final = 3
@@ -201,9 +203,33 @@ class Face(Generic[E, K, C, H]):
     def _owning(cls, engine: E, config: StoreConfig) -> Self:
         """A store on an engine it created, and disposes of on `close`."""
         store = cls(engine, config)
-        store._owns_engine = True
-        store._holds = config.pool_size >= HOLD_MIN_POOL
+        store._own_engine()
         return store
+
+    def _own_engine(self) -> None:
+        """This store made its engine: it disposes of it on `close`, and with a pool of at least
+        `HOLD_MIN_POOL` its commits keep a connection (`_keep_held`)."""
+        self._owns_engine = True
+        self._holds = self.config.pool_size >= HOLD_MIN_POOL
+
+    def _opening(self, check_schema: bool) -> Steps[None]:
+        """`open`, once the store has its engine: read what the server does with a commit and
+        judge it (`judge_durability`), then migrate, or check the schema unless told not to.
+        Any failure disposes of the engine."""
+        try:
+            found: durability.Durability | StoreError
+            try:
+                found = yield self.read_durability
+            except StoreError as exc:
+                found = exc
+            judge_durability(found, self.config)
+            if self.config.migrate:
+                yield self.migrate
+            elif check_schema:
+                yield self.check_schema
+        except BaseException:
+            yield self._raw_engine.dispose
+            raise
 
     # The connection a leader's commits keep.
 
@@ -262,7 +288,7 @@ class Face(Generic[E, K, C, H]):
         awaits a coroutine it returns. It must not block for long."""
         self._callbacks.append(callback)
 
-    def _step_down(
+    def _mark_ended(
         self, why: str | StoreError, level: int, about: K | int | None, released: bool
     ) -> list[C]:
         """Step down (once): commits raise `Fenced` from here on; the callbacks to run.
@@ -312,7 +338,7 @@ class Face(Generic[E, K, C, H]):
         )
         return epoch
 
-    def _detach(self) -> K | None:
+    def _take_keeper(self) -> K | None:
         """The keeper, to be stopped and joined: none keeps the lease from here on."""
         with self._lock:
             return self._leadership.detach()
@@ -365,7 +391,7 @@ class Face(Generic[E, K, C, H]):
                     raise
                 if isinstance(exc, DatabaseBehind):
                     yield from self._recording_lost(exc)
-                yield partial(self._lose, exc, about=epoch)
+                yield partial(self._end_term, exc, about=epoch)
                 raise exc
             with self._lock:
                 keeper = self._leadership.fence_renewed(epoch, c.seq)
@@ -377,8 +403,8 @@ class Face(Generic[E, K, C, H]):
         take the lease at each poll (`_try_take`) as `leadership.Acquiring` decides, and lead
         under the new epoch, kept by a new keeper (`_keeper_type`)."""
         began = time.monotonic()
-        yield partial(self._lose, "taking the lease anew", logging.INFO, released=True)
-        yield partial(self._stop, None if timeout is None else timeout / 10)
+        yield partial(self._end_term, "taking the lease anew", logging.INFO, released=True)
+        yield partial(self._stop_keeper, None if timeout is None else timeout / 10)
         acquiring = leadership.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         with self._telemetry.acquiring():
@@ -396,7 +422,7 @@ class Face(Generic[E, K, C, H]):
             epoch, started, commit_seq = taken
             keeper: K = self._keeper_type(
                 renew=lambda: self._renew(epoch),
-                lost=lambda why: self._lose(why, about=keeper),
+                lost=lambda why: self._end_term(why, about=keeper),
                 **leadership.keeper_timing(self.config, epoch, started),
             )
             return self._lead(epoch, keeper, commit_seq)
@@ -408,10 +434,10 @@ class Face(Generic[E, K, C, H]):
             renewed: bool = yield Step("renew", self._renew_work(epoch))
         except DatabaseBehind as exc:
             yield from self._recording_lost(exc)
-            yield partial(self._lose, exc, about=epoch)
+            yield partial(self._end_term, exc, about=epoch)
             return False
         except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
-            yield partial(self._lose, exc, about=epoch)
+            yield partial(self._end_term, exc, about=epoch)
             return False
         return renewed
 
@@ -420,7 +446,7 @@ class Face(Generic[E, K, C, H]):
     _keeper_type: ClassVar[Callable[..., Any]]
     """`lease.Keeper` or `aio.AsyncKeeper`."""
 
-    def _lose(
+    def _end_term(
         self,
         why: str | StoreError,
         level: int = logging.ERROR,
@@ -428,19 +454,19 @@ class Face(Generic[E, K, C, H]):
         about: K | int | None = None,
         released: bool = False,
     ) -> Any:
-        """Step down (once), then call the callbacks (`_losing`, driven: on the asyncio face
+        """Step down (once), then call the callbacks (`_ending_term`, driven: on the asyncio face
         what returns is awaited)."""
-        return self._drive(self._losing(why, level, about, released))
+        return self._drive(self._ending_term(why, level, about, released))
 
-    def _losing(
+    def _ending_term(
         self, why: str | StoreError, level: int, about: K | int | None, released: bool
     ) -> Steps[None]:
-        """Step down (once: `_step_down` decides), close the kept connection (after a loss
+        """Step down (once: `_mark_ended` decides), close the kept connection (after a loss
         without a word to the server, which may be cut off), then call each callback (the
         asyncio face awaits a coroutine it returns); a callback that fails only logs.
         `released` when by choice, else lost for `why` (a keeper's reason or the error that
         showed it)."""
-        callbacks = self._step_down(why, level, about, released)
+        callbacks = self._mark_ended(why, level, about, released)
         yield partial(self._close_held, lost=not released)
         for callback in callbacks:
             try:
@@ -458,16 +484,73 @@ class Face(Generic[E, K, C, H]):
         instance took it."""
         return self._drive(self._renewing(epoch))
 
+    _awaits: ClassVar[bool]
+    """Whether what a step starts is awaited (`_driving`): the asyncio face's."""
+
+    def _do(self, step: Step | Commit | Effect) -> Any:
+        """Start what one step asks for: a transaction (`_transact`), a commit
+        (`_transact_commit`) or an effect; on the asyncio face what returns is awaitable."""
+        if type(step) is Step:
+            return self._transact(step.op, step.fn, deadline=step.deadline)
+        if type(step) is Commit:
+            return self._transact_commit(step)
+        return step()  # type: ignore[operator]
+
+    async def _driving(self, steps: Steps[T]) -> T:
+        """The one driver of both faces: what `steps` asks for, in turn (`_do`), its result
+        sent back and its error thrown in. The asyncio face awaits it; the blocking face's
+        `_do` returns no awaitable, so it never suspends and `SqlStore._drive` runs it to its
+        end in one `send`."""
+        awaits = self._awaits
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    result = self._do(step)
+                    if awaits and inspect.isawaitable(result):
+                        result = await result
+                except BaseException as exc:  # to the operation's own with and finally
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
     def _drive(self, steps: Steps[T]) -> Any:
-        """Run what `steps` asks for, in turn: blocking, or awaiting (what returns is then
-        awaited)."""
+        """Run what `steps` asks for (`_driving`): blocking, or awaiting."""
+        raise NotImplementedError
+
+    def _transact(
+        self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
+    ) -> Any:
+        """`fn` in one transaction of the kind `op` runs (`transactions.plan`,
+        `transactions.transaction`) on a connection of its own, errors translated; `deadline`
+        bounds a lease transaction further."""
+        raise NotImplementedError
+
+    def _transact_commit(self, c: Commit) -> Any:
+        """`c` (`transactions.commit`) on the connection the last commit kept, if any
+        (`_keep_held`), or a new one, kept again after; errors translated."""
+        raise NotImplementedError
+
+    def read_durability(self) -> Any:
+        """What the server does with a commit (`read_durability`), kept as `durability`."""
+        raise NotImplementedError
+
+    def migrate(self) -> Any:
+        """Migrate the database to this build's schema."""
+        raise NotImplementedError
+
+    def check_schema(self) -> Any:
+        """Refuse a database not at this build's head revision."""
         raise NotImplementedError
 
     def _close_held(self, *, lost: bool = False) -> Any:
         """Close the kept connection (`lost`: without a word to the server)."""
         raise NotImplementedError
 
-    def _stop(self, within: float | None = None) -> Any:
+    def _stop_keeper(self, within: float | None = None) -> Any:
         """Stop the keeper (waiting for it up to `within` seconds)."""
         raise NotImplementedError
 
@@ -606,8 +689,8 @@ class Face(Generic[E, K, C, H]):
     def _releasing(self) -> Steps[None]:
         """`release_leadership`: step down, stop the keeper, and clear the lease if this
         instance held one; a failure only logs (it expires)."""
-        yield partial(self._lose, "released", logging.INFO, released=True)
-        yield partial(self._stop)
+        yield partial(self._end_term, "released", logging.INFO, released=True)
+        yield partial(self._stop_keeper)
         if self._leadership.epoch is not None:
             try:
                 idle = ns(self.config.lease_ttl)  # its bound in its flight (`LEASE_FLIGHTS`)
@@ -651,3 +734,11 @@ class Face(Generic[E, K, C, H]):
         """The highest commit sequence number known to have landed (renewals check it)."""
         with self._lock:
             return self._leadership.acked
+
+
+def renew_once(store: Face[Any, Any, Any, Any], epoch: int) -> Any:
+    """One renewal of `store`'s lease under `epoch`, as its keeper makes it (blocking on
+    `SqlStore`, awaitable on `AsyncSqlStore`); False once another instance took it. For
+    measuring a renewal's round trips (`bench/rtt.py`) and for tests: a leader's keeper
+    renews on its own."""
+    return store._renew(epoch)

@@ -1054,8 +1054,8 @@ def test_leader_row_transactions_bound_idle_time_and_no_other_does(
     store.release_leadership()
     watching = False
     leader_rows = list(seen)
-    outside = store._run("get_task", _idle_setting)
-    recovered_under = store._run("recover_writing", _idle_setting)
+    outside = store._transact("get_task", _idle_setting)
+    recovered_under = store._transact("recover_writing", _idle_setting)
     if dialect == "sqlite":
         assert {v for _, v in leader_rows} == {None}
         return

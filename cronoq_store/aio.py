@@ -28,14 +28,13 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, execution, face, inbox, lease, migrate
+from . import dialects, execution, face, inbox, migrate
 from .config import StoreConfig
 from .durability import Durability
 from .face import Face as _Face  # private here: the reference shows no internal base
@@ -43,7 +42,6 @@ from .face import Op, Outputs, Steps, engines, transactions
 from .face.transactions import Commit
 from .leadership import KeeperShell, Wait
 from .model import InboxItem
-from .repository import queries
 
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
@@ -253,8 +251,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        self.durability = await self._transact("durability", face.read_durability)
-        return self.durability
+        return await self._drive(self._reading_durability())
 
     async def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes).
@@ -405,14 +402,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    async def _stop_keeper(self, within: float | None = None) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
-        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
-        if (keeper := self._take_keeper()) is not None:
-            keeper.stop()
-            wait = self.config.lease_renew.total_seconds()
-            await keeper.join(wait if within is None else min(wait, within))
-
     async def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.
 
@@ -499,12 +488,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return await self._transact(
-            "list_finished",
-            lambda c: queries.list_finished(
-                c, pools=pools, statuses=statuses, after=after, limit=limit
-            ),
-        )
+        return await self._drive(self._listing_finished(pools, statuses, after, limit))
 
     async def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded.
@@ -518,7 +502,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return await self._transact("load_output", partial(queries.load_output, task_id=id))
+        return await self._drive(self._loading_output(id))
 
     # The inbox (see `SqlStore.read_inbox`).
 
@@ -568,8 +552,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
-        return await self._transact("release", work) == 1
+        return await self._drive(self._releasing_lease_of(holder))
 
     async def close_held_connection(self) -> None:
         """As `SqlStore.close_held_connection`: close the connection a leader keeps from one

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from functools import partial
 from types import TracebackType
 from typing import Self, TypeVar
 
@@ -43,7 +42,6 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
-from .repository import queries
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +118,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        self.durability = self._transact("durability", face.read_durability)
-        return self.durability
+        return self._drive(self._reading_durability())
 
     def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes).
@@ -272,14 +269,6 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def _stop_keeper(self, within: float | None = None) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
-        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
-        if (keeper := self._take_keeper()) is not None:
-            keeper.stop()
-            wait = self.config.lease_renew.total_seconds()
-            keeper.join(wait if within is None else min(wait, within))
-
     def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.
 
@@ -389,12 +378,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return self._transact(
-            "list_finished",
-            lambda c: queries.list_finished(
-                c, pools=pools, statuses=statuses, after=after, limit=limit
-            ),
-        )
+        return self._drive(self._listing_finished(pools, statuses, after, limit))
 
     def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded.
@@ -408,7 +392,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return self._transact("load_output", partial(queries.load_output, task_id=id))
+        return self._drive(self._loading_output(id))
 
     # The inbox: what apps enqueue in their own transactions (`cronoq_store.enqueue`).
 
@@ -466,8 +450,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
-        return self._transact("release", work) == 1
+        return self._drive(self._releasing_lease_of(holder))
 
     def close_held_connection(self) -> None:
         """Close the held connection (the one a leader keeps from one commit to the next), so

@@ -107,6 +107,7 @@ class _Keeper(Protocol):
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def renewed(self, started: float) -> None: ...
+    def join(self, timeout: float | None = None) -> Any: ...
 
 
 E = TypeVar("E", bound=_Engine)
@@ -551,12 +552,52 @@ class Face(Generic[E, K, C, H]):
         raise NotImplementedError
 
     def _stop_keeper(self, within: float | None = None) -> Any:
-        """Stop the keeper (waiting for it up to `within` seconds)."""
-        raise NotImplementedError
+        """Stop the keeper (`_stopping_keeper`, driven)."""
+        return self._drive(self._stopping_keeper(within))
+
+    def _stopping_keeper(self, within: float | None) -> Steps[None]:
+        """Stop the keeper and wait for it; a renewal hung in the database is not waited for
+        past `lease_renew` (nor past `within` seconds: what an acquire's timeout leaves)."""
+        if (keeper := self._take_keeper()) is not None:
+            keeper.stop()
+            wait = self.config.lease_renew.total_seconds()
+            yield partial(keeper.join, wait if within is None else min(wait, within))
 
     def _sleep(self, seconds: float) -> Any:
         """Wait `seconds`: blocking or awaiting."""
         raise NotImplementedError
+
+    def _reading_durability(self) -> Steps[durability.Durability]:
+        """`read_durability`: one round trip, kept as `durability`."""
+        self.durability = yield Step("durability", read_durability)
+        return self.durability
+
+    def _listing_finished(
+        self,
+        pools: Sequence[str],
+        statuses: Sequence[model.TaskStatus],
+        after: TaskId | None,
+        limit: int,
+    ) -> Steps[list[model.TaskRecord]]:
+        """`list_finished`: one read."""
+        found: list[model.TaskRecord] = yield Step(
+            "list_finished",
+            partial(
+                queries.list_finished, pools=pools, statuses=statuses, after=after, limit=limit
+            ),
+        )
+        return found
+
+    def _loading_output(self, id: TaskId) -> Steps[bytes | None]:
+        """`load_output`: one read."""
+        output: bytes | None = yield Step("load_output", partial(queries.load_output, task_id=id))
+        return output
+
+    def _releasing_lease_of(self, holder: str) -> Steps[bool]:
+        """`release_lease_of`: clear the lease `holder` holds, if it still does."""
+        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
+        released: int = yield Step("release", work)
+        return released == 1
 
     def _getting(self, ref: model.TaskRef) -> Steps[model.TaskRecord | None]:
         """`get_task`: by id, or the newest task with a key."""

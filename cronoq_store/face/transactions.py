@@ -219,8 +219,9 @@ def transaction(
     armed: execution.Deadline | None = None,
 ) -> T:
     """Run `fn` in one transaction on `conn` as `tx` says: the runner of every transaction
-    `SqlStore._transact` and `AsyncSqlStore._transact` start (the latter inside `run_sync`),
-    but a commit's (`commit`), so both faces keep the same rules. `tx.read_only` marks it for SQLite's deferred BEGIN
+    `SqlStore._transact` and `AsyncSqlStore._transact` start (the latter inside `run_sync`), but a
+    commit's (`commit`), so both
+    faces keep the same rules. `tx.read_only` marks it for SQLite's deferred BEGIN
     (`dialects.READ_ONLY`); `tx.idle` and `tx.timeout` are `dialects.bound`'s.
 
     `tx.deadline`: the whole transaction, COMMIT included, ends within it whatever the server

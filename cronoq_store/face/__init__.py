@@ -535,17 +535,10 @@ class Face(Generic[E, K, C, H]):
         (`_keep_held`), or a new one, kept again after; errors translated."""
         raise NotImplementedError
 
-    def read_durability(self) -> Any:
-        """What the server does with a commit (`read_durability`), kept as `durability`."""
-        raise NotImplementedError
-
-    def migrate(self) -> Any:
-        """Migrate the database to this build's schema."""
-        raise NotImplementedError
-
-    def check_schema(self) -> Any:
-        """Refuse a database not at this build's head revision."""
-        raise NotImplementedError
+    # `open`'s own steps (`_opening`): each face's public methods.
+    read_durability: Callable[[], Any]
+    migrate: Callable[[], Any]
+    check_schema: Callable[[], Any]
 
     def _close_held(self, *, lost: bool = False) -> Any:
         """Close the kept connection (`lost`: without a word to the server)."""

@@ -292,7 +292,7 @@ class Face(Generic[E, K, C, H]):
     def _mark_ended(
         self, why: str | StoreError, level: int, about: K | int | None, released: bool
     ) -> list[C]:
-        """Step down (once): commits raise `Fenced` from here on; the callbacks to run.
+        """End the term (once): commits raise `Fenced` from here on; the callbacks to run.
         `released` when by choice, else lost for `why` (a keeper's reason or the error that
         showed it).
 
@@ -377,7 +377,7 @@ class Face(Generic[E, K, C, H]):
     ) -> Steps[None]:
         """`commit`: the batch folded (`_commit_plan`), then its one transaction
         (`transactions.commit`). Landed, its fence check extended the lease: a renewal. A
-        fenced one steps down; one that found the database behind records the gap first.
+        fenced one ends the term; one that found the database behind records the gap first.
 
         The collector is paused from the fold to the COMMIT (`execution.collection_paused`):
         a batch's rows are all kept until written, so its passes would find no garbage."""
@@ -400,7 +400,7 @@ class Face(Generic[E, K, C, H]):
                 keeper.renewed(c.started)
 
     def _acquiring(self, timeout: float | None) -> Steps[int]:
-        """`acquire_leadership`: step down first (the timeout counts from before it), then
+        """`acquire_leadership`: end the term first (the timeout counts from before it), then
         take the lease at each poll (`_try_take`) as `leadership.Acquiring` decides, and lead
         under the new epoch, kept by a new keeper (`_keeper_type`)."""
         began = time.monotonic()
@@ -430,14 +430,14 @@ class Face(Generic[E, K, C, H]):
 
     def _renewing(self, epoch: int) -> Steps[bool]:
         """One renewal of our lease (the keeper's); False once another instance took it, or
-        when nothing is left to retry (the row gone, the database behind: stepped down)."""
+        when nothing is left to retry (the row gone, the database behind: the term ended)."""
         try:
             renewed: bool = yield Step("renew", self._renew_work(epoch))
         except DatabaseBehind as exc:
             yield from self._recording_lost(exc)
             yield partial(self._end_term, exc, about=epoch)
             return False
-        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
+        except LeaderRowMissing as exc:  # nothing to retry: end the term now, saying why
             yield partial(self._end_term, exc, about=epoch)
             return False
         return renewed
@@ -455,14 +455,14 @@ class Face(Generic[E, K, C, H]):
         about: K | int | None = None,
         released: bool = False,
     ) -> Any:
-        """Step down (once), then call the callbacks (`_ending_term`, driven: on the asyncio face
+        """End the term (once), then call the callbacks (`_ending_term`, driven: on the asyncio face
         what returns is awaited)."""
         return self._drive(self._ending_term(why, level, about, released))
 
     def _ending_term(
         self, why: str | StoreError, level: int, about: K | int | None, released: bool
     ) -> Steps[None]:
-        """Step down (once: `_mark_ended` decides), close the kept connection (after a loss
+        """End the term (once: `_mark_ended` decides), close the kept connection (after a loss
         without a word to the server, which may be cut off), then call each callback (the
         asyncio face awaits a coroutine it returns); a callback that fails only logs.
         `released` when by choice, else lost for `why` (a keeper's reason or the error that
@@ -721,7 +721,7 @@ class Face(Generic[E, K, C, H]):
             self._log.warning("could not record the lost commits in the lease row: %s", error)
 
     def _releasing(self) -> Steps[None]:
-        """`release_leadership`: step down, stop the keeper, and clear the lease if this
+        """`release_leadership`: end the term, stop the keeper, and clear the lease if this
         instance held one; a failure only logs (it expires)."""
         yield partial(self._end_term, "released", logging.INFO, released=True)
         yield partial(self._stop_keeper)

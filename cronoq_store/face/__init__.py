@@ -488,26 +488,23 @@ class Face(Generic[E, K, C, H]):
     _awaits: ClassVar[bool]
     """Whether what a step starts is awaited (`_driving`): the asyncio face's."""
 
-    def _do(self, step: Step | Commit | Effect) -> Any:
-        """Start what one step asks for: a transaction (`_transact`), a commit
-        (`_transact_commit`) or an effect; on the asyncio face what returns is awaitable."""
-        if type(step) is Step:
-            return self._transact(step.op, step.fn, deadline=step.deadline)
-        if type(step) is Commit:
-            return self._transact_commit(step)
-        return step()  # type: ignore[operator]
-
     async def _driving(self, steps: Steps[T]) -> T:
-        """The one driver of both faces: what `steps` asks for, in turn (`_do`), its result
-        sent back and its error thrown in. The asyncio face awaits it; the blocking face's
-        `_do` returns no awaitable, so it never suspends and `SqlStore._drive` runs it to its
+        """The one driver of both faces: what `steps` asks for, in turn (a transaction:
+        `_transact`; a commit: `_transact_commit`; or an effect), its result sent back and its
+        error thrown in. The asyncio face awaits it, and what a step starts is awaited; the
+        blocking face awaits nothing, so it never suspends and `SqlStore._drive` runs it to its
         end in one `send`."""
         awaits = self._awaits
         try:
             step = next(steps)
             while True:
                 try:
-                    result = self._do(step)
+                    if type(step) is Step:
+                        result = self._transact(step.op, step.fn, deadline=step.deadline)
+                    elif type(step) is Commit:
+                        result = self._transact_commit(step)
+                    else:
+                        result = step()  # type: ignore[operator]
                     if awaits and inspect.isawaitable(result):
                         result = await result
                 except BaseException as exc:  # to the operation's own with and finally

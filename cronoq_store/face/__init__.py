@@ -1,9 +1,11 @@
 """What both faces of the store share (`SqlStore` in store.py, `AsyncSqlStore` in aio.py), none
-of it blocking or awaiting: who leads, the connection a leader's commits keep, and every
-operation written once as a `Steps` generator that a face drives, blocking or awaiting.
+of it blocking or awaiting: who leads, the connection a leader's commits keep, the leader's
+operations written once as `Steps` generators, and the one driver (`Face._driving`) that a
+face runs blocking or awaits.
 
-How a transaction runs (its kind, the runner, the way of a commit) is `transactions`; the
-engine factory is `engines`. A face adds only what differs by nature: blocking or awaiting,
+The other operations, and what an operation is, are `operations`; how a transaction runs
+(its kind, the runner, the way of a commit) is `transactions`; the engine factory is
+`engines`. A face adds only what differs by nature: blocking or awaiting,
 and a keeper of threads or of an asyncio task.
 """
 
@@ -13,27 +15,31 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, ClassVar, Final, Generic, NamedTuple, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 
-from .. import codec, dialects, durability, execution, inbox, leadership, lease, model, telemetry
+from .. import codec, dialects, durability, execution, inbox, leadership, lease, telemetry
 from ..config import StoreConfig
 from ..errors import (
     DatabaseBehind,
     Fenced,
-    InvalidValue,
     LeaderRowMissing,
-    NotDurable,
     StoreError,
     StoreUnavailable,
 )
-from ..model import INT64_MAX, InboxItem, Mutation, Recovered, TaskId, TimeBase
-from ..repository import folding, prune, queries, recovery
+from ..model import INT64_MAX, Mutation, TaskId, TimeBase
+from ..repository import folding
+from .operations import Effect as Effect
+from .operations import Operations
+from .operations import Step as Step
+from .operations import Steps as Steps
+from .operations import judge_durability as judge_durability
+from .operations import read_durability as read_durability
 from .transactions import RETRIED as RETRIED
 from .transactions import RETRY_COMMIT as RETRY_COMMIT
 from .transactions import Commit as Commit
@@ -56,38 +62,6 @@ Outputs = Sequence[tuple[TaskId, bytes]]
 def note(note: leadership.Note | None) -> None:
     if note is not None:
         log.log(*note)
-
-
-def read_durability(conn: Connection) -> durability.Durability:
-    """What the server `conn` reaches does with a commit (`durability.classify`)."""
-    return durability.classify(dialects.name(conn.dialect), dialects.durability_settings(conn))
-
-
-def judge_durability(found: durability.Durability | StoreError, config: StoreConfig) -> None:
-    """At `open`: refuse an unsafe server when `config.require_durable`, else say so once (a
-    WARNING naming the settings). `found` is the error when the settings could not be read
-    (a server that refuses to show them): raised with `require_durable` (nothing vouches for
-    the server), else a WARNING; an unreachable server (`StoreUnavailable`) is raised."""
-    if isinstance(found, StoreError):
-        if config.require_durable or isinstance(found, StoreUnavailable):
-            raise found
-        log.warning("could not read what the server does with a commit: %s", found)
-        return
-    if found.safe:
-        return
-    what = found.summary()
-    if config.require_durable:
-        raise NotDurable(
-            f"this database can lose acknowledged commits on a crash: {what}; refused because "
-            "StoreConfig.require_durable is set (docs/guarantees.md, 'Durability')",
-            durability=found,
-        )
-    log.warning(
-        "this database can lose acknowledged commits on a crash: %s (docs/guarantees.md, "
-        "'Durability'; StoreConfig(require_durable=True) refuses such a server)",
-        what,
-        extra={"durable": False, "unsafe": [u.setting for u in found.unsafe]},
-    )
 
 
 class _Engine(Protocol):
@@ -116,33 +90,12 @@ C = TypeVar("C", bound=Callable[[], object])
 H = TypeVar("H")
 
 
-class Step(NamedTuple):
-    """One transaction an operation asks its face to run (`plan`, `transaction`)."""
-
-    op: Op
-    fn: Callable[[Connection], Any]
-    deadline: timedelta | None = None
-    """A lease transaction's bound below `lease_bound` (what is left of an acquire's timeout)."""
-
-
-Effect = Callable[[], Any]
-"""What an operation asks its face to do besides a transaction: call it (and await what it
-returns, on the asyncio face). Only the face's own blocking or awaiting methods: `_end_term`,
-`_stop_keeper`, `_try_take`, `_sleep`, and `open`'s own steps."""
-
-Steps = Generator[Step | Commit | Effect, Any, T]
-"""An operation, written once for both faces: it yields each `Step` (a transaction), `Commit`
-(the way of a commit: `transactions.commit`) or `Effect`, is sent back its result (or thrown
-its error), and returns the operation's result. A face drives it (`_drive`: `Face._driving`,
-the one driver of both faces), blocking or awaiting."""
-
-
 HOLD_MIN_POOL: Final = 3
 """The smallest pool (`StoreConfig.pool_size`) from which a leader keeps a connection for its
 commits (`Face._keep_held`)."""
 
 
-class Face(Generic[E, K, C, H]):
+class Face(Operations, Generic[E, K, C, H]):
     """What `SqlStore` and `aio.AsyncSqlStore` share, none of it blocking or awaiting: the
     configuration, the engine, the holder's name, who leads (`leadership.Leadership`), and
     the connection a leader's commits keep (`_keep_held`)."""
@@ -170,6 +123,7 @@ class Face(Generic[E, K, C, H]):
             else engine
         )
         """The engine every transaction runs on (with `schema` applied, when set)."""
+        self._dialect = self.engine.dialect
         self.holder = lease.new_holder()
         """This instance's name in the lease row (host, process id and a random part)."""
         self._lock = threading.Lock()
@@ -557,135 +511,6 @@ class Face(Generic[E, K, C, H]):
         """Wait `seconds`: blocking or awaiting."""
         raise NotImplementedError
 
-    def _reading_durability(self) -> Steps[durability.Durability]:
-        """`read_durability`: one round trip, kept as `durability`."""
-        self.durability = yield Step("durability", read_durability)
-        return self.durability
-
-    def _listing_finished(
-        self,
-        pools: Sequence[str],
-        statuses: Sequence[model.TaskStatus],
-        after: TaskId | None,
-        limit: int,
-    ) -> Steps[list[model.TaskRecord]]:
-        """`list_finished`: one read."""
-        found: list[model.TaskRecord] = yield Step(
-            "list_finished",
-            partial(
-                queries.list_finished, pools=pools, statuses=statuses, after=after, limit=limit
-            ),
-        )
-        return found
-
-    def _loading_output(self, id: TaskId) -> Steps[bytes | None]:
-        """`load_output`: one read."""
-        output: bytes | None = yield Step("load_output", partial(queries.load_output, task_id=id))
-        return output
-
-    def _releasing_lease_of(self, holder: str) -> Steps[bool]:
-        """`release_lease_of`: clear the lease `holder` holds, if it still does."""
-        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
-        released: int = yield Step("release", work)
-        return released == 1
-
-    def _getting(self, ref: model.TaskRef) -> Steps[model.TaskRecord | None]:
-        """`get_task`: by id, or the newest task with a key."""
-        if isinstance(ref, model.ById):
-            found: model.TaskRecord | None = yield Step(
-                "get_task", partial(queries.get_task, task_id=ref.id)
-            )
-        elif isinstance(ref, model.ByKey):
-            found = yield Step("get_task", partial(queries.get_task, key=ref.key))
-        else:
-            raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
-        return found
-
-    def _recovering(self, base: TimeBase) -> Steps[Recovered]:
-        """`recover`: it streams without SQLite's write lock, so the keeper renews meanwhile;
-        only a quarantine writes, and where that cannot upgrade the read, it runs again in a
-        write transaction."""
-        scan = partial(
-            recovery.recover, base=base, now_unix_ns=self._now(), retention=self.config.retention
-        )
-        with self._telemetry.recovering():
-            scanned: tuple[Recovered, int]
-            try:
-                scanned = yield Step("recover", scan)
-            except StoreUnavailable:
-                scanned = yield Step("recover_writing", scan)
-        result, quarantined = scanned
-        self._telemetry.recovered(
-            live=len(result.tasks),
-            finished=max(0, len(result.terminal) - quarantined),
-            quarantined=quarantined,
-        )
-        return result
-
-    def _pruning(self, older_than: timedelta) -> Steps[int]:
-        """`prune`: one transaction per batch, so locks stay short while the leader commits."""
-        cutoff = self._now() - ns(older_than)
-        limit = prune.PRUNE_BATCH
-        total = 0
-        # Rows an older build finished without a finish time first (`prune.unstamped_stmt`).
-        while (yield Step("prune", partial(prune.stamp_batch, limit=limit))) == limit:
-            pass
-        with self._telemetry.pruning():
-            try:
-                while True:
-                    n: int = yield Step(
-                        "prune",
-                        partial(prune.prune_batch, cutoff=cutoff, limit=limit),
-                    )
-                    total += n
-                    if n < limit:
-                        break
-            finally:
-                self._telemetry.pruned(total)
-        if total and dialects.vacuums(self.engine.dialect):
-            try:
-                yield Step("vacuum", partial(prune.vacuum, deleted=total))
-            except StoreError as exc:  # the rows are gone; autovacuum reclaims them later
-                self._log.warning("could not vacuum the task tables after a prune: %s", exc)
-        return total
-
-    def _reading_inbox(
-        self, limit: int, after: int | None, base: TimeBase
-    ) -> Steps[list[InboxItem]]:
-        """`read_inbox`: reads, and sets aside the undecodable rows it met, until `limit`."""
-        limit = inbox.check_limit(limit)
-        after = inbox.check_after(after)
-        items: list[InboxItem] = []
-        # The commit that drains these items copies their columns instead of encoding them
-        # again; only the last read's are kept.
-        self._inbox_specs = stored = codec.StoredSpecs(base)
-        budget = self.config.inbox_batch_bytes
-        while True:
-            n = limit - len(items)
-            got: inbox.Read = yield Step(
-                "read_inbox",
-                partial(
-                    inbox.read,
-                    base=base,
-                    limit=n,
-                    after=after,
-                    stored=stored,
-                    budget=budget,
-                    max_payload=self.config.max_payload_bytes,
-                ),
-            )
-            items += got.items
-            budget -= sum(len(item.spec.payload) for item in got.items)
-            if not got.bad or budget <= 0:
-                return items
-            now = self._now()
-            self._set_aside(
-                (yield Step("set_aside", partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)))
-            )
-            after = got.last_id
-            if len(items) >= limit:
-                return items
-
     def _taking(
         self, ttl_ns: int, bound: timedelta | None
     ) -> Steps[lease.Lease | StoreUnavailable | None]:
@@ -755,11 +580,6 @@ class Face(Generic[E, K, C, H]):
             acked=self._acked(),
             idle_ns=ttl,
         )
-
-    def _set_aside(self, moved: int) -> None:
-        """`moved` undecodable inbox rows were set aside by this instance."""
-        self.inbox_rejected += moved
-        self._telemetry.set_aside(moved)
 
     def _acked(self) -> int:
         """The highest commit sequence number known to have landed (renewals check it)."""

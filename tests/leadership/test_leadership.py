@@ -1031,7 +1031,7 @@ def test_leader_row_transactions_bound_idle_time_and_no_other_does(
         lock_poll=timedelta(milliseconds=100),
         pool_size=1,  # one connection: the read reuses the session the renewal changed
     )
-    # The sync face's own transactions (`_renew`, `_run`); the async face runs the same
+    # The sync face's own transactions (`_renew`, `_transact`); the async face runs the same
     # `face.plan` and `face.transaction`.
     store = cq.SqlStore.open(db_url, config)
     cleanup.append(store.close)

@@ -22,29 +22,25 @@ __all__ = [
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, execution, face, inbox, lease, migrate
+from . import dialects, execution, face, inbox, migrate
 from .config import StoreConfig
 from .durability import Durability
-from .errors import StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
-from .face import Op, Outputs, Step, Steps, engines, transactions
+from .face import Op, Outputs, Steps, engines, transactions
 from .face.transactions import Commit
 from .leadership import KeeperShell, Wait
 from .model import InboxItem
-from .repository import queries
 
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
@@ -228,20 +224,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """
         config = config or StoreConfig()
         store = cls._owning(create_engine_for(url_or_path, config), config)
-        try:
-            found: Durability | StoreError
-            try:
-                found = await store.read_durability()
-            except StoreError as exc:
-                found = exc
-            face.judge_durability(found, config)
-            if config.migrate:
-                await store.migrate()
-            elif check_schema:
-                await store.check_schema()
-        except BaseException:
-            await store._raw_engine.dispose()
-            raise
+        await store._drive(store._opening(check_schema))
         return store
 
     async def read_durability(self) -> Durability:
@@ -253,8 +236,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        self.durability = await self._run("durability", face.read_durability)
-        return self.durability
+        return await self._drive(self._reading_durability())
 
     async def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes).
@@ -288,7 +270,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """
         if self._leadership.epoch is not None:
             await self.release_leadership()
-        await self._stop()
+        await self._stop_keeper()
         await self._close_held()
         if self._listener is not None:
             await self._listener.close()
@@ -301,19 +283,19 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _run(
+    async def _transact(
         self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
     ) -> T:
-        """As `SqlStore._run`: `fn` in one transaction of the kind `op` runs, on a sync-style
-        connection (the same `transactions.transaction` runs inside `run_sync`)."""
+        """`face.Face._transact`, awaiting: the same `transactions.transaction` runs inside
+        `run_sync`, on a sync-style connection."""
         tx = face.plan(op, self.config, deadline)
         bound = None if tx.deadline is None else tx.deadline.total_seconds()
         with face.translated(), execution.bounded(bound) as armed:
             async with self.engine.connect() as conn:
                 return await conn.run_sync(transactions.transaction, fn, tx, armed)
 
-    async def _run_commit(self, c: Commit) -> None:
-        """As `SqlStore._run_commit` (`transactions.commit` inside `run_sync`)."""
+    async def _transact_commit(self, c: Commit) -> None:
+        """`face.Face._transact_commit`, awaiting (`transactions.commit` inside `run_sync`)."""
         commit, tx = transactions.commit, self._commit_tx
         try:
             with execution.bounded(self._commit_bound) as armed:
@@ -355,25 +337,11 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
                 await conn.invalidate()
             await conn.close()
 
+    _awaits = True
+
     async def _drive(self, steps: Steps[T]) -> T:
-        """As `SqlStore._drive`, awaiting."""
-        try:
-            step = next(steps)
-            while True:
-                try:
-                    if type(step) is Step:
-                        result = await self._run(step.op, step.fn, deadline=step.deadline)
-                    elif type(step) is Commit:
-                        result = await self._run_commit(step)  # type: ignore[func-returns-value]
-                    elif inspect.isawaitable(result := step()):  # type: ignore[operator]
-                        result = await result
-                except BaseException as exc:  # to the operation's own with and finally
-                    step = steps.throw(exc)
-                else:
-                    step = steps.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
+        """Drive `steps` awaiting (`face.Face._driving`)."""
+        return await self._driving(steps)
 
     # Leadership.
 
@@ -418,14 +386,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
 
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
-
-    async def _stop(self, within: float | None = None) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
-        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
-        if (keeper := self._detach()) is not None:
-            keeper.stop()
-            wait = self.config.lease_renew.total_seconds()
-            await keeper.join(wait if within is None else min(wait, within))
 
     async def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.
@@ -491,13 +451,8 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     # Queries.
 
     async def get_task(self, ref: TaskRef) -> TaskRecord | None:
-        """A task by id, or the newest task with a key.
-
-        Args:
-            ref: `ById(id)` or `ByKey(key)`.
-
-        Returns:
-            The task, or None if there is none.
+        """As `SqlStore.get_task`: the task `ref` names (`ById(id)`, or `ByKey(key)` for the
+        newest with that key), or None if there is none.
 
         Raises:
             InvalidValue: `ref` is neither `ById` nor `ByKey`.
@@ -512,26 +467,13 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         after: TaskId | None = None,
         limit: int = 100,
     ) -> list[TaskRecord]:
-        """Finished tasks by id above `after`: in `pools` (any if empty), with `statuses`.
-
-        Args:
-            pools: Only these pools; every pool when empty.
-            statuses: Only these terminal statuses; every one when empty.
-            after: Only ids above it.
-            limit: At most this many.
-
-        Returns:
-            The tasks, by ascending id.
+        """As `SqlStore.list_finished`: at most `limit` finished tasks by ascending id above
+        `after`, in `pools` and with `statuses` (each: any when empty).
 
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return await self._run(
-            "list_finished",
-            lambda c: queries.list_finished(
-                c, pools=pools, statuses=statuses, after=after, limit=limit
-            ),
-        )
+        return await self._drive(self._listing_finished(pools, statuses, after, limit))
 
     async def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded.
@@ -545,22 +487,15 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return await self._run("load_output", partial(queries.load_output, task_id=id))
+        return await self._drive(self._loading_output(id))
 
     # The inbox (see `SqlStore.read_inbox`).
 
     async def read_inbox(
         self, limit: int = 1000, *, after: int | None = None, base: TimeBase = inbox.UNIX
     ) -> list[InboxItem]:
-        """The oldest inbox items, left in place (as `SqlStore.read_inbox`).
-
-        Args:
-            limit: At most this many items.
-            after: Only inbox ids above it.
-            base: The engine's time base for the specs' times.
-
-        Returns:
-            The items, oldest first.
+        """As `SqlStore.read_inbox`: at most `limit` of the oldest inbox items above inbox id
+        `after`, left in place, their specs' times under `base`; oldest first.
 
         Raises:
             InvalidValue: `limit` or `after` out of range.
@@ -587,7 +522,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             if listener is not None:
                 await stack.enter_async_context(self._listening)
             calls = inbox.waiting(
-                lambda: self._run("has_items", inbox.has_items),
+                lambda: self._transact("has_items", inbox.has_items),
                 timeout,
                 poll=self.config.inbox_poll.total_seconds(),
                 listener=listener,
@@ -596,20 +531,13 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             return await inbox.run_calls_async(calls)
 
     async def release_lease_of(self, holder: str) -> bool:
-        """As `SqlStore.release_lease_of`: free the lease that `holder`, a process known to be
-        dead, still holds.
-
-        Args:
-            holder: The holder the lease names (`inspection.lease_state`).
-
-        Returns:
-            True if it was freed; False if another holder has it now.
+        """As `SqlStore.release_lease_of`: free the lease that `holder` (as `inspection.lease_state`
+        names it), a process known to be dead, still holds; False if another holder has it now.
 
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
-        return await self._run("release", work) == 1
+        return await self._drive(self._releasing_lease_of(holder))
 
     async def close_held_connection(self) -> None:
         """As `SqlStore.close_held_connection`: close the connection a leader keeps from one

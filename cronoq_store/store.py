@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from functools import partial
 from types import TracebackType
 from typing import Self, TypeVar
 
@@ -30,9 +29,8 @@ from sqlalchemy import URL, Connection, Engine, create_engine
 from . import execution, face, inbox, lease, migrate
 from .config import MAX_WAIT, StoreConfig
 from .durability import Durability
-from .errors import StoreError
 from .face import Face as _Face  # private here: the reference shows no internal base
-from .face import Op, Outputs, Step, Steps, engines, transactions
+from .face import Op, Outputs, Steps, engines, transactions
 from .face.transactions import Commit
 from .model import (
     InboxItem,
@@ -44,7 +42,6 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
-from .repository import queries
 
 log = logging.getLogger(__name__)
 
@@ -108,20 +105,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         """
         config = config or StoreConfig()
         store = cls._owning(engine_for(url_or_path, config), config)
-        try:
-            found: Durability | StoreError
-            try:
-                found = store.read_durability()
-            except StoreError as exc:
-                found = exc
-            face.judge_durability(found, config)
-            if config.migrate:
-                store.migrate()
-            elif check_schema:
-                store.check_schema()
-        except BaseException:
-            store._raw_engine.dispose()
-            raise
+        store._drive(store._opening(check_schema))
         return store
 
     def read_durability(self) -> Durability:
@@ -134,8 +118,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        self.durability = self._run("durability", face.read_durability)
-        return self.durability
+        return self._drive(self._reading_durability())
 
     def migrate(self) -> None:
         """Migrate the database to this build's schema (idempotent; safe from many processes).
@@ -182,20 +165,18 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
 
     # Transactions: every database error leaves here translated.
 
-    def _run(
+    def _transact(
         self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
     ) -> T:
-        """Run `fn` in one transaction of the kind `op` runs (`transactions.plan`,
-        `transactions.transaction`); `deadline` bounds a lease transaction further."""
+        """`face.Face._transact`, blocking."""
         tx = face.plan(op, self.config, deadline)
         bound = None if tx.deadline is None else tx.deadline.total_seconds()
         # Armed before connecting: a connect, or the ping of an idle connection, counts too.
         with face.translated(), execution.bounded(bound) as armed, self.engine.connect() as conn:
             return transactions.transaction(conn, fn, tx, armed)
 
-    def _run_commit(self, c: Commit) -> None:
-        """`c` (`transactions.commit`) on the connection the last commit kept, if any
-        (`face.Face._keep_held`), or a new one, kept again after; errors translated."""
+    def _transact_commit(self, c: Commit) -> None:
+        """`face.Face._transact_commit`, blocking."""
         try:
             with execution.bounded(self._commit_bound) as armed:
                 if not self._holds:
@@ -236,26 +217,19 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
                 conn.invalidate()
             conn.close()
 
+    _awaits = False
+
     def _drive(self, steps: Steps[T]) -> T:
-        """Run what `steps` asks for, in turn (`face.Steps`): transactions, commits, and
-        the face's own blocking calls."""
+        """Drive `steps` blocking (`face.Face._driving`): nothing is awaited on this face, so
+        the driver ends at its first `send`."""
+        driving = self._driving(steps)
         try:
-            step = next(steps)
-            while True:
-                try:
-                    if type(step) is Step:
-                        result = self._run(step.op, step.fn, deadline=step.deadline)
-                    elif type(step) is Commit:
-                        result = self._run_commit(step)  # type: ignore[func-returns-value]
-                    else:
-                        result = step()  # type: ignore[operator]
-                except BaseException as exc:  # to the operation's own with and finally
-                    step = steps.throw(exc)
-                else:
-                    step = steps.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
+            driving.send(None)
+        except StopIteration as done:
+            value: T = done.value
             return value
+        driving.close()
+        raise AssertionError("the blocking face's driver awaited")
 
     # Leadership.
 
@@ -294,14 +268,6 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
 
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)
-
-    def _stop(self, within: float | None = None) -> None:
-        """Stop the keeper; a renewal hung in the database is not waited for past `lease_renew`
-        (nor past `within` seconds: what an acquire's timeout leaves for it)."""
-        if (keeper := self._detach()) is not None:
-            keeper.stop()
-            wait = self.config.lease_renew.total_seconds()
-            keeper.join(wait if within is None else min(wait, within))
 
     def release_leadership(self) -> None:
         """Give leadership up; a waiting standby can take over at once.
@@ -412,12 +378,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return self._run(
-            "list_finished",
-            lambda c: queries.list_finished(
-                c, pools=pools, statuses=statuses, after=after, limit=limit
-            ),
-        )
+        return self._drive(self._listing_finished(pools, statuses, after, limit))
 
     def load_output(self, id: TaskId) -> bytes | None:
         """The output of a task that succeeded.
@@ -431,7 +392,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        return self._run("load_output", partial(queries.load_output, task_id=id))
+        return self._drive(self._loading_output(id))
 
     # The inbox: what apps enqueue in their own transactions (`cronoq_store.enqueue`).
 
@@ -470,7 +431,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             StoreUnavailable: The database cannot be reached.
         """
         return inbox.wait(
-            lambda: bool(self._run("has_items", inbox.has_items)),
+            lambda: bool(self._transact("has_items", inbox.has_items)),
             timeout,
             poll=self.config.inbox_poll.total_seconds(),
             listener=self._listener,
@@ -489,8 +450,7 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached.
         """
-        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
-        return self._run("release", work) == 1
+        return self._drive(self._releasing_lease_of(holder))
 
     def close_held_connection(self) -> None:
         """Close the held connection (the one a leader keeps from one commit to the next), so

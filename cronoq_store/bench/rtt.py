@@ -29,6 +29,7 @@ from sqlalchemy import URL, create_engine, insert
 
 from .. import dialects
 from .. import inbox as inbox_module
+from ..face import renew_once
 from ..lease import new_holder, release_stmt, renew_stmt, take_stmt
 from ..model import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus, TimeBase
 from ..schema import inbox, leader
@@ -148,7 +149,7 @@ def store_round_trips(url: URL, side: Tally, *, repeats: int = REPEATS) -> None:
         for i in range(1, repeats + 1):
             change = StatusChanged(id=TaskId(i), status=TaskStatus.RUNNING, attempt=1, at=i)
             side.run(OPERATIONS[0], partial(store.commit, epoch, base, [change]))
-        renew: Callable[[], bool] = lambda: store._renew(epoch)  # noqa: E731 (the keeper's)
+        renew: Callable[[], bool] = partial(renew_once, store, epoch)  # the keeper's renewal
         renew()
         for _ in range(repeats):
             side.run(OPERATIONS[7], renew)

@@ -1,38 +1,45 @@
 """What both faces of the store share (`SqlStore` in store.py, `AsyncSqlStore` in aio.py), none
-of it blocking or awaiting: who leads, the connection a leader's commits keep, and every
-operation written once as a `Steps` generator that a face drives, blocking or awaiting.
+of it blocking or awaiting: who leads, the connection a leader's commits keep, the leader's
+operations written once as `Steps` generators, and the one driver (`Face._driving`) that a
+face runs blocking or awaits.
 
-How a transaction runs (its kind, the runner, the way of a commit) is `transactions`; the
-engine factory is `engines`. A face adds only what differs by nature: blocking or awaiting,
+The other operations, and what an operation is, are `operations`; how a transaction runs
+(its kind, the runner, the way of a commit) is `transactions`; the engine factory is
+`engines`. A face adds only what differs by nature: blocking or awaiting,
 and a keeper of threads or of an asyncio task.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, ClassVar, Final, Generic, NamedTuple, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 
-from .. import codec, dialects, durability, execution, inbox, leadership, lease, model, telemetry
+from .. import codec, dialects, durability, execution, inbox, leadership, lease, telemetry
 from ..config import StoreConfig
 from ..errors import (
     DatabaseBehind,
     Fenced,
-    InvalidValue,
     LeaderRowMissing,
-    NotDurable,
     StoreError,
     StoreUnavailable,
 )
-from ..model import INT64_MAX, InboxItem, Mutation, Recovered, TaskId, TimeBase
-from ..repository import folding, prune, queries, recovery
+from ..model import INT64_MAX, Mutation, TaskId, TimeBase
+from ..repository import folding
+from .operations import Effect as Effect
+from .operations import Operations
+from .operations import Step as Step
+from .operations import Steps as Steps
+from .operations import judge_durability as judge_durability
+from .operations import read_durability as read_durability
 from .transactions import RETRIED as RETRIED
 from .transactions import RETRY_COMMIT as RETRY_COMMIT
 from .transactions import Commit as Commit
@@ -57,42 +64,11 @@ def note(note: leadership.Note | None) -> None:
         log.log(*note)
 
 
-def read_durability(conn: Connection) -> durability.Durability:
-    """What the server `conn` reaches does with a commit (`durability.classify`)."""
-    return durability.classify(dialects.name(conn.dialect), dialects.durability_settings(conn))
-
-
-def judge_durability(found: durability.Durability | StoreError, config: StoreConfig) -> None:
-    """At `open`: refuse an unsafe server when `config.require_durable`, else say so once (a
-    WARNING naming the settings). `found` is the error when the settings could not be read
-    (a server that refuses to show them): raised with `require_durable` (nothing vouches for
-    the server), else a WARNING; an unreachable server (`StoreUnavailable`) is raised."""
-    if isinstance(found, StoreError):
-        if config.require_durable or isinstance(found, StoreUnavailable):
-            raise found
-        log.warning("could not read what the server does with a commit: %s", found)
-        return
-    if found.safe:
-        return
-    what = found.summary()
-    if config.require_durable:
-        raise NotDurable(
-            f"this database can lose acknowledged commits on a crash: {what}; refused because "
-            "StoreConfig.require_durable is set (docs/guarantees.md, 'Durability')",
-            durability=found,
-        )
-    log.warning(
-        "this database can lose acknowledged commits on a crash: %s (docs/guarantees.md, "
-        "'Durability'; StoreConfig(require_durable=True) refuses such a server)",
-        what,
-        extra={"durable": False, "unsafe": [u.setting for u in found.unsafe]},
-    )
-
-
 class _Engine(Protocol):
     @property
     def dialect(self) -> Dialect: ...
     def execution_options(self, **opt: Any) -> Self: ...
+    def dispose(self) -> Any: ...
 
 
 class _Flag(Protocol):
@@ -105,6 +81,7 @@ class _Keeper(Protocol):
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def renewed(self, started: float) -> None: ...
+    def join(self, timeout: float | None = None) -> Any: ...
 
 
 E = TypeVar("E", bound=_Engine)
@@ -113,33 +90,12 @@ C = TypeVar("C", bound=Callable[[], object])
 H = TypeVar("H")
 
 
-class Step(NamedTuple):
-    """One transaction an operation asks its face to run (`plan`, `transaction`)."""
-
-    op: Op
-    fn: Callable[[Connection], Any]
-    deadline: timedelta | None = None
-    """A lease transaction's bound below `lease_bound` (what is left of an acquire's timeout)."""
-
-
-Effect = Callable[[], Any]
-"""What an operation asks its face to do besides a transaction: call it (and await what it
-returns, on the asyncio face). Only the face's own blocking or awaiting methods: `_lose`,
-`_stop`, `_try_take`, `_sleep`."""
-
-Steps = Generator[Step | Commit | Effect, Any, T]
-"""An operation, written once for both faces: it yields each `Step` (a transaction), `Commit`
-(the way of a commit: `transactions.commit`) or `Effect`, is sent back its result (or thrown
-its error), and returns the operation's result. A face drives it (`_drive`), blocking or
-awaiting."""
-
-
 HOLD_MIN_POOL: Final = 3
 """The smallest pool (`StoreConfig.pool_size`) from which a leader keeps a connection for its
 commits (`Face._keep_held`)."""
 
 
-class Face(Generic[E, K, C, H]):
+class Face(Operations, Generic[E, K, C, H]):
     """What `SqlStore` and `aio.AsyncSqlStore` share, none of it blocking or awaiting: the
     configuration, the engine, the holder's name, who leads (`leadership.Leadership`), and
     the connection a leader's commits keep (`_keep_held`)."""
@@ -167,6 +123,7 @@ class Face(Generic[E, K, C, H]):
             else engine
         )
         """The engine every transaction runs on (with `schema` applied, when set)."""
+        self._dialect = self.engine.dialect
         self.holder = lease.new_holder()
         """This instance's name in the lease row (host, process id and a random part)."""
         self._lock = threading.Lock()
@@ -201,9 +158,33 @@ class Face(Generic[E, K, C, H]):
     def _owning(cls, engine: E, config: StoreConfig) -> Self:
         """A store on an engine it created, and disposes of on `close`."""
         store = cls(engine, config)
-        store._owns_engine = True
-        store._holds = config.pool_size >= HOLD_MIN_POOL
+        store._own_engine()
         return store
+
+    def _own_engine(self) -> None:
+        """This store made its engine: it disposes of it on `close`, and with a pool of at least
+        `HOLD_MIN_POOL` its commits keep a connection (`_keep_held`)."""
+        self._owns_engine = True
+        self._holds = self.config.pool_size >= HOLD_MIN_POOL
+
+    def _opening(self, check_schema: bool) -> Steps[None]:
+        """`open`, once the store has its engine: read what the server does with a commit and
+        judge it (`judge_durability`), then migrate, or check the schema unless told not to.
+        Any failure disposes of the engine."""
+        try:
+            found: durability.Durability | StoreError
+            try:
+                found = yield self.read_durability
+            except StoreError as exc:
+                found = exc
+            judge_durability(found, self.config)
+            if self.config.migrate:
+                yield self.migrate
+            elif check_schema:
+                yield self.check_schema
+        except BaseException:
+            yield self._raw_engine.dispose
+            raise
 
     # The connection a leader's commits keep.
 
@@ -262,10 +243,10 @@ class Face(Generic[E, K, C, H]):
         awaits a coroutine it returns. It must not block for long."""
         self._callbacks.append(callback)
 
-    def _step_down(
+    def _mark_ended(
         self, why: str | StoreError, level: int, about: K | int | None, released: bool
     ) -> list[C]:
-        """Step down (once): commits raise `Fenced` from here on; the callbacks to run.
+        """End the term (once): commits raise `Fenced` from here on; the callbacks to run.
         `released` when by choice, else lost for `why` (a keeper's reason or the error that
         showed it).
 
@@ -312,7 +293,7 @@ class Face(Generic[E, K, C, H]):
         )
         return epoch
 
-    def _detach(self) -> K | None:
+    def _take_keeper(self) -> K | None:
         """The keeper, to be stopped and joined: none keeps the lease from here on."""
         with self._lock:
             return self._leadership.detach()
@@ -350,7 +331,7 @@ class Face(Generic[E, K, C, H]):
     ) -> Steps[None]:
         """`commit`: the batch folded (`_commit_plan`), then its one transaction
         (`transactions.commit`). Landed, its fence check extended the lease: a renewal. A
-        fenced one steps down; one that found the database behind records the gap first.
+        fenced one ends the term; one that found the database behind records the gap first.
 
         The collector is paused from the fold to the COMMIT (`execution.collection_paused`):
         a batch's rows are all kept until written, so its passes would find no garbage."""
@@ -365,7 +346,7 @@ class Face(Generic[E, K, C, H]):
                     raise
                 if isinstance(exc, DatabaseBehind):
                     yield from self._recording_lost(exc)
-                yield partial(self._lose, exc, about=epoch)
+                yield partial(self._end_term, exc, about=epoch)
                 raise exc
             with self._lock:
                 keeper = self._leadership.fence_renewed(epoch, c.seq)
@@ -373,12 +354,12 @@ class Face(Generic[E, K, C, H]):
                 keeper.renewed(c.started)
 
     def _acquiring(self, timeout: float | None) -> Steps[int]:
-        """`acquire_leadership`: step down first (the timeout counts from before it), then
+        """`acquire_leadership`: end the term first (the timeout counts from before it), then
         take the lease at each poll (`_try_take`) as `leadership.Acquiring` decides, and lead
         under the new epoch, kept by a new keeper (`_keeper_type`)."""
         began = time.monotonic()
-        yield partial(self._lose, "taking the lease anew", logging.INFO, released=True)
-        yield partial(self._stop, None if timeout is None else timeout / 10)
+        yield partial(self._end_term, "taking the lease anew", logging.INFO, released=True)
+        yield partial(self._stop_keeper, None if timeout is None else timeout / 10)
         acquiring = leadership.acquiring_for(self.config, timeout, began)
         give_up_at = None if timeout is None else began + timeout
         with self._telemetry.acquiring():
@@ -396,22 +377,22 @@ class Face(Generic[E, K, C, H]):
             epoch, started, commit_seq = taken
             keeper: K = self._keeper_type(
                 renew=lambda: self._renew(epoch),
-                lost=lambda why: self._lose(why, about=keeper),
+                lost=lambda why: self._end_term(why, about=keeper),
                 **leadership.keeper_timing(self.config, epoch, started),
             )
             return self._lead(epoch, keeper, commit_seq)
 
     def _renewing(self, epoch: int) -> Steps[bool]:
         """One renewal of our lease (the keeper's); False once another instance took it, or
-        when nothing is left to retry (the row gone, the database behind: stepped down)."""
+        when nothing is left to retry (the row gone, the database behind: the term ended)."""
         try:
             renewed: bool = yield Step("renew", self._renew_work(epoch))
         except DatabaseBehind as exc:
             yield from self._recording_lost(exc)
-            yield partial(self._lose, exc, about=epoch)
+            yield partial(self._end_term, exc, about=epoch)
             return False
-        except LeaderRowMissing as exc:  # nothing to retry: step down now, saying why
-            yield partial(self._lose, exc, about=epoch)
+        except LeaderRowMissing as exc:  # nothing to retry: end the term now, saying why
+            yield partial(self._end_term, exc, about=epoch)
             return False
         return renewed
 
@@ -420,7 +401,7 @@ class Face(Generic[E, K, C, H]):
     _keeper_type: ClassVar[Callable[..., Any]]
     """`lease.Keeper` or `aio.AsyncKeeper`."""
 
-    def _lose(
+    def _end_term(
         self,
         why: str | StoreError,
         level: int = logging.ERROR,
@@ -428,19 +409,19 @@ class Face(Generic[E, K, C, H]):
         about: K | int | None = None,
         released: bool = False,
     ) -> Any:
-        """Step down (once), then call the callbacks (`_losing`, driven: on the asyncio face
+        """End the term (once), then call the callbacks (`_ending_term`, driven: on the asyncio face
         what returns is awaited)."""
-        return self._drive(self._losing(why, level, about, released))
+        return self._drive(self._ending_term(why, level, about, released))
 
-    def _losing(
+    def _ending_term(
         self, why: str | StoreError, level: int, about: K | int | None, released: bool
     ) -> Steps[None]:
-        """Step down (once: `_step_down` decides), close the kept connection (after a loss
+        """End the term (once: `_mark_ended` decides), close the kept connection (after a loss
         without a word to the server, which may be cut off), then call each callback (the
         asyncio face awaits a coroutine it returns); a callback that fails only logs.
         `released` when by choice, else lost for `why` (a keeper's reason or the error that
         showed it)."""
-        callbacks = self._step_down(why, level, about, released)
+        callbacks = self._mark_ended(why, level, about, released)
         yield partial(self._close_held, lost=not released)
         for callback in callbacks:
             try:
@@ -458,119 +439,77 @@ class Face(Generic[E, K, C, H]):
         instance took it."""
         return self._drive(self._renewing(epoch))
 
+    _awaits: ClassVar[bool]
+    """Whether what a step starts is awaited (`_driving`): the asyncio face's."""
+
+    async def _driving(self, steps: Steps[T]) -> T:
+        """The one driver of both faces: what `steps` asks for, in turn (a transaction:
+        `_transact`; a commit: `_transact_commit`; or an effect), its result sent back and its
+        error thrown in. The asyncio face awaits it, and what a step starts is awaited; the
+        blocking face awaits nothing, so it never suspends and `SqlStore._drive` runs it to its
+        end in one `send`."""
+        awaits = self._awaits
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    if type(step) is Step:
+                        result = self._transact(step.op, step.fn, deadline=step.deadline)
+                    elif type(step) is Commit:
+                        result = self._transact_commit(step)
+                    else:
+                        result = step()  # type: ignore[operator]
+                    if awaits and inspect.isawaitable(result):
+                        result = await result
+                except BaseException as exc:  # to the operation's own with and finally
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
     def _drive(self, steps: Steps[T]) -> Any:
-        """Run what `steps` asks for, in turn: blocking, or awaiting (what returns is then
-        awaited)."""
+        """Run what `steps` asks for (`_driving`): blocking, or awaiting."""
         raise NotImplementedError
+
+    def _transact(
+        self, op: Op, fn: Callable[[Connection], T], *, deadline: timedelta | None = None
+    ) -> Any:
+        """`fn` in one transaction of the kind `op` runs (`transactions.plan`,
+        `transactions.transaction`) on a connection of its own, errors translated; `deadline`
+        bounds a lease transaction further."""
+        raise NotImplementedError
+
+    def _transact_commit(self, c: Commit) -> Any:
+        """`c` (`transactions.commit`) on the connection the last commit kept, if any
+        (`_keep_held`), or a new one, kept again after; errors translated."""
+        raise NotImplementedError
+
+    # `open`'s own steps (`_opening`): each face's public methods.
+    read_durability: Callable[[], Any]
+    migrate: Callable[[], Any]
+    check_schema: Callable[[], Any]
 
     def _close_held(self, *, lost: bool = False) -> Any:
         """Close the kept connection (`lost`: without a word to the server)."""
         raise NotImplementedError
 
-    def _stop(self, within: float | None = None) -> Any:
-        """Stop the keeper (waiting for it up to `within` seconds)."""
-        raise NotImplementedError
+    def _stop_keeper(self, within: float | None = None) -> Any:
+        """Stop the keeper (`_stopping_keeper`, driven)."""
+        return self._drive(self._stopping_keeper(within))
+
+    def _stopping_keeper(self, within: float | None) -> Steps[None]:
+        """Stop the keeper and wait for it; a renewal hung in the database is not waited for
+        past `lease_renew` (nor past `within` seconds: what an acquire's timeout leaves)."""
+        if (keeper := self._take_keeper()) is not None:
+            keeper.stop()
+            wait = self.config.lease_renew.total_seconds()
+            yield partial(keeper.join, wait if within is None else min(wait, within))
 
     def _sleep(self, seconds: float) -> Any:
         """Wait `seconds`: blocking or awaiting."""
         raise NotImplementedError
-
-    def _getting(self, ref: model.TaskRef) -> Steps[model.TaskRecord | None]:
-        """`get_task`: by id, or the newest task with a key."""
-        if isinstance(ref, model.ById):
-            found: model.TaskRecord | None = yield Step(
-                "get_task", partial(queries.get_task, task_id=ref.id)
-            )
-        elif isinstance(ref, model.ByKey):
-            found = yield Step("get_task", partial(queries.get_task, key=ref.key))
-        else:
-            raise InvalidValue(f"ref must be ById or ByKey, not {type(ref).__name__}")
-        return found
-
-    def _recovering(self, base: TimeBase) -> Steps[Recovered]:
-        """`recover`: it streams without SQLite's write lock, so the keeper renews meanwhile;
-        only a quarantine writes, and where that cannot upgrade the read, it runs again in a
-        write transaction."""
-        scan = partial(
-            recovery.recover, base=base, now_unix_ns=self._now(), retention=self.config.retention
-        )
-        with self._telemetry.recovering():
-            scanned: tuple[Recovered, int]
-            try:
-                scanned = yield Step("recover", scan)
-            except StoreUnavailable:
-                scanned = yield Step("recover_writing", scan)
-        result, quarantined = scanned
-        self._telemetry.recovered(
-            live=len(result.tasks),
-            finished=max(0, len(result.terminal) - quarantined),
-            quarantined=quarantined,
-        )
-        return result
-
-    def _pruning(self, older_than: timedelta) -> Steps[int]:
-        """`prune`: one transaction per batch, so locks stay short while the leader commits."""
-        cutoff = self._now() - ns(older_than)
-        limit = prune.PRUNE_BATCH
-        total = 0
-        # Rows an older build finished without a finish time first (`prune.unstamped_stmt`).
-        while (yield Step("prune", partial(prune.stamp_batch, limit=limit))) == limit:
-            pass
-        with self._telemetry.pruning():
-            try:
-                while True:
-                    n: int = yield Step(
-                        "prune",
-                        partial(prune.prune_batch, cutoff=cutoff, limit=limit),
-                    )
-                    total += n
-                    if n < limit:
-                        break
-            finally:
-                self._telemetry.pruned(total)
-        if total and dialects.vacuums(self.engine.dialect):
-            try:
-                yield Step("vacuum", partial(prune.vacuum, deleted=total))
-            except StoreError as exc:  # the rows are gone; autovacuum reclaims them later
-                self._log.warning("could not vacuum the task tables after a prune: %s", exc)
-        return total
-
-    def _reading_inbox(
-        self, limit: int, after: int | None, base: TimeBase
-    ) -> Steps[list[InboxItem]]:
-        """`read_inbox`: reads, and sets aside the undecodable rows it met, until `limit`."""
-        limit = inbox.check_limit(limit)
-        after = inbox.check_after(after)
-        items: list[InboxItem] = []
-        # The commit that drains these items copies their columns instead of encoding them
-        # again; only the last read's are kept.
-        self._inbox_specs = stored = codec.StoredSpecs(base)
-        budget = self.config.inbox_batch_bytes
-        while True:
-            n = limit - len(items)
-            got: inbox.Read = yield Step(
-                "read_inbox",
-                partial(
-                    inbox.read,
-                    base=base,
-                    limit=n,
-                    after=after,
-                    stored=stored,
-                    budget=budget,
-                    max_payload=self.config.max_payload_bytes,
-                ),
-            )
-            items += got.items
-            budget -= sum(len(item.spec.payload) for item in got.items)
-            if not got.bad or budget <= 0:
-                return items
-            now = self._now()
-            self._set_aside(
-                (yield Step("set_aside", partial(inbox.set_aside, bad=got.bad, now_unix_ns=now)))
-            )
-            after = got.last_id
-            if len(items) >= limit:
-                return items
 
     def _taking(
         self, ttl_ns: int, bound: timedelta | None
@@ -604,10 +543,10 @@ class Face(Generic[E, K, C, H]):
             self._log.warning("could not record the lost commits in the lease row: %s", error)
 
     def _releasing(self) -> Steps[None]:
-        """`release_leadership`: step down, stop the keeper, and clear the lease if this
+        """`release_leadership`: end the term, stop the keeper, and clear the lease if this
         instance held one; a failure only logs (it expires)."""
-        yield partial(self._lose, "released", logging.INFO, released=True)
-        yield partial(self._stop)
+        yield partial(self._end_term, "released", logging.INFO, released=True)
+        yield partial(self._stop_keeper)
         if self._leadership.epoch is not None:
             try:
                 idle = ns(self.config.lease_ttl)  # its bound in its flight (`LEASE_FLIGHTS`)
@@ -642,12 +581,15 @@ class Face(Generic[E, K, C, H]):
             idle_ns=ttl,
         )
 
-    def _set_aside(self, moved: int) -> None:
-        """`moved` undecodable inbox rows were set aside by this instance."""
-        self.inbox_rejected += moved
-        self._telemetry.set_aside(moved)
-
     def _acked(self) -> int:
         """The highest commit sequence number known to have landed (renewals check it)."""
         with self._lock:
             return self._leadership.acked
+
+
+def renew_once(store: Face[Any, Any, Any, Any], epoch: int) -> Any:
+    """One renewal of `store`'s lease under `epoch`, as its keeper makes it (blocking on
+    `SqlStore`, awaitable on `AsyncSqlStore`); False once another instance took it. For
+    measuring a renewal's round trips (`bench/rtt.py`) and for tests: a leader's keeper
+    renews on its own."""
+    return store._renew(epoch)

@@ -219,14 +219,14 @@ def transaction(
     armed: execution.Deadline | None = None,
 ) -> T:
     """Run `fn` in one transaction on `conn` as `tx` says: the runner of every transaction
-    `SqlStore._run` and `AsyncSqlStore._run` start (the latter inside `run_sync`), but a
+    `SqlStore._transact` and `AsyncSqlStore._transact` start (the latter inside `run_sync`), but a
     commit's (`commit`), so both
     faces keep the same rules. `tx.read_only` marks it for SQLite's deferred BEGIN
     (`dialects.READ_ONLY`); `tx.idle` and `tx.timeout` are `dialects.bound`'s.
 
     `tx.deadline`: the whole transaction, COMMIT included, ends within it whatever the server
     or the network does; the one place a commit's timeout is enforced. `armed` is that
-    deadline when it was armed before connecting (`execution.bounded`: the faces' `_run`),
+    deadline when it was armed before connecting (`execution.bounded`: the faces' `_transact`),
     so that connecting and the pool's ping count against it too. Server-side bounds do not cover
     everything: PostgreSQL's `statement_timeout` does not apply to a COMMIT waiting for a
     synchronous standby, nor does anything else, and that commit holds its row locks

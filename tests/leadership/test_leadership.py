@@ -1031,7 +1031,7 @@ def test_leader_row_transactions_bound_idle_time_and_no_other_does(
         lock_poll=timedelta(milliseconds=100),
         pool_size=1,  # one connection: the read reuses the session the renewal changed
     )
-    # The sync face's own transactions (`_renew`, `_run`); the async face runs the same
+    # The sync face's own transactions (`_renew`, `_transact`); the async face runs the same
     # `face.plan` and `face.transaction`.
     store = cq.SqlStore.open(db_url, config)
     cleanup.append(store.close)
@@ -1054,8 +1054,8 @@ def test_leader_row_transactions_bound_idle_time_and_no_other_does(
     store.release_leadership()
     watching = False
     leader_rows = list(seen)
-    outside = store._run("get_task", _idle_setting)
-    recovered_under = store._run("recover_writing", _idle_setting)
+    outside = store._transact("get_task", _idle_setting)
+    recovered_under = store._transact("recover_writing", _idle_setting)
     if dialect == "sqlite":
         assert {v for _, v in leader_rows} == {None}
         return

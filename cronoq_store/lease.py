@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from functools import cache
+import typing
 from typing import Any, Final, NamedTuple
 
 from sqlalchemy import (
@@ -574,9 +575,12 @@ def fence(
 def fence_or_fail_stmt() -> Select[Any]:
     """`fence_stmt` as a statement that fails (division by zero) when it matches nothing: in a
     `execution.Flight`, whose statements run without waiting for each answer, a fenced
-    commit's writes are then never run, and COMMIT cannot apply anything."""
+    commit's writes are then never run, and COMMIT cannot apply anything. MariaDB's form is
+    a compound statement that SIGNALs it (`dialects.FailsUnlessOne`)."""
     fenced = fence_stmt().returning(leader.c.id).cte("fence")
-    return select(literal(1, Integer) // func.count(fenced.c.id))
+    otherwise = select(literal(1, Integer) // func.count(fenced.c.id))
+    either = dialects.FailsUnlessOne(fence_stmt(), otherwise)
+    return typing.cast("Select[Any]", either)  # compiled as any statement (`driver_sql`)
 
 
 FENCED: Final = "epoch {epoch} was fenced off: another instance leads"
@@ -587,7 +591,9 @@ def fence_failed(exc: BaseException) -> bool:
     """Whether `exc`, raised by the statement `fence_or_fail_stmt` put in a flight, says the
     fence matched nothing (its division by zero): diagnose it (`diagnose`)."""
     orig = getattr(exc, "orig", None)
-    return getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO
+    if getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO:
+        return True
+    return getattr(orig, "args", ())[:1] == (dialects.FAILED_ERRNO,)  # PyMySQL's
 
 
 _DIVISION_BY_ZERO: Final = "22012"

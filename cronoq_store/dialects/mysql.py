@@ -5,12 +5,16 @@ from __future__ import annotations
 import functools
 import importlib
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import Connection, Engine, Select
+from sqlalchemy import Connection, Engine, Select, Update, event
 from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy.sql.expression import Executable
 
 from .base import (
     DefaultImpl,
@@ -21,7 +25,7 @@ from .base import (
 )
 from .sockets import shut, shut_transport
 
-__all__ = ["IDLE_INFO", "JEPSEN_GALERA", "MySQLImpl"]
+__all__ = ["FAILED_ERRNO", "IDLE_INFO", "JEPSEN_GALERA", "FailsUnlessOne", "MySQLImpl"]
 
 
 class MySQLImpl(DefaultImpl):
@@ -67,6 +71,59 @@ class MySQLImpl(DefaultImpl):
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
         self._pymysql = dialect.driver == "pymysql"
+
+    def set_up_engine(self, engine: Engine) -> None:
+        """PyMySQL: its connections may send several statements in one packet
+        (`CLIENT.MULTI_STATEMENTS`, beside the `FOUND_ROWS` SQLAlchemy sets): a flight's
+        statements then cost one round trip (`batches`)."""
+        if not self._pymysql:
+            return
+        flag = importlib.import_module("pymysql.constants.CLIENT").MULTI_STATEMENTS
+
+        def multi_statements(_dialect: Any, _record: Any, _cargs: Any, cparams: Any) -> None:
+            cparams["client_flag"] = cparams.get("client_flag", 0) | flag
+
+        event.listen(engine, "do_connect", multi_statements)
+
+    def batches(self, conn: Connection) -> bool:
+        """MariaDB on PyMySQL, connected with `CLIENT.MULTI_STATEMENTS` (`set_up_engine`):
+        a flight's statements go in one packet, and a check among them stops the rest by
+        failing (`FailsUnlessOne`: a compound statement, MariaDB's, not MySQL's)."""
+        if not self._pymysql or not getattr(self.dialect, "is_mariadb", False):
+            return False
+        flags = getattr(conn.connection.dbapi_connection, "client_flag", 0)
+        return bool(flags & _MULTI_STATEMENTS)
+
+    def send_batch(
+        self, dbapi_connection: Any, queue: Sequence[Any], answers: list[Any]
+    ) -> None:
+        """`queue`'s statements, their parameters bound by the driver (as its `execute`
+        does), joined by `;` into packets of at most `BATCH_CHARS` (an executemany one
+        statement per row, its counts summed). The server runs a packet's statements in
+        order and stops at the first error: PyMySQL raises it where its result was due."""
+        cursor = dbapi_connection.cursor()
+        try:
+            texts: list[str] = []
+            sizes: list[int] = []  # statements per queued entry
+            for sql, params, many in queue:
+                if params is None:
+                    rendered = [sql]
+                elif many:
+                    rendered = [cursor.mogrify(sql, p) for p in params]
+                else:
+                    rendered = [cursor.mogrify(sql, params)]
+                texts.extend(rendered)
+                sizes.append(len(rendered))
+            results = _results(cursor, _packets(texts))
+            for size in sizes:
+                count, rows = 0, []
+                for _ in range(size):
+                    n, got = next(results)
+                    count += max(n, 0)
+                    rows.extend(got)
+                answers.append((count, rows))
+        finally:
+            cursor.close()  # reads what is left of the packet's answers
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """PyMySQL's unbuffered cursor (`SSCursor`)."""
@@ -202,6 +259,77 @@ class MySQLImpl(DefaultImpl):
             conn.info[IDLE_INFO] = seconds
         return None
 
+
+BATCH_CHARS: Final = 1 << 20
+"""Most characters of one multi-statement packet (PyMySQL's own `max_stmt_length` is about
+this): far under any `max_allowed_packet` the store runs with."""
+
+_MULTI_STATEMENTS: Final = 1 << 16
+"""PyMySQL's `CLIENT.MULTI_STATEMENTS`."""
+
+
+def _packets(texts: Sequence[str]) -> list[str]:
+    """`texts` joined by `;` into packets of at most `BATCH_CHARS` (a longer statement alone)."""
+    packets: list[str] = []
+    part: list[str] = []
+    size = 0
+    for text in texts:
+        if part and size + len(text) > BATCH_CHARS:
+            packets.append(";\n".join(part))
+            part, size = [], 0
+        part.append(text)
+        size += len(text) + 2
+    if part:
+        packets.append(";\n".join(part))
+    return packets
+
+
+def _results(cursor: Any, packets: Sequence[str]) -> Any:
+    """Each statement's (rowcount, rows), packet after packet: the next packet leaves once
+    the last answer of the one before is read (so an error stops the rest)."""
+    for packet in packets:
+        cursor.execute(packet)
+        while True:
+            rows = cursor.fetchall() if cursor.description is not None else ()
+            yield cursor.rowcount, rows
+            if not cursor.nextset():
+                break
+
+
+class FailsUnlessOne(Executable, ClauseElement):
+    """`update`, failing unless it matched exactly one row; `otherwise` where the database
+    has no such form (PostgreSQL: a statement that fails by itself).
+
+    On MariaDB a compound statement (`BEGIN NOT ATOMIC`) runs the UPDATE and SIGNALs
+    division by zero (SQLSTATE 22012, `FAILED_ERRNO`) when its `ROW_COUNT()` (matched rows:
+    SQLAlchemy connects PyMySQL with `FOUND_ROWS`) is not 1. In a multi-statement packet
+    the server then runs none of the statements behind it."""
+
+    inherit_cache = False
+    _inline = False  # what SQLAlchemy's compiler asks of an UPDATE it compiled
+
+    def __init__(self, update: Update, otherwise: Executable) -> None:
+        self.update = update
+        self.otherwise = otherwise
+
+
+@compiles(FailsUnlessOne)
+def _otherwise(element: FailsUnlessOne, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.otherwise, **kw)  # type: ignore[arg-type]
+
+
+@compiles(FailsUnlessOne, "mysql", "mariadb")
+def _compound(element: FailsUnlessOne, compiler: SQLCompiler, **kw: Any) -> str:
+    update = compiler.process(element.update, **kw)
+    return (
+        f"BEGIN NOT ATOMIC {update}; IF ROW_COUNT() <> 1 THEN SIGNAL SQLSTATE '22012' "
+        f"SET MYSQL_ERRNO = {FAILED_ERRNO}, MESSAGE_TEXT = 'cronoq: no row matched'; "
+        "END IF; END"
+    )
+
+
+FAILED_ERRNO: Final = 1365
+"""MariaDB's error number of division by zero, which `FailsUnlessOne` raises."""
 
 IDLE_INFO: Final = "cronoq_idle_s"
 """`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""

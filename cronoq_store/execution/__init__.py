@@ -79,6 +79,7 @@ __all__ = [
     "Ran",
     "Watchdog",
     "bound_connects",
+    "batches",
     "bounded",
     "chunks",
     "collection_paused",
@@ -107,6 +108,13 @@ def pipelines(conn: Connection) -> bool:
     """Whether `conn` can send statements without waiting for each answer: sync psycopg's
     pipeline mode, on the DB-API cursor (`run`'s path: nothing observes the connection)."""
     return dialect_of(conn).pipelined and not observed(conn)
+
+
+def batches(conn: Connection) -> bool:
+    """Whether `conn` sends a flight's statements as one multi-statement packet (MariaDB on
+    PyMySQL: the dialect's `batches`), on the DB-API cursor (tests replace it as
+    `execution.batches`)."""
+    return not observed(conn) and dialect_of(conn).batches(conn)
 
 
 def ended(conn: Connection) -> bool:
@@ -141,11 +149,14 @@ class Flight:
     statement can wait for that flight.
     """
 
-    __slots__ = ("_queue", "_ran", "_then", "conn", "failed", "pipelined")
+    __slots__ = ("_queue", "_ran", "_then", "batched", "conn", "failed", "pipelined")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.pipelined = pipelines(conn)
+        self.batched = not self.pipelined and batches(conn)
+        """MariaDB: `send` sends what is queued as one multi-statement packet (the dialect's
+        `send_batch`); the COMMIT stays the transaction's end."""
         self._queue: list[tuple[str, Any, bool]] = []
         self._ran: list[Ran] = []
         self._then: list[Callable[[Sequence[Ran]], None]] = []
@@ -175,6 +186,7 @@ class Flight:
         """Queue (or run) `stmt` with its IN list bound to `ids` (`run_in`); its index."""
         if self.pipelined:  # psycopg: the list is one array parameter, as `run_in` binds it
             return self.add(in_as_any(stmt), {"ids": list(ids)})
+        self.send()  # batched: what is queued runs first
         index = len(self._ran)
         try:
             self._ran.append(run_in(self.conn, stmt, ids))
@@ -192,7 +204,7 @@ class Flight:
 
     def _add(self, sql: str, params: Any, many: bool) -> int:
         index = len(self._ran) + len(self._queue)
-        if self.pipelined:
+        if self.pipelined or self.batched:
             self._queue.append((sql, params, many))
         else:
             try:
@@ -205,9 +217,18 @@ class Flight:
     def send(self) -> Sequence[Ran]:
         """Send what is queued and wait for the answers; every result so far, by index."""
         if self._queue:
-            self._send(commit=False)
+            if self.batched:
+                self._send_batch()
+            else:
+                self._send(commit=False)
             self._checked()
         return self._ran
+
+    @property
+    def defers(self) -> bool:
+        """Whether added statements wait for `send` (pipelined or batched): a check that
+        must stop the statements behind it fails the flight instead of being read."""
+        return self.pipelined or self.batched
 
     def commit(self) -> Sequence[Ran]:
         """`send`, and commit the transaction: pipelined, the COMMIT goes in the same flight,
@@ -217,12 +238,29 @@ class Flight:
         if self.pipelined:
             self._send(commit=True)
             self._checked()
+        elif self.batched:
+            self.send()
         return self._ran
 
     def _checked(self) -> None:
         checks, self._then = self._then, []
         for check in checks:
             check(self._ran)
+
+    def _send_batch(self) -> None:
+        """Send what is queued in one multi-statement packet (`batched`): the server runs
+        them in order and stops at the first error, which `send` raises."""
+        conn = self.conn
+        queue, self._queue = self._queue, []
+        answers: list[tuple[int, Sequence[Any]]] = []
+        try:
+            dialect_of(conn).send_batch(conn.connection.dbapi_connection, queue, answers)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            self.failed = len(self._ran) + len(answers)
+            sql, _, many = queue[len(answers)]
+            raise compat.driver_error(conn, exc, sql, many=many) from exc
+        finally:
+            self._ran.extend(Ran(counted(count), rows) for count, rows in answers)
 
     def _send(self, *, commit: bool) -> None:
         from .. import wire  # psycopg's: only a pipelined connection comes here

@@ -371,7 +371,7 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
             first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True, lock=tx.lock)
             if first is not None:
                 flight.add(*first)
-            if flight.pipelined:
+            if flight.defers:  # pipelined, or batched (MariaDB)
                 params = {
                     "b_epoch": c.epoch,
                     "b_holder": c.holder,

@@ -460,8 +460,10 @@ def test_race_harness_catches_a_plain_select_check(
         return bool(row.epoch == epoch and row.holder == holder)
 
     monkeypatch.setattr(lease, "fence", plain_select_fence)
-    # The fence runs as `lease.fence` (and can be replaced) where a commit is not pipelined.
+    # The fence runs as `lease.fence` (and can be replaced) where a commit is not pipelined
+    # nor batched.
     monkeypatch.setattr(execution, "pipelines", lambda _conn: False)
+    monkeypatch.setattr(execution, "batches", lambda _conn: False)  # nor batched (MariaDB)
     old = open_store(RACE)
     epoch = old.acquire_leadership(timeout=WAIT)
     outcome = race_commit_paused(old, epoch, engine, dialect, task_id=1)

@@ -123,11 +123,17 @@ class DefaultImpl:
         return False
 
     def send_batch(
-        self, dbapi_connection: Any, queue: Sequence[Any], answers: list[Any]
+        self, dbapi_connection: Any, queue: Sequence[Any], answers: list[Any], *, commit: bool
     ) -> None:
-        """Send `queue` (sql, params, many) as one packet; append each one's (rowcount,
-        rows) to `answers`, raising the driver's error of the first that failed."""
+        """Send `queue` (sql, params, many) as one packet, and a COMMIT behind it if `commit`;
+        append each one's (rowcount, rows) to `answers`, raising the driver's error of the
+        first that failed."""
         raise NotImplementedError
+
+    def ended_in_flight(self, dbapi_connection: Any) -> bool:
+        """Whether the transaction on `dbapi_connection` ended with a COMMIT `send_batch`
+        sent, nothing having run since."""
+        return False
 
     def set_up_engine(self, engine: Engine) -> None:
         """What a server engine the store owns needs of this database's on its connections

@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import importlib
 import socket
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import Connection, Engine, Select, Update, event
+from sqlalchemy import Connection, Engine, Select, Update, event, text
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -84,6 +85,7 @@ class MySQLImpl(DefaultImpl):
             cparams["client_flag"] = cparams.get("client_flag", 0) | flag
 
         event.listen(engine, "do_connect", multi_statements)
+        reclass_connections(engine, _ending)
 
     def batches(self, conn: Connection) -> bool:
         """MariaDB on PyMySQL, connected with `CLIENT.MULTI_STATEMENTS` (`set_up_engine`):
@@ -95,13 +97,18 @@ class MySQLImpl(DefaultImpl):
         return bool(flags & _MULTI_STATEMENTS)
 
     def send_batch(
-        self, dbapi_connection: Any, queue: Sequence[Any], answers: list[Any]
+        self, dbapi_connection: Any, queue: Sequence[Any], answers: list[Any], *, commit: bool
     ) -> None:
         """`queue`'s statements, their parameters bound by the driver (as its `execute`
         does), joined by `;` into packets of at most `BATCH_CHARS` (an executemany one
-        statement per row, its counts summed). The server runs a packet's statements in
-        order and stops at the first error: PyMySQL raises it where its result was due."""
-        cursor = dbapi_connection.cursor()
+        statement per row, its counts summed), and the COMMIT last if `commit`. The server
+        runs a packet's statements in order and stops at the first error: PyMySQL raises it
+        where its result was due. Once the COMMIT is answered, the connection's `commit()`
+        sends nothing (`ended_in_flight`) until it runs another statement."""
+        # A statement hook (`testing.statements`, on the connection's cursor class) hears
+        # each statement once answered, not the packet: the packet goes on a plain cursor.
+        hook = getattr(dbapi_connection.cursorclass, "statement_hook", None)
+        cursor = dbapi_connection.cursor(_plain_cursor())
         try:
             texts: list[str] = []
             sizes: list[int] = []  # statements per queued entry
@@ -114,16 +121,27 @@ class MySQLImpl(DefaultImpl):
                     rendered = [cursor.mogrify(sql, params)]
                 texts.extend(rendered)
                 sizes.append(len(rendered))
+            if commit:
+                texts.append("COMMIT")
             results = _results(cursor, _packets(texts))
-            for size in sizes:
+            for (sql, _, _), size in zip(queue, sizes, strict=True):
                 count, rows = 0, []
                 for _ in range(size):
                     n, got = next(results)
                     count += max(n, 0)
                     rows.extend(got)
                 answers.append((count, rows))
+                if hook is not None:
+                    hook(cursor, sql)
+            if commit:
+                next(results)  # the COMMIT's answer: committed
+                dbapi_connection.cronoq_ended = True
         finally:
             cursor.close()  # reads what is left of the packet's answers
+
+    def ended_in_flight(self, dbapi_connection: Any) -> bool:
+        """`send_batch` sent the COMMIT, and nothing ran since."""
+        return bool(getattr(dbapi_connection, "cronoq_ended", False))
 
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """PyMySQL's unbuffered cursor (`SSCursor`)."""
@@ -234,7 +252,12 @@ class MySQLImpl(DefaultImpl):
         lock: timedelta | None,
     ) -> tuple[Select[Any], dict[str, str]] | None:
         """Session settings, sent only when they change: the lock waits (whole seconds) and,
-        on MariaDB 10.3+, `idle_transaction_timeout`. Nothing is deferred."""
+        on MariaDB 10.3+, `idle_transaction_timeout`, in one SET. On a batched connection
+        (`batches`) it costs no round trip of its own: with `defer` it is returned for the
+        caller's flight, its first statement; else it goes in one packet with the next
+        statement the connection sends (`_ending`). Their new values are noted at once: the
+        SET runs before anything else, or the connection fails with it."""
+        changes: list[str] = []
         if timeout is not None:
             # Whole seconds: the statement's bound rounded up (the watchdog ends the
             # transaction on time), a shorter lock bound rounded down (its wait must end
@@ -245,24 +268,35 @@ class MySQLImpl(DefaultImpl):
                 seconds = max(1, -(-timeout // timedelta(seconds=1)))
             if conn.info.get("cronoq_lock_wait_s") != seconds:
                 # Row locks (InnoDB) and table locks (metadata: an ALTER TABLE under way).
-                conn.exec_driver_sql(
-                    f"SET SESSION innodb_lock_wait_timeout = {seconds}, "
-                    f"lock_wait_timeout = {seconds}"
+                changes.append(
+                    f"innodb_lock_wait_timeout = {seconds}, lock_wait_timeout = {seconds}"
                 )
                 conn.info["cronoq_lock_wait_s"] = seconds
-        if not idle_too or not self.bounds_idle():
+        if idle_too and self.bounds_idle():
+            seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
+            if conn.info.get(IDLE_INFO, 0) != seconds:
+                value = str(seconds) if seconds else "DEFAULT"
+                changes.append(f"idle_transaction_timeout = {value}")
+                conn.info[IDLE_INFO] = seconds
+        if not changes:
             return None
-        seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
-        if conn.info.get(IDLE_INFO, 0) != seconds:
-            value = str(seconds) if seconds else "DEFAULT"
-            conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {value}")
-            conn.info[IDLE_INFO] = seconds
+        sql = f"SET SESSION {', '.join(changes)}"
+        if self.batches(conn):
+            if defer:
+                return _set_stmt(sql), {}
+            dbapi_conn: Any = conn.connection.dbapi_connection
+            if hasattr(dbapi_conn, "cronoq_pending"):  # `_ending`'s: before the next statement
+                pending = dbapi_conn.cronoq_pending
+                dbapi_conn.cronoq_pending = sql if pending is None else f"{pending};\n{sql}"
+                return None
+        conn.exec_driver_sql(sql)
         return None
 
 
-BATCH_CHARS: Final = 1 << 20
-"""Most characters of one multi-statement packet (PyMySQL's own `max_stmt_length` is about
-this): far under any `max_allowed_packet` the store runs with."""
+BATCH_CHARS: Final = 4 << 20
+"""Most characters of one multi-statement packet (a longer statement goes alone): a quarter of
+MariaDB's default `max_allowed_packet`, room for a take's probe (`lease.probe`: 1 MiB, sent
+as 2 MiB of hex) and the statements around it."""
 
 _MULTI_STATEMENTS: Final = 1 << 16
 """PyMySQL's `CLIENT.MULTI_STATEMENTS`."""
@@ -273,15 +307,74 @@ def _packets(texts: Sequence[str]) -> list[str]:
     packets: list[str] = []
     part: list[str] = []
     size = 0
-    for text in texts:
-        if part and size + len(text) > BATCH_CHARS:
+    for one in texts:
+        if part and size + len(one) > BATCH_CHARS:
             packets.append(";\n".join(part))
             part, size = [], 0
-        part.append(text)
-        size += len(text) + 2
+        part.append(one)
+        size += len(one) + 2
     if part:
         packets.append(";\n".join(part))
     return packets
+
+
+@functools.cache
+def _plain_cursor() -> type[Any]:
+    """PyMySQL's own buffered cursor class."""
+    return importlib.import_module("pymysql.cursors").Cursor  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _set_stmt(sql: str) -> Select[Any]:
+    """A SET as a statement a flight compiles (once per text: `driver_sql`'s cache keys on
+    the statement object)."""
+    return typing.cast("Select[Any]", text(sql))
+
+
+def _ending(base: type[Any]) -> type[Any]:
+    """A subclass of PyMySQL's connection class `base` whose `commit()` sends nothing when
+    the transaction's COMMIT went in its last packet (`MySQLImpl.send_batch`): PyMySQL's own
+    sends COMMIT whatever is open, a round trip of its own. And its next statement carries
+    the session settings `MySQLImpl.bound` left pending, in the same packet."""
+
+    made: type[Any] | None = _ENDING.get(base)
+    if made is not None:
+        return made
+
+    class EndsInFlight(base):  # type: ignore[misc]
+        cronoq_ended = False
+        cronoq_pending: str | None = None
+        """Session settings to send in one packet with the next statement (`bound`)."""
+
+        def query(self, sql: Any, unbuffered: bool = False) -> Any:
+            self.cronoq_ended = False  # a statement after the COMMIT: a new transaction
+            pending = self.cronoq_pending
+            if pending is None:
+                return super().query(sql, unbuffered)
+            self.cronoq_pending = None
+            if isinstance(sql, bytes):
+                sql = pending.encode(self.encoding) + b";\n" + sql
+            else:
+                sql = f"{pending};\n{sql}"
+            super().query(sql, False)  # the SET's answer: nothing to read
+            return self.next_result(unbuffered)  # the statement's
+
+        def commit(self) -> None:
+            if self.cronoq_ended:
+                self.cronoq_ended = False
+                return
+            super().commit()
+
+        def rollback(self) -> None:
+            self.cronoq_ended = False
+            super().rollback()
+
+    _ENDING[base] = EndsInFlight
+    return EndsInFlight
+
+
+_ENDING: dict[type[Any], type[Any]] = {}
+"""`_ending`'s class for each PyMySQL connection class: made once."""
 
 
 def _results(cursor: Any, packets: Sequence[str]) -> Any:

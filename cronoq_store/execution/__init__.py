@@ -78,8 +78,8 @@ __all__ = [
     "Flight",
     "Ran",
     "Watchdog",
-    "bound_connects",
     "batches",
+    "bound_connects",
     "bounded",
     "chunks",
     "collection_paused",
@@ -119,9 +119,9 @@ def batches(conn: Connection) -> bool:
 
 def ended(conn: Connection) -> bool:
     """Whether `conn`'s transaction has ended already: its COMMIT went in a flight
-    (`Flight.commit`). Only a pipelined connection can say yes."""
-    if not pipelines(conn):
-        return False
+    (`Flight.commit`). Only a pipelined or batched connection can say yes."""
+    if not pipelines(conn):  # batched: its last packet carried the COMMIT
+        return dialect_of(conn).ended_in_flight(conn.connection.dbapi_connection)
     dbapi_conn: Any = conn.connection.dbapi_connection
     return bool(dbapi_conn.info.transaction_status == _IDLE)
 
@@ -238,8 +238,10 @@ class Flight:
         if self.pipelined:
             self._send(commit=True)
             self._checked()
-        elif self.batched:
-            self.send()
+        elif self.batched:  # the COMMIT in the last packet; the driver's commit() skips
+            self.conn.info[COMMIT_SENT] = True
+            self._send_batch(commit=True)
+            self._checked()
         return self._ran
 
     def _checked(self) -> None:
@@ -247,17 +249,19 @@ class Flight:
         for check in checks:
             check(self._ran)
 
-    def _send_batch(self) -> None:
-        """Send what is queued in one multi-statement packet (`batched`): the server runs
-        them in order and stops at the first error, which `send` raises."""
+    def _send_batch(self, *, commit: bool = False) -> None:
+        """Send what is queued in one multi-statement packet (`batched`), with the COMMIT
+        behind it if `commit`: the server runs them in order and stops at the first error,
+        which `send` raises."""
         conn = self.conn
         queue, self._queue = self._queue, []
         answers: list[tuple[int, Sequence[Any]]] = []
+        dbapi_conn = conn.connection.dbapi_connection
         try:
-            dialect_of(conn).send_batch(conn.connection.dbapi_connection, queue, answers)
+            dialect_of(conn).send_batch(dbapi_conn, queue, answers, commit=commit)
         except conn.dialect.loaded_dbapi.Error as exc:
             self.failed = len(self._ran) + len(answers)
-            sql, _, many = queue[len(answers)]
+            sql, _, many = queue[len(answers)] if len(answers) < len(queue) else _COMMIT
             raise compat.driver_error(conn, exc, sql, many=many) from exc
         finally:
             self._ran.extend(Ran(counted(count), rows) for count, rows in answers)

@@ -55,11 +55,11 @@ ROUND_TRIPS: dict[str, dict[str, int]] = {
         TRANSITION: 2,
         SUBMISSION: 2,
         B100: 4,
-        ACQUIRE: 10,
-        RELEASE: 2,
-        OPEN: 14,
+        ACQUIRE: 3,
+        RELEASE: 1,
+        OPEN: 13,
         ENQUEUE: 2,
-        RENEWAL: 2,
+        RENEWAL: 1,
     },
 }
 """Round trips of each operation (`cronoq_store.bench.rtt.OPERATIONS`), per dialect."""

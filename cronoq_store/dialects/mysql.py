@@ -24,6 +24,7 @@ from .base import (
     setting_is_on,
     setting_of,
 )
+from .cursor import observed
 from .sockets import shut, shut_transport
 
 __all__ = ["FAILED_ERRNO", "IDLE_INFO", "JEPSEN_GALERA", "FailsUnlessOne", "MySQLImpl"]
@@ -281,7 +282,7 @@ class MySQLImpl(DefaultImpl):
         if not changes:
             return None
         sql = f"SET SESSION {', '.join(changes)}"
-        if self.batches(conn):
+        if self.batches(conn) and not observed(conn):  # SQLAlchemy's execution sees each
             if defer:
                 return _set_stmt(sql), {}
             dbapi_conn: Any = conn.connection.dbapi_connection

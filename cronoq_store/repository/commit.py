@@ -362,6 +362,8 @@ def _insert_one(
     ignoring = dialects.insert_ignoring(conn.dialect, tasks)
     if ignoring is None:
         at = flight.add(insert_if_absent_stmt(tuple(new)), new)
+        if not deps:
+            return True  # nothing waits on the answer (MariaDB's batch leaves with the COMMIT)
         return flight.send()[at].rowcount != 0
     at = flight.add(ignoring, new)
     if flight.pipelined and not deps:

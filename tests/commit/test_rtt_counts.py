@@ -53,7 +53,7 @@ ROUND_TRIPS: dict[str, dict[str, int]] = {
     },
     "mysql": {
         TRANSITION: 2,
-        SUBMISSION: 2,
+        SUBMISSION: 1,
         B100: 4,
         ACQUIRE: 3,
         RELEASE: 1,

@@ -329,6 +329,12 @@ class Worker(threading.Thread):
         return self.result
 
 
+LOCK_POLL = 0.15
+"""How often a test asks `lock_waiters`: MariaDB refreshes `information_schema.innodb_trx`
+from a cache only once it has not been read for 0.1 s, so a poll every 10 ms never saw a
+commit that began waiting after the first poll."""
+
+
 def lock_waiters(admin: Engine, dialect: str) -> int:
     """Sessions of the test database waiting for a row lock."""
     with admin.connect() as conn:
@@ -374,6 +380,7 @@ def race_commit_paused(
             lambda: taker.done.is_set() or lock_waiters(admin, dialect) > 0,
             "the takeover to finish or to wait for the commit's row lock",
             WAIT,
+            LOCK_POLL,
         )
         pause.go.set()
         commit.outcome()
@@ -404,6 +411,7 @@ def race_takeover_paused(
             lambda: commit.done.is_set() or lock_waiters(admin, dialect) > 0,
             "the commit to finish or to wait for the takeover's row lock",
             WAIT,
+            LOCK_POLL,
         )
         pause.go.set()
         taker.outcome()

@@ -36,7 +36,7 @@ from sqlalchemy import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from . import dialects, execution, face, inbox, migrate
+from . import dialects, execution, face, inbox, lease, migrate
 from .config import StoreConfig
 from .durability import Durability
 from .errors import StoreError
@@ -609,3 +609,24 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
                 sleep=asyncio.sleep,
             )
             return await inbox.run_calls_async(calls)
+
+    async def release_lease_of(self, holder: str) -> bool:
+        """As `SqlStore.release_lease_of`: free the lease that `holder`, a process known to be
+        dead, still holds.
+
+        Args:
+            holder: The holder the lease names (`inspection.lease_state`).
+
+        Returns:
+            True if it was freed; False if another holder has it now.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
+        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
+        return await self._run("release", work) == 1
+
+    async def close_held_connection(self) -> None:
+        """As `SqlStore.close_held_connection`: close the connection a leader keeps from one
+        commit to the next."""
+        await self._close_held()

@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Column, Connection
 from sqlalchemy import exc as sa_exc
 
-__all__ = ["TESTED_ON", "driver_error", "logs_statements"]
+__all__ = ["TESTED_ON", "copy_column", "driver_error", "logs_statements"]
 
 TESTED_ON = ("2.0.30", "2.1.9")
 """The SQLAlchemy versions this module is tested on: pyproject's floor and the newest."""
@@ -76,3 +76,10 @@ def driver_error(
         ismulti=many,
     )
     return cast(sa_exc.DBAPIError, wrapped)  # what it makes of a driver `Error`
+
+
+def copy_column(column: Column[Any]) -> Column[Any]:
+    """A copy of `column`, bound to no table, for another table or an `ALTER TABLE ... ADD`
+    (`Column._copy`: SQLAlchemy's own, what `Table.to_metadata` copies columns with; not
+    documented)."""
+    return column._copy()

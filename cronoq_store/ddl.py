@@ -68,6 +68,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.reflection import Inspector
 
+from .compat import copy_column
 from .dialects.base import DefaultImpl, dialect_of
 from .errors import StoreUnavailable
 
@@ -130,22 +131,23 @@ def has_table(name: str) -> bool:
 
 def has_index(table: str, name: str) -> bool:
     """Whether `table` has an index called `name` (on PostgreSQL, valid or not)."""
-    if is_offline():
-        return False
-    inspector = _inspector()
-    if not inspector.has_table(table, schema=schema()):
-        return False
-    return any(ix["name"] == name for ix in inspector.get_indexes(table, schema=schema()))
+    return name in _names(table, Inspector.get_indexes)
 
 
 def has_column(table: str, name: str) -> bool:
     """Whether `table` has a column called `name`."""
+    return name in _names(table, Inspector.get_columns)
+
+
+def _names(table: str, listing: Callable[..., Sequence[Mapping[str, Any]]]) -> set[str]:
+    """The names of what `listing` (an `Inspector` method) finds on `table`: none offline (the
+    script builds everything), or where the table does not exist."""
     if is_offline():
-        return False
+        return set()
     inspector = _inspector()
     if not inspector.has_table(table, schema=schema()):
-        return False
-    return any(c["name"] == name for c in inspector.get_columns(table, schema=schema()))
+        return set()
+    return {item["name"] for item in listing(inspector, table, schema=schema())}
 
 
 def index_state(table: str, name: str) -> Literal["missing", "valid", "invalid"]:
@@ -423,12 +425,12 @@ def add_column(table: str, column: sa.Column[Any]) -> None:
         op.add_column(table, column, schema=schema())
         return
     if _dialect().alters_online:
-        spec = sa.schema.CreateColumn(column._copy()).compile(dialect=_context().dialect)
+        spec = sa.schema.CreateColumn(copy_column(column)).compile(dialect=_context().dialect)
         clauses = (", ALGORITHM=INSTANT, LOCK=NONE", ", ALGORITHM=INPLACE, LOCK=NONE")
         _mysql_online(table, f"ADD COLUMN {spec}", clauses, f"add column {table}.{column.name}")
         return
     _alter(
-        lambda: op.add_column(table, column._copy(), schema=schema()),
+        lambda: op.add_column(table, copy_column(column), schema=schema()),
         f"add column {table}.{column.name}",
     )
 

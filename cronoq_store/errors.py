@@ -9,8 +9,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .durability import Durability
-    from .model import LostCommits
+    from .verdict import Durability, LostCommits
 
 __all__ = [
     "BuildTooOld",

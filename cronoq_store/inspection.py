@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal, TypedDict
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Select
 from sqlalchemy import exc as sa_exc
 
 from . import codec, dialects, durability, inbox, lease, migrate
@@ -24,6 +24,13 @@ from .repository import operators, recovery
 
 UNIX: Final = TimeBase(unix_ns=0)
 """Decodes stored times as Unix nanoseconds (an operator has no engine time base)."""
+
+
+class Count(TypedDict):
+    """A count of tasks and how far to trust it (`count`)."""
+
+    tasks: int
+    accuracy: Literal["exact", "about", "more than"]
 
 
 # How figures read.
@@ -135,20 +142,62 @@ def database_size(conn: Connection, schema: str | None) -> int | None:
     return None if size is None else int(size)
 
 
-# Counts.
+# Counts: each reads what it returns, whatever the history's size.
 
 
-def task_counts(conn: Connection) -> list[dict[str, Any]]:
-    """How many tasks each pool holds in each status, live and finished."""
+def live_counts(conn: Connection) -> list[dict[str, Any]]:
+    """How many live tasks each pool holds in each status, exactly: the live index finds them,
+    so the finished tasks (most of a large store) are never read."""
     return [
         {"pool": r.pool, "status": r.status, "count": r.n}
-        for r in conn.execute(operators.task_counts_stmt())
+        for r in conn.execute(operators.live_counts_stmt())
     ]
 
 
-def prune_backlog(conn: Connection, before: int) -> int:
-    """How many finished tasks were last updated before `before` (Unix ns)."""
-    return int(conn.execute(operators.prune_backlog_stmt(), {"cutoff": before}).scalar_one())
+def count(conn: Connection, rows: Select[Any], params: Mapping[str, Any] | None = None) -> Count:
+    """How many of `rows` (an index range of the task table) there are: counted exactly up to
+    `operators.COUNT_CAP`; beyond, the server planner's estimate ("about"), or on SQLite,
+    which keeps none, "more than" the cap. Never more than the cap's index entries read."""
+    cap = operators.COUNT_CAP
+    given = dict(params or {})
+    stmt = operators.capped_count_stmt(rows)
+    counted = int(conn.execute(stmt, {**given, "cap": cap + 1}).scalar_one())
+    if counted <= cap:
+        return {"tasks": counted, "accuracy": "exact"}
+    estimate = None
+    if dialects.name(conn.dialect) != "sqlite":
+        plan = conn.execute(operators.Explain(rows), given).scalar()
+        estimate = operators.planned_rows(plan)
+    if estimate is None or estimate <= cap:
+        return {"tasks": cap, "accuracy": "more than"}
+    return {"tasks": estimate, "accuracy": "about"}
+
+
+def count_text(found: Mapping[str, Any]) -> str:
+    """A `count` for people: "12", "about 1,200,000", "more than 10,000"."""
+    if found["accuracy"] == "exact":
+        return f"{found['tasks']:,}"
+    return f"{found['accuracy']} {found['tasks']:,}"
+
+
+def finished_since(conn: Connection, *, seconds: int = 3600) -> dict[str, int]:
+    """Tasks finished in the last `seconds`, by status (a short range of the finished-time
+    index; every finished status listed, 0 when none)."""
+    since = time.time_ns() - seconds * 1_000_000_000
+    counts = {s.value: 0 for s in TaskStatus if s.is_terminal}
+    for r in conn.execute(operators.finished_by_status_stmt(), {"since": since}):
+        counts[r.status] = counts.get(r.status, 0) + int(r.n)
+    return counts
+
+
+def finished_counts(conn: Connection, retention: timedelta) -> dict[str, Count]:
+    """How many tasks have finished, and how many of them finished longer ago than
+    `retention` (the prune backlog, before `prune` spares those a live task depends on),
+    each a `count`."""
+    return {
+        "finished": count(conn, operators.finished_rows_stmt()),
+        "backlog": count(conn, operators.backlog_rows_stmt(), {"cutoff": cutoff(retention)}),
+    }
 
 
 def prunable_count(conn: Connection, before: int) -> int:
@@ -188,11 +237,13 @@ def schedules(conn: Connection) -> list[dict[str, Any]]:
 
 def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dict[str, Any]:
     """Everything `cronoq-store status` reports, in its JSON form: the database, its schema
-    revision, size, lease, task counts, schedules, inbox, prune backlog (finished tasks older
-    than `retention`), and where known the server's role and the commits a failover lost."""
+    revision, size, lease, live task counts, finished tasks (a `count`, and the last hour's
+    by status), schedules, inbox, prune backlog (finished tasks older than `retention`, a
+    `count`), and where known the server's role and the commits a failover lost."""
     revision = migrate.current_revision(conn, schema=schema)
     lease_view = lease_state(conn)
-    counts = task_counts(conn)
+    counts = live_counts(conn)
+    finished = finished_counts(conn, retention)
     recurring = schedules(conn)
     size = database_size(conn, schema)
     url = dialects.safe_url(conn.engine.url)
@@ -201,7 +252,7 @@ def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dic
     role = server(conn)
     durable = durability_view(conn)
     lost = recovery.lost_commits(conn)
-    backlog = prune_backlog(conn, cutoff(retention))
+    last_hour = finished_since(conn)
     data: dict[str, Any] = {
         "database": url,
         "dialect": dialect,
@@ -212,7 +263,8 @@ def status(conn: Connection, *, schema: str | None, retention: timedelta) -> dic
         "tasks": counts,
         "recurring": recurring,
         "inbox": waiting,
-        "prune_backlog": {"tasks": backlog, "retention_s": retention.total_seconds()},
+        "finished": {**finished["finished"], "last_hour": last_hour},
+        "prune_backlog": {**finished["backlog"], "retention_s": retention.total_seconds()},
     }
     if role is not None:
         data["server"] = role
@@ -280,29 +332,16 @@ def task_detail(row: Any) -> dict[str, Any]:
     return out
 
 
-def list_tasks(
-    conn: Connection,
-    *,
-    pools: Sequence[str],
-    statuses: Sequence[str],
-    key: str | None,
-    tenant: str | None,
-    after: int | None,
-    limit: int,
-) -> list[dict[str, Any]]:
-    """Tasks (live and finished) in id order above `after` (`task_dict` each), at most `limit`;
-    an `after` beyond the 64-bit range clamps."""
-    if after is not None and after < INT64_MIN:
-        after = None  # every id is above it
-    stmt = operators.list_tasks_stmt(
-        pools=pools,
-        statuses=[s.lower() for s in statuses],
-        key=key,
-        tenant=tenant,
-        after=None if after is None else min(after, INT64_MAX),
-        limit=limit,
-    )
-    return [task_dict(r) for r in conn.execute(stmt)]
+def list_tasks(conn: Connection, query: operators.TaskQuery) -> list[dict[str, Any]]:
+    """Tasks (live and finished) as `query` pages them (`task_dict` each); an `after` or
+    `before` beyond the 64-bit range clamps."""
+    after, before = query.after, query.before
+    if after is not None:
+        after = None if after < INT64_MIN else min(after, INT64_MAX)  # below: every id is above
+    if before is not None:
+        before = max(before, INT64_MIN) if before <= INT64_MAX else None
+    clamped = dataclasses.replace(query, after=after, before=before)
+    return [task_dict(r) for r in conn.execute(operators.list_tasks_stmt(clamped))]
 
 
 def find_task(

@@ -728,3 +728,12 @@ class Keeper(leadership.KeeperShell[Callable[[], bool], Callable[[str], None]]):
                 result = exc
             if (note := self._ended(time.monotonic(), result)) is not None:
                 log.log(*note)
+
+
+def release_held_by(conn: Connection, *, holder: str, idle: timedelta) -> int:
+    """Free the lease `holder` holds (a process the operator found dead), in the store's
+    transaction for the leader row, bounded idle (`dialects.bound_idle`): 1 if it was freed,
+    0 if another holds it now. A release sends its own bound (`face.transactions.LEASE_FLIGHTS`).
+    """
+    dialects.bound(conn, idle=idle, timeout=None)
+    return int(conn.execute(release_stmt(), {"b_holder": holder}).rowcount)

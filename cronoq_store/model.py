@@ -54,6 +54,7 @@ from datetime import datetime
 from typing import Literal, NewType, TypeAlias, get_args
 
 from .errors import InvalidValue
+from .verdict import LostCommits as LostCommits
 
 INT64_MIN = -(2**63)
 """Smallest value of a stored 64-bit integer (times, ids, durations)."""
@@ -605,25 +606,6 @@ class RecoveredRecurring:
     """When it fires next, as last committed."""
     last: TaskId | None
     """The task it submitted last, if any."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LostCommits:
-    """Commits a leader had acknowledged that the database no longer held when it looked.
-
-    Recorded by that leader as it stepped down (`DatabaseBehind`): the database had gone back
-    in time, as after an asynchronous failover that promoted a replica behind the primary.
-    What the lost commits held (tasks submitted, finished, their ids) is gone with them; an
-    engine should say so to its operators and re-submit what its callers still expect.
-    """
-
-    epoch: int
-    """The epoch the leader committed under."""
-    commits: int | None
-    """At most this many of its commits are missing; None when the database had lost the
-    leader's lease itself (the take), so the count cannot be told."""
-    noticed_unix_ns: int
-    """When the leader noticed, on the database's clock (the host's for SQLite)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -475,3 +475,25 @@ class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
             poll=self.config.inbox_poll.total_seconds(),
             listener=self._listener,
         )
+
+    def release_lease_of(self, holder: str) -> bool:
+        """Free the lease that `holder`, a process known to be dead, still holds, so that a
+        standby takes over at once instead of after `lease_ttl` (`cronoq-store lease release`).
+
+        Args:
+            holder: The holder the lease names (`inspection.lease_state`).
+
+        Returns:
+            True if it was freed; False if another holder has it now.
+
+        Raises:
+            StoreUnavailable: The database cannot be reached.
+        """
+        work = partial(lease.release_held_by, holder=holder, idle=self.config.lease_ttl)
+        return self._run("release", work) == 1
+
+    def close_held_connection(self) -> None:
+        """Close the held connection (the one a leader keeps from one commit to the next), so
+        that the store has none checked out until its next commit: for a process about to stop
+        itself (SIGSTOP) holding no connection."""
+        self._close_held()

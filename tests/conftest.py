@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from builders import no_connection_left
+from drills import POLL, RENEW, TTL, Spawn, starting
 from figures import FIGURES
 from hypothesis import settings
 from pgpair import PgPair, PgPairError
@@ -168,6 +169,14 @@ def store(db_url: URL, store_config: StoreConfig) -> Iterator[SqlStore]:
     with SqlStore.open(db_url, store_config) as s:
         yield s
         no_connection_left(s, s.engine)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawn]:
+    """Start driver processes (`drills.starting`) on the drills' timings (`drills.TTL`...);
+    all are killed and reaped afterwards."""
+    with starting(tmp_path, ttl=TTL, renew=RENEW, poll=POLL, duration=1800, control=True) as s:
+        yield s
 
 
 @pytest.fixture(scope="session")

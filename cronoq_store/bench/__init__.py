@@ -9,7 +9,8 @@ The package, one room per role:
 
 - `workload`: the realistic specs both sides are handed, and the run's sizes;
 - `raw`: the raw-driver baselines (tables, compiled statements, what each figure runs);
-- `runner`: both sides measured in turns, the ratios, every database in turn;
+- `runner`: both sides measured in turns, and the ratios;
+- `suite`: every figure on one database, every database in turn;
 - `inbox`: the inbox rows (the app's enqueue, the leader's drain) beside the raw driver;
 - `targets`: which databases to run on (SQLite temp files, scratch server databases, URLs);
 - `results`: the figures, their JSON form and the project's goals;
@@ -23,7 +24,7 @@ from .command import bench
 from .raw import Baseline, RawDriver, baselines, raw_tables
 from .report import METRIC_NAMES, markdown_table, plot, print_table
 from .results import METRICS, BenchResult, DatabaseResult, Figure, Metric, Target
-from .runner import bench_database, run_bench
+from .suite import bench_database, run_bench
 from .targets import SERVER_URLS, raw_database, resolve_targets, scratch_database
 from .workload import (
     DEFAULT_BATCH_SIZES,

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import click
 
+from .. import dialects
 from .bloat import as_rows, run_bloat
 from .history import history_command
 from .report import markdown_table, plot, print_table
 from .rtt import markdown, measure
-from .runner import run_bench
+from .suite import run_bench
 from .targets import raw_database, resolve_targets
 from .workload import DEFAULT_BATCH_SIZES, DEFAULT_RUNS, DEFAULT_TASKS
 
@@ -168,7 +169,7 @@ def _rtt(
     names = dialect_names if dialect_names or urls else ("postgresql",)
     with resolve_targets(urls, names) as targets:
         for target in targets:
-            if target.dialect == "sqlite":
+            if not dialects.class_of(target.dialect).server:
                 if target.full_sync:
                     click.echo("sqlite: no wire, no round trips; skipped", err=True)
                 continue

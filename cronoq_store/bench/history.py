@@ -265,6 +265,9 @@ class _History:
         fill(self.engine, VICTIM_IDS, VICTIM_IDS + LIVE, _ns_ago(PRUNED_AGE))
         if dialects.vacuums(self.engine.dialect):
             analyze(self.engine)  # the dead rows of earlier runs, not this prune's
+        # The pages this run's commits and fill dirtied, written out: SQLite's WAL otherwise
+        # held them all, and the prune's first automatic checkpoint paid for their writes.
+        checkpoint(self.engine)
         pruned: list[int] = []
         prune_s = _timed(lambda: pruned.append(self.store.prune(PRUNE_OLDER_THAN)))
         if pruned != [LIVE]:

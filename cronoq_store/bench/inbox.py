@@ -15,7 +15,14 @@ hand-written client would; it runs in the raw side's own database, like every ra
 
 from __future__ import annotations
 
-__all__ = ["DRAIN_BATCH", "ENQUEUE_BATCHES", "InboxBench", "inbox_figures"]
+__all__ = [
+    "DRAIN_BATCH",
+    "ENQUEUE_BATCHES",
+    "INBOX_COLUMNS",
+    "InboxBench",
+    "inbox_figures",
+    "raw_inbox_row",
+]
 
 import gc
 import json
@@ -23,17 +30,15 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-import click
 from sqlalchemy import Connection, bindparam, delete, insert, select
 
+from .. import dialects
 from .. import inbox as inbox_module
 from ..model import InboxTaken, Submitted, TaskId, TaskSpec, TaskStatus
 from ..schema import inbox
-
-if TYPE_CHECKING:
-    from .runner import Bench
+from .runner import Bench, progress
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
 
@@ -41,7 +46,8 @@ ENQUEUE_BATCHES: Final = (1, 100)
 """Specs per app transaction."""
 DRAIN_BATCH: Final = 1000
 """Items per `read_inbox` and commit."""
-_COLUMNS: Final = tuple(c.name for c in inbox.columns if c.name != "id")
+INBOX_COLUMNS: Final = tuple(c.name for c in inbox.columns if c.name != "id")
+"""The inbox's columns a row is inserted with (its id is the database's), in table order."""
 
 
 def _sizes(tasks_n: int) -> tuple[int, int, int]:
@@ -67,8 +73,8 @@ def _specs(count: int) -> list[TaskSpec]:
     ]
 
 
-def _raw_row(spec: TaskSpec) -> tuple[Any, ...]:
-    """An inbox row as a hand-written client encodes it (in `_COLUMNS` order)."""
+def raw_inbox_row(spec: TaskSpec) -> tuple[Any, ...]:
+    """An inbox row as a hand-written client encodes it (in `INBOX_COLUMNS` order)."""
     return (
         time.time_ns(),
         spec.pool,
@@ -97,12 +103,14 @@ class InboxBench:
     def __init__(self, b: Bench) -> None:
         self.b = b
         self.raw = b.raw
-        self.postgresql = self.raw.which == "postgresql"
-        self.insert_sql, order = self.raw.sql(insert(inbox).values({c: None for c in _COLUMNS}))
-        if order != _COLUMNS:
+        self.copies = dialects.dialect_of(b.engine).copies
+        """The raw side loads rows with COPY where the store does (psycopg)."""
+        empty = {c: None for c in INBOX_COLUMNS}
+        self.insert_sql, order = self.raw.sql(insert(inbox).values(empty))
+        if order != INBOX_COLUMNS:
             raise RuntimeError(f"unexpected inbox column order {order}")
         prep = b.engine.dialect.identifier_preparer
-        names = ", ".join(prep.quote(c) for c in _COLUMNS)
+        names = ", ".join(prep.quote(c) for c in INBOX_COLUMNS)
         self.copy_inbox = f"COPY {prep.format_table(inbox)} ({names}) FROM STDIN"
         self.read_sql = str(
             select(inbox)
@@ -131,17 +139,17 @@ class InboxBench:
             conn.commit()
 
     def _raw_enqueue(self, txns: Sequence[Sequence[TaskSpec]]) -> None:
-        copy = self.postgresql
+        copy = self.copies
         for specs in txns:
             with self.raw.transaction() as cur:
                 if len(specs) == 1:
-                    cur.execute(self.insert_sql, _raw_row(specs[0]))
+                    cur.execute(self.insert_sql, raw_inbox_row(specs[0]))
                 elif copy:
                     with cur.copy(self.copy_inbox) as c:
                         for spec in specs:
-                            c.write_row(_raw_row(spec))
+                            c.write_row(raw_inbox_row(spec))
                 else:
-                    cur.executemany(self.insert_sql, [_raw_row(s) for s in specs])
+                    cur.executemany(self.insert_sql, [raw_inbox_row(s) for s in specs])
 
     def enqueue(self, conn: Connection) -> None:
         batch1, batch100, _ = _sizes(self.b.n)
@@ -159,9 +167,9 @@ class InboxBench:
                 wall = {name: _timed(fn) for name, fn in turns}
                 rows = size * count
                 pairs.append((rows / wall["store"], rows / wall["raw"]))
-            baseline = "insert" if size == 1 else ("copy" if self.postgresql else "executemany")
+            baseline = "insert" if size == 1 else ("copy" if self.copies else "executemany")
             f = self.b.add("enqueue", size, "rows/s", pairs, baseline)
-            _progress(f"enqueue {size}/txn x{f.ratio:.2f} of raw {baseline}")
+            progress(f"enqueue {size}/txn x{f.ratio:.2f} of raw {baseline}")
 
     # The leader's side.
 
@@ -173,7 +181,7 @@ class InboxBench:
             with conn.begin():
                 inbox_module.enqueue_many(conn, chunk, notify=False)
             with self.raw.transaction() as cur:
-                cur.executemany(self.insert_sql, [_raw_row(s) for s in chunk])
+                cur.executemany(self.insert_sql, [raw_inbox_row(s) for s in chunk])
 
     def _store_drain(self) -> None:
         b = self.b
@@ -231,7 +239,7 @@ class InboxBench:
                         )
                     )
                     next_id += 1
-                if self.postgresql:
+                if self.copies:
                     with cur.copy(raw.copy_tasks) as c:
                         for row in rows:
                             c.write_row(row)
@@ -256,9 +264,9 @@ class InboxBench:
             if run == 0:
                 self.b.check_same_rows(ignore=("arrival_unix_ns", "updated_unix_ns"))
             pairs.append((count / wall["store"], count / wall["raw"]))
-        baseline = "copy" if self.postgresql else "executemany"
+        baseline = "copy" if self.copies else "executemany"
         f = self.b.add("drain", DRAIN_BATCH, "rows/s", pairs, baseline)
-        _progress(f"drain {DRAIN_BATCH} x{f.ratio:.2f} of raw {baseline}")
+        progress(f"drain {DRAIN_BATCH} x{f.ratio:.2f} of raw {baseline}")
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -267,10 +275,6 @@ def _timed(fn: Callable[[], Any]) -> float:
     began = time.perf_counter()
     fn()
     return time.perf_counter() - began
-
-
-def _progress(message: str) -> None:
-    click.echo(f"  {message}", err=True)
 
 
 def inbox_figures(b: Bench) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from sqlalchemy import update
 
@@ -20,9 +20,7 @@ from .. import lease
 from ..model import Submitted, TimeBase
 from ..schema import leader
 from .raw import RawDriver
-
-if TYPE_CHECKING:
-    from .runner import Bench
+from .runner import Bench, progress
 
 _HOLDER: Final = "cronoq-bench-raw"
 _EPOCH: Final = 1
@@ -135,8 +133,6 @@ def leader_commit(bench: Bench, commits: int = COMMITS) -> None:
     c = bench.add("leader_cpu", 1, "ms/commit", cpu, main)
     lo = bench.add("leader_p50", 1, "ms", p50, main)
     hi = bench.add("leader_p99", 1, "ms", p99, main)
-    from .runner import progress
-
     progress(
         f"leader commit b1: x{f.ratio:.2f} ({f.ratio_min:.2f}-{f.ratio_max:.2f}), "
         f"CPU {c.excess:+.3f} ms, p50 {lo.store:.3f}/{lo.raw:.3f} ms, "

@@ -27,14 +27,16 @@ from typing import Any, Final, Protocol
 
 from sqlalchemy import URL, create_engine, insert
 
+from .. import dialects
 from .. import inbox as inbox_module
 from ..lease import new_holder, release_stmt, renew_stmt, take_stmt
 from ..model import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus, TimeBase
 from ..schema import inbox, leader
 from ..store import SqlStore, StoreConfig
-from .inbox import _COLUMNS, _raw_row
+from .inbox import INBOX_COLUMNS, raw_inbox_row
 from .proxy import proxied_url
 from .raw import RawDriver
+from .targets import server_label
 
 OPERATIONS: Final = (
     "commit b1, a transition",
@@ -176,29 +178,31 @@ class _FlightDriver(RawDriver):
 
     def __init__(self, url: URL, dialect: Any) -> None:
         super().__init__(url, dialect, full_sync=True)
-        self.pg = self.which == "postgresql"
-        if self.pg:
+        self.pipelined = dialects.dialect_of(dialect).pipelined
+        if self.pipelined:
             self.conn.autocommit = True
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Any]:
-        if not self.pg:
-            with super().transaction() as cur:
-                yield cur
-            return
-        with self.conn.pipeline(), self.conn.cursor() as cur:
-            cur.execute("BEGIN")
+        with self._sent(pipelined=True) as cur:
             yield cur
-            cur.execute("COMMIT")
 
     @contextlib.contextmanager
     def unpipelined(self) -> Iterator[Any]:
         """A transaction as an app writes it: BEGIN, each statement, COMMIT, one by one."""
-        if not self.pg:
-            with super().transaction() as cur:
+        with self._sent(pipelined=False) as cur:
+            yield cur
+
+    @contextlib.contextmanager
+    def _sent(self, *, pipelined: bool) -> Iterator[Any]:
+        """BEGIN, the statements and COMMIT on the autocommit connection, in one pipeline or
+        one by one; where the driver has no pipeline, `RawDriver`'s transaction."""
+        if not self.pipelined:
+            with RawDriver.transaction(self) as cur:
                 yield cur
             return
-        with self.conn.cursor() as cur:
+        flight = self.conn.pipeline() if pipelined else contextlib.nullcontext()
+        with flight, self.conn.cursor() as cur:
             cur.execute("BEGIN")
             yield cur
             cur.execute("COMMIT")
@@ -234,8 +238,8 @@ def raw_round_trips(url: URL, side: Tally, *, repeats: int = REPEATS) -> None:
     renew_sql, renew_args = compiled(renew_stmt())
     release_sql, release_args = compiled(release_stmt())
     epoch_sql, _ = raw.sql(leader.select().with_only_columns(leader.c.epoch))
-    inbox_sql, order = raw.sql(insert(inbox).values({c: None for c in _COLUMNS}))
-    if order != _COLUMNS:
+    inbox_sql, order = raw.sql(insert(inbox).values({c: None for c in INBOX_COLUMNS}))
+    if order != INBOX_COLUMNS:
         raise RuntimeError(f"unexpected inbox column order {order}")
     params: dict[str, Any] = {"b_holder": holder, "b_ttl": ttl, "b_acked": 0}
 
@@ -268,7 +272,7 @@ def raw_round_trips(url: URL, side: Tally, *, repeats: int = REPEATS) -> None:
             side.run(OPERATIONS[0], partial(raw.transition, base, change, {}))
         for _ in range(repeats):
             side.run(OPERATIONS[7], flight(lambda c: c.execute(renew_sql, renew_args())))
-        row = _raw_row(TaskSpec(payload=b"x" * 100, kind="bench.job"))
+        row = raw_inbox_row(TaskSpec(payload=b"x" * 100, kind="bench.job"))
         for _ in range(repeats):
 
             def enqueue() -> None:
@@ -303,8 +307,7 @@ def measure(url: URL, raw_url: URL, *, rtt_ms: float, repeats: int = REPEATS) ->
     engine = create_engine(url)
     try:
         with engine.connect():
-            version = ".".join(str(v) for v in (engine.dialect.server_version_info or ())[:3])
-        name = "mariadb" if getattr(engine.dialect, "is_mariadb", False) else engine.dialect.name
+            label = server_label(engine.dialect)
     finally:
         engine.dispose()
     figures = tuple(
@@ -317,7 +320,7 @@ def measure(url: URL, raw_url: URL, *, rtt_ms: float, repeats: int = REPEATS) ->
         )
         for op in OPERATIONS
     )
-    return RttResult(label=f"{name} {version}", rtt_ms=rtt_ms, figures=figures)
+    return RttResult(label=label, rtt_ms=rtt_ms, figures=figures)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 
 Each pair measures the store and every raw baseline once, one after the other, the order
 reversed from one pair to the next so drift (caches, checkpoints, a neighbour's load) favours
-neither; a figure is the median of the per-pair ratios, with their spread (min-max).
+neither; a figure is the median of the per-pair ratios, with their spread (min-max). Which
+figures a run takes, on which databases, is `suite`'s.
 """
 
 from __future__ import annotations
@@ -27,15 +28,10 @@ from ..model import Mutation, Recovered, StatusChanged, Submitted, TaskId, TaskS
 from ..repository.prune import PRUNE_BATCH, vacuum
 from ..schema import task_deps, tasks
 from ..store import SqlStore, StoreConfig
-from .inbox import inbox_figures
-from .leader import leader_commit
 from .raw import Baseline, RawDriver, baselines
-from .results import BenchResult, DatabaseResult, Figure, Metric, Target, goal_of
-from .targets import raw_database
+from .results import Figure, Metric, Target, goal_of
+from .targets import server_label
 from .workload import (
-    DEFAULT_BATCH_SIZES,
-    DEFAULT_RUNS,
-    DEFAULT_TASKS,
     MIN_COMMITS,
     MIN_ROWS,
     POPULATE_BATCH,
@@ -74,9 +70,7 @@ def _memory(fn: Callable[[], Any]) -> tuple[float, float]:
 def _label(target: Target, dialect: Dialect) -> str:
     if not dialects.class_of(target.dialect).server:
         return f"sqlite {sqlite3.sqlite_version} full_sync={'on' if target.full_sync else 'off'}"
-    version = ".".join(str(v) for v in (dialect.server_version_info or ())[:3])
-    name = "mariadb" if getattr(dialect, "is_mariadb", False) else dialect.name
-    return f"{name} {version}"
+    return server_label(dialect)
 
 
 class Bench:
@@ -376,48 +370,3 @@ class Bench:
             pairs.append((self.n / wall["store"], self.n / wall["raw"]))
         f = self.add("prune", PRUNE_BATCH, "rows/s", pairs)
         progress(f"prune x{f.ratio:.2f}")
-
-
-def bench_database(
-    target: Target,
-    *,
-    tasks: int = DEFAULT_TASKS,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    runs: int = DEFAULT_RUNS,
-) -> DatabaseResult:
-    """Every figure on one target (whose store must not be in use)."""
-    with raw_database(target) as raw_url:
-        b = Bench(target, raw_url, tasks=tasks, batch_sizes=batch_sizes, runs=runs)
-        click.echo(f"{b.label}:", err=True)
-        try:
-            b.throughput()
-            leader_commit(b)
-            b.recovery()
-            b.prune()
-            inbox_figures(b)
-        finally:
-            b.close()
-    return DatabaseResult(
-        label=b.label,
-        dialect=target.dialect,
-        url=target.url.render_as_string(hide_password=True),
-        figures=tuple(b.figures),
-    )
-
-
-def run_bench(
-    targets: Sequence[Target],
-    *,
-    tasks: int = DEFAULT_TASKS,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    runs: int = DEFAULT_RUNS,
-) -> BenchResult:
-    """Benchmark every target, one after the other."""
-    return BenchResult(
-        tasks=tasks,
-        runs=runs,
-        batch_sizes=tuple(batch_sizes),
-        databases=tuple(
-            bench_database(t, tasks=tasks, batch_sizes=batch_sizes, runs=runs) for t in targets
-        ),
-    )

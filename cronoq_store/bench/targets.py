@@ -19,6 +19,7 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.engine.interfaces import Dialect
 
 from .. import dialects
 from ..schema import tasks
@@ -129,3 +130,12 @@ def resolve_targets(urls: Sequence[str], dialect_names: Sequence[str]) -> Iterat
             else:
                 targets.append(Target(url=url))
         yield targets
+
+
+def server_label(dialect: Dialect) -> str:
+    """The server a connected dialect speaks to and its version, as the figures are labelled:
+    "postgresql 16.4", "mariadb 11.4.2" (MariaDB by its own name, which `dialects.name` gives
+    as MySQL's)."""
+    version = ".".join(str(v) for v in (dialect.server_version_info or ())[:3])
+    name = "mariadb" if getattr(dialect, "is_mariadb", False) else dialects.name(dialect)
+    return f"{name} {version}"

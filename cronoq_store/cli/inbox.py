@@ -21,6 +21,7 @@ from ..model import Priority, TaskSpec
 from ..schema import inbox as inbox_table
 from ..schema import inbox_rejects
 from .output import cells, console, echo_json, print_table
+from .status import inbox_text
 from .target import Target, open_database
 
 _PRIORITIES: Final = click.Choice([p.name.lower() for p in Priority], case_sensitive=False)
@@ -143,12 +144,7 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
     if as_json:
         echo_json({**summary, "inbox": items, "rejects": rejects, "next_after": next_after})
         return
-    age = summary["oldest_age_s"]
-    click.echo(
-        f"inbox      {summary['items']} waiting"
-        + ("" if age is None else f", oldest {age:g} s old")
-        + f", {summary['set_aside']} set aside"
-    )
+    click.echo(f"inbox      {inbox_text(summary)}")
     out = console()
     if items:
         grid = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)

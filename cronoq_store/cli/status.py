@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .. import inspection, schemacheck
 from ..model import INT64_MAX, INT64_MIN, TaskStatus
+from ..repository import operators
 from .output import cells, console, duration_option, echo_json, field_lines, print_table, short
 from .target import Target, open_database
 
@@ -70,7 +71,8 @@ def _prometheus(data: Mapping[str, Any]) -> str:
             shown = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
             out.append(f"{name}{{{shown}}} {value:g}" if shown else f"{name} {value:g}")
 
-    lease_view, waiting = data["lease"], data["inbox"]
+    lease_view, waiting, finished = data["lease"], data["inbox"], data["finished"]
+    age, left = waiting["oldest_age_s"], lease_view["expires_in_s"]
     gauge(
         "cronoq_schema_info",
         "The schema revision of the database (label), and this build's head.",
@@ -78,38 +80,48 @@ def _prometheus(data: Mapping[str, Any]) -> str:
     )
     gauge(
         "cronoq_tasks",
-        "Stored tasks by pool and status.",
+        "Live tasks by pool and status (exact).",
         [({"pool": r["pool"], "status": r["status"]}, r["count"]) for r in data["tasks"]],
     )
-    gauge("cronoq_inbox_items", "Items waiting in the inbox.", [({}, waiting["items"])])
-    age = waiting["oldest_age_s"]
     gauge(
-        "cronoq_inbox_oldest_age_seconds",
-        "Age of the oldest item waiting in the inbox (0 when empty).",
-        [({}, 0 if age is None else age)],
+        "cronoq_finished_last_hour_tasks",
+        "Tasks finished in the last hour, by status.",
+        [({"status": s}, n) for s, n in finished["last_hour"].items()],
     )
-    gauge(
-        "cronoq_inbox_set_aside",
-        "Inbox rows set aside as undecodable.",
-        [({}, waiting["set_aside"])],
-    )
-    gauge("cronoq_lease_epoch", "The lease's fencing epoch.", [({}, lease_view["epoch"])])
-    gauge(
-        "cronoq_lease_held",
-        "1 while a leader holds an unexpired lease, else 0.",
-        [({}, 1 if lease_view["state"] == "held" else 0)],
-    )
-    left = lease_view["expires_in_s"]
-    gauge(
-        "cronoq_lease_expires_in_seconds",
-        "Seconds until the lease expires, on the database's clock (negative: expired; 0: free).",
-        [({}, 0 if left is None else left)],
-    )
-    gauge(
-        "cronoq_prune_backlog_tasks",
-        "Finished tasks last updated longer ago than the retention (what prune would delete).",
-        [({}, data["prune_backlog"]["tasks"])],
-    )
+    singles: list[tuple[str, str, float]] = [
+        (
+            "cronoq_finished_tasks",
+            "Finished tasks stored (exact up to 10,000; beyond, the planner's estimate).",
+            finished["tasks"],
+        ),
+        ("cronoq_inbox_items", "Items waiting in the inbox.", waiting["items"]),
+        (
+            "cronoq_inbox_oldest_age_seconds",
+            "Age of the oldest item waiting in the inbox (0 when empty).",
+            0 if age is None else age,
+        ),
+        ("cronoq_inbox_set_aside", "Inbox rows set aside as undecodable.", waiting["set_aside"]),
+        ("cronoq_lease_epoch", "The lease's fencing epoch.", lease_view["epoch"]),
+        (
+            "cronoq_lease_held",
+            "1 while a leader holds an unexpired lease, else 0.",
+            1 if lease_view["state"] == "held" else 0,
+        ),
+        (
+            "cronoq_lease_expires_in_seconds",
+            "Seconds until the lease expires, on the database's clock (negative: expired; "
+            "0: free).",
+            0 if left is None else left,
+        ),
+        (
+            "cronoq_prune_backlog_tasks",
+            "Finished tasks last updated longer ago than the retention (what prune would "
+            "delete; exact up to 10,000, beyond the planner's estimate).",
+            data["prune_backlog"]["tasks"],
+        ),
+    ]
+    for name, text, value in singles:
+        gauge(name, text, [({}, value)])
     if "lost_commits" in data:
         lost = data["lost_commits"]
         gauge(
@@ -130,6 +142,26 @@ def _lost_text(lost: Mapping[str, Any]) -> str:
         f"the leader of epoch {lost['epoch']} found {count} acknowledged commits missing "
         f"({inspection.when(lost['noticed_unix_ns'])}); cleared by the next leader's first "
         "commit"
+    )
+
+
+def inbox_text(summary: Mapping[str, Any]) -> str:
+    """The inbox's depth (`inbox.depth`) in a line."""
+    age = summary["oldest_age_s"]
+    return (
+        f"{summary['items']} waiting"
+        + ("" if age is None else f", oldest {age:g} s old")
+        + f", {summary['set_aside']} set aside"
+    )
+
+
+def _finished_text(finished: Mapping[str, Any], backlog: Mapping[str, Any]) -> str:
+    """The finished tasks, the last hour's by status, and the prune backlog, in a line."""
+    hour = ", ".join(f"{s} {n:,}" for s, n in finished["last_hour"].items() if n) or "none"
+    retention = inspection.seconds_text(int(backlog["retention_s"] * 1e9))
+    return (
+        f"{inspection.count_text(finished)} (last hour: {hour}); "
+        f"{inspection.count_text(backlog)} past the retention ({retention})"
     )
 
 
@@ -162,7 +194,7 @@ def schema_check_text(found: Mapping[str, Any]) -> str:
 )
 @click.pass_obj
 def status(target: Target, as_json: bool, form: str, retention: timedelta) -> None:
-    """Schema revision, leader lease, task counts, schedules and database size."""
+    """Schema revision, leader lease, live task counts, finished tasks, schedules and size."""
     form = "json" if as_json else form
     with open_database(target) as store, store.engine.connect() as conn:
         data = inspection.status(conn, schema=target.schema, retention=retention)
@@ -184,13 +216,8 @@ def status(target: Target, as_json: bool, form: str, retention: timedelta) -> No
     click.echo(f"lease      {lease_text(data['lease'])}")
     if "lost_commits" in data:
         click.echo(f"lost       {_lost_text(data['lost_commits'])}")
-    waiting = data["inbox"]
-    age = waiting["oldest_age_s"]
-    click.echo(
-        f"inbox      {waiting['items']} waiting"
-        + ("" if age is None else f", oldest {age:g} s old")
-        + f", {waiting['set_aside']} set aside"
-    )
+    click.echo(f"inbox      {inbox_text(data['inbox'])}")
+    click.echo(f"finished   {_finished_text(data['finished'], data['prune_backlog'])}")
     out = console()
     if data["tasks"]:
         grid = Table(
@@ -244,9 +271,15 @@ def tasks_cmd(
 ) -> None:
     """List tasks, live and finished, in id order (page on with --after)."""
     with open_database(target) as store, store.engine.connect() as conn:
-        rows = inspection.list_tasks(
-            conn, pools=pools, statuses=statuses, key=key, tenant=tenant, after=after, limit=limit
+        query = operators.TaskQuery(
+            pools=pools,
+            statuses=[s.lower() for s in statuses],
+            key=key,
+            tenant=tenant,
+            after=after,
+            limit=limit,
         )
+        rows = inspection.list_tasks(conn, query)
     next_after = rows[-1]["id"] if len(rows) == limit else None
     if as_json:
         echo_json({"tasks": rows, "next_after": next_after})

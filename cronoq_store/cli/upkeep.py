@@ -7,9 +7,8 @@ from datetime import timedelta
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sqlalchemy import Connection
 
-from .. import dialects, inspection, lease
+from .. import inspection
 from ..face import translated
 from ..repository.prune import PRUNE_BATCH, prune_batch
 from .output import duration_option, echo_json, progress_console
@@ -100,16 +99,8 @@ def lease_release(target: Target, force: bool, yes: bool) -> None:
         click.echo(f"lease: {lease_text(view)}")
         if not yes:
             click.confirm("Release it? Only do this if that process is dead", abort=True)
-        holder, idle = view["holder"], store.config.lease_ttl
-
-        def clear(c: Connection) -> int:
-            # The store's transaction for the leader row, bounded idle (`dialects.bound_idle`):
-            # a "release" sends its own bound (`face.transactions.LEASE_FLIGHTS`).
-            dialects.bound(c, idle=idle, timeout=None)
-            return c.execute(lease.release_stmt(), {"b_holder": holder}).rowcount
-
-        released = store._run("release", clear)
-    if released != 1:
+        released = store.release_lease_of(view["holder"])
+    if not released:
         raise click.ClickException("the lease changed hands meanwhile: nothing released")
     click.echo(
         f"released the lease of {view['holder']} (epoch {view['epoch']}); "

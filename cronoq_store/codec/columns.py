@@ -32,8 +32,7 @@ from .values import (
     KIND_MAX,
     POOL_MAX,
     TENANT_MAX,
-    bounded,
-    bounded_opt,
+    bounded_texts,
     clean,
     expect,
     from_unix,
@@ -94,10 +93,7 @@ def spec_columns(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
     """The column values of `spec` (the keys of `SPEC_COLUMNS`)."""
     pool, kind, key, tenant = spec.pool, spec.kind, spec.key, spec.tenant
     if not _stored_as_is(pool, kind, key, tenant):
-        pool = bounded("TaskSpec.pool", pool, POOL_MAX)
-        kind = bounded("TaskSpec.kind", kind, KIND_MAX)
-        key = bounded_opt("TaskSpec.key", key, KEY_MAX)
-        tenant = bounded_opt("TaskSpec.tenant", tenant, TENANT_MAX)
+        pool, kind, key, tenant = bounded_texts("TaskSpec.", pool, kind, key, tenant)
     fixed = spec.fixed_start
     return {
         "pool": pool,

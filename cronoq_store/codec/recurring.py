@@ -18,12 +18,7 @@ from .jsonparts import (
     str_map,
 )
 from .values import (
-    KEY_MAX,
-    KIND_MAX,
-    POOL_MAX,
-    TENANT_MAX,
-    bounded,
-    bounded_opt,
+    bounded_texts,
     clean,
     clean_opt,
     expect,
@@ -35,11 +30,14 @@ from .values import (
 
 def _template_obj(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
     fixed = spec.fixed_start
+    pool, kind, key, tenant = bounded_texts(
+        "template ", spec.pool, spec.kind, spec.key, spec.tenant
+    )
     return {
-        "kind": bounded("template kind", spec.kind, KIND_MAX),
-        "pool": bounded("template pool", spec.pool, POOL_MAX),
+        "kind": kind,
+        "pool": pool,
         "priority": int(spec.priority),
-        "key": bounded_opt("template key", spec.key, KEY_MAX),
+        "key": key,
         "deadline_unix_ns": to_unix_opt(base, spec.deadline, "template deadline"),
         "fixed_start": None
         if fixed is None
@@ -55,7 +53,7 @@ def _template_obj(base: TimeBase, spec: TaskSpec) -> dict[str, Any]:
         "resources": {clean(k): v for k, v in spec.resources.items()},
         "tags": sorted({clean(t) for t in spec.tags}),
         "labels": {clean(k): clean(v) for k, v in spec.labels.items()},
-        "tenant": bounded_opt("template tenant", spec.tenant, TENANT_MAX),
+        "tenant": tenant,
     }
 
 

@@ -50,6 +50,19 @@ def bounded_opt(field: str, text: str | None, limit: int) -> str | None:
     return None if text is None else bounded(field, text, limit)
 
 
+def bounded_texts(
+    where: str, pool: str, kind: str, key: str | None, tenant: str | None
+) -> tuple[str, str, str | None, str | None]:
+    """A spec's pool, kind, key and tenant, each `bounded` by its limit; `where` starts each
+    field's name in messages ("TaskSpec.", "template ")."""
+    return (
+        bounded(f"{where}pool", pool, POOL_MAX),
+        bounded(f"{where}kind", kind, KIND_MAX),
+        bounded_opt(f"{where}key", key, KEY_MAX),
+        bounded_opt(f"{where}tenant", tenant, TENANT_MAX),
+    )
+
+
 def to_unix(base: TimeBase, t: Time, field: str = "time") -> int:
     """Unix nanoseconds of engine time `t`, refused when outside BIGINT."""
     unix = base.unix_ns + t

@@ -7,14 +7,14 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Any, Final
 
 try:
     import fcntl
 except ImportError:  # Windows: one process migrates at a time, by the operator's care
     fcntl = None  # type: ignore[assignment]
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Select, func, select
 from sqlalchemy import exc as sa_exc
 
 from .. import galera
@@ -51,12 +51,7 @@ def migration_lock(conn: Connection, *, schema: str | None = None) -> Iterator[C
         try:
             yield _no_renewal
         finally:
-            if not conn.invalidated:
-                with contextlib.suppress(sa_exc.SQLAlchemyError):
-                    if conn.in_transaction():
-                        conn.rollback()
-                    conn.execute(select(func.pg_advisory_unlock(MIGRATION_LOCK_KEY)))
-                    conn.commit()
+            _unlock(conn, select(func.pg_advisory_unlock(MIGRATION_LOCK_KEY)))
     elif dialect == "mysql" and galera.is_galera(conn):
         # GET_LOCK holds on one node only: a row certification makes cluster-wide (galera.py).
         holder = galera.new_holder()
@@ -92,14 +87,7 @@ def migration_lock(conn: Connection, *, schema: str | None = None) -> Iterator[C
             if conn.in_transaction():
                 conn.commit()
         finally:
-            # A session the server ended took its lock with it; releasing it on the dead
-            # connection would only hide why the migration failed (PendingRollbackError).
-            if not conn.invalidated:
-                with contextlib.suppress(sa_exc.SQLAlchemyError):
-                    if conn.in_transaction():
-                        conn.rollback()
-                    conn.execute(select(func.release_lock(MIGRATION_LOCK_NAME)))
-                    conn.commit()
+            _unlock(conn, select(func.release_lock(MIGRATION_LOCK_NAME)))
     else:
         raise StoreError(f"unsupported dialect {conn.dialect.name!r}")
 
@@ -167,3 +155,15 @@ def _take_file_lock(path: str) -> int:
         if current == os.fstat(fd).st_ino:
             return fd
         os.close(fd)  # the holder removed it as we took it: take the new one
+
+
+def _unlock(conn: Connection, unlock: Select[Any]) -> None:
+    """Free a session's lock with `unlock` once the migration is over, never raising over the
+    migration's own error. A session the server ended took its lock with it: releasing it on
+    the dead connection would only hide why the migration failed (PendingRollbackError)."""
+    if not conn.invalidated:
+        with contextlib.suppress(sa_exc.SQLAlchemyError):
+            if conn.in_transaction():
+                conn.rollback()
+            conn.execute(unlock)
+            conn.commit()

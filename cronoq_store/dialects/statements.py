@@ -137,19 +137,25 @@ class Vacuum(Executable, ClauseElement):
     it blocks no reader or writer, and makes the dead rows' space reusable at once. Without
     truncating the table's empty tail (PostgreSQL 12 and later): the next tasks fill it, and
     truncating takes an exclusive lock, which waits up to 5 s behind any open transaction
-    that read the table and, replayed on a hot standby, cancels the queries there."""
+    that read the table and, replayed on a hot standby, cancels the queries there.
+    Without `index_cleanup`, the dead rows' index entries are left to the next vacuum
+    (`INDEX_CLEANUP OFF`): that pass reads every index whole (`repository.prune.vacuum`)."""
 
     inherit_cache = False
 
-    def __init__(self, *tables: Table) -> None:
+    def __init__(self, *tables: Table, index_cleanup: bool = True) -> None:
         self.tables = tables
+        self.index_cleanup = index_cleanup
 
 
 @compiles(Vacuum, "postgresql")
 def _vacuum(element: Vacuum, compiler: SQLCompiler, **kw: Any) -> str:
     tables = ", ".join(compiler.preparer.format_table(t) for t in element.tables)
     version = compiler.dialect.server_version_info or (0,)
-    return f"VACUUM (TRUNCATE false) {tables}" if version >= (12,) else f"VACUUM {tables}"
+    if version < (12,):
+        return f"VACUUM {tables}"
+    cleanup = "" if element.index_cleanup else ", INDEX_CLEANUP OFF"
+    return f"VACUUM (TRUNCATE false{cleanup}) {tables}"
 
 
 def vacuums(dialect: Dialect) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import re
 import sqlite3
+from collections.abc import Iterator
 from typing import Any, Final
 
 from sqlalchemy import exc as sa_exc
@@ -122,13 +123,8 @@ def missing_table(exc: sa_exc.DBAPIError) -> bool:
     return getattr(orig, "sqlstate", None) == "42P01"
 
 
-def describe(exc: BaseException) -> str | None:
-    """The cause of a failed connection in the same words on every dialect (access denied,
-    unknown database, unreachable server), or None: MariaDB's driver tuples such as
-    `(1045, "Access denied ...")` and libpq's "FATAL: role ..." say one thing three ways.
-
-    Looks through `exc`'s chain, so a `StoreError` raised from a driver error is described too.
-    """
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every error in its chain (causes and contexts, depth first), each once."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -136,6 +132,18 @@ def describe(exc: BaseException) -> str | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        yield e
+        todo += (e.__cause__, e.__context__)
+
+
+def describe(exc: BaseException) -> str | None:
+    """The cause of a failed connection in the same words on every dialect (access denied,
+    unknown database, unreachable server), or None: MariaDB's driver tuples such as
+    `(1045, "Access denied ...")` and libpq's "FATAL: role ..." say one thing three ways.
+
+    Looks through `exc`'s chain, so a `StoreError` raised from a driver error is described too.
+    """
+    for e in _chain(exc):
         if isinstance(e, sa_exc.DBAPIError) and e.orig is not None:
             text = str(e.orig)
             for pattern, words in _CAUSES:
@@ -143,7 +151,6 @@ def describe(exc: BaseException) -> str | None:
                 if found is not None:
                     name = next((g for g in found.groups() if g is not None), None)
                     return redact(words.format(name) if name is not None else words)
-        todo += (e.__cause__, e.__context__)
     return None
 
 
@@ -154,17 +161,10 @@ def hide_parameters(exc: BaseException) -> None:
     them in every traceback and `log.exception` of the store's error, whatever the engine's
     own `hide_parameters`. Emptied, not just flagged hidden: nothing keeps them alive.
     """
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(exc):
         if isinstance(e, sa_exc.StatementError):
             e.params = None
             e.hide_parameters = True
-        todo += (e.__cause__, e.__context__)
 
 
 def translate(exc: BaseException) -> StoreError:

@@ -527,7 +527,7 @@ class Face(Generic[E, K, C, H]):
                 self._telemetry.pruned(total)
         if total and dialects.vacuums(self.engine.dialect):
             try:
-                yield Step("vacuum", prune.vacuum)
+                yield Step("vacuum", partial(prune.vacuum, deleted=total))
             except StoreError as exc:  # the rows are gone; autovacuum reclaims them later
                 self._log.warning("could not vacuum the task tables after a prune: %s", exc)
         return total

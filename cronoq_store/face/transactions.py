@@ -340,7 +340,14 @@ class Commit(NamedTuple):
     """The monotonic time it began: once landed its fence counts as a renewal from there."""
 
 
-def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None = None) -> None:
+def commit(
+    conn: Connection,
+    c: Commit,
+    tx: Tx,
+    armed: execution.Deadline | None = None,
+    *,
+    optimistic: bool = True,
+) -> None:
     """The way of a commit, from BEGIN to COMMIT, in one transaction on `conn` under `tx`
     (`plan("commit")`): the bounds, the fence check, the folded writes, the COMMIT.
 
@@ -355,16 +362,21 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
     transaction. `Fenced` (or what the diagnosis raises) when this instance does not lead;
     a live-key clash inside the batch is `InvalidValue` (`folding.same_live_key`). The
     deadline's rules are `transaction`'s.
+
+    `optimistic`: pipelined, the live transitions ride in the flight behind a guard that
+    fails it on a revival (`repository.commit.RevivalGuard`); the commit then runs again,
+    not optimistic (`_revived_again`).
     """
     if armed is None and tx.deadline is not None:  # not armed before connecting: arm it here
         with execution.bounded(tx.deadline.total_seconds()) as own:
-            return commit(conn, c, tx, own)
+            return commit(conn, c, tx, own, optimistic=optimistic)
     if armed is not None:
         execution.WATCHDOG.bind(armed, dialects.interrupter(conn))
     info = conn.info  # kept: once invalidated, `conn.info` would connect again
     info.pop(execution.COMMIT_SENT, None)
     committing = False
     fence_at = -1
+    guard = writing.RevivalGuard() if optimistic else None
     try:
         with conn.begin(), execution.collection_paused():
             flight = execution.Flight(conn)
@@ -386,7 +398,7 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
                 seq=c.seq, acked=c.acked,
             ):  # fmt: skip
                 raise Fenced(lease.FENCED.format(epoch=c.epoch))
-            writing.write(conn, c.base, c.folded, c.outputs, flight)
+            writing.write(conn, c.base, c.folded, c.outputs, flight, guard)
             flight.commit()  # pipelined: the COMMIT leaves in this flight; else at the end
             if armed is not None and time.monotonic() > armed.at and not execution.ended(conn):
                 raise StoreUnavailable(
@@ -395,6 +407,8 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
             committing = True
         dialects.committed(conn)
     except BaseException as exc:
+        if guard is not None and guard.failed(exc):
+            return _revived_again(conn, c, tx, armed)
         fenced = fence_at >= 0 and flight.failed == fence_at and lease.fence_failed(exc)
         error = _commit_error(conn, c, exc, fenced)
         _failed(conn, info, exc if error is None else error, tx, armed, committing)
@@ -403,6 +417,13 @@ def commit(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None
         raise error from (None if fenced else exc)
     if armed is not None:
         _settled(conn, tx, armed)
+
+
+def _revived_again(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadline | None) -> None:
+    """The optimistic flight found a revival (its guard failed it, so it was rolled back with
+    nothing written): commit the batch again, the way that restores revived tasks' rows,
+    under the same deadline."""
+    commit(conn, c, tx, armed, optimistic=False)
 
 
 def _commit_error(

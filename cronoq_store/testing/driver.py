@@ -249,7 +249,7 @@ class WorkloadDriver:
         if isinstance(self.store, SqlStore):
             # The connection a leader keeps between its commits (this thread's, which is in
             # none now) holds nothing, but the gate counts connections: it goes back first.
-            self.store._close_held()
+            self.store.close_held_connection()
         with self._gate:
             while self._checked_out:
                 self._gate.wait(0.05)

@@ -175,28 +175,18 @@ def activity_charts(conn: Connection) -> dict[str, Any]:
 
 def finished_recently(conn: Connection, *, seconds: int = 3600) -> dict[str, int]:
     """Tasks finished in the last `seconds`, by status (the overview's Finished card)."""
-    since = time.time_ns() - seconds * 1_000_000_000
-    counts = dict.fromkeys(charts.FINISHED_STATUSES, 0)
-    for r in conn.execute(operators.finished_by_status_stmt(), {"since": since}):
-        counts[r.status] = counts.get(r.status, 0) + int(r.n)
-    return counts
+    return inspection.finished_since(conn, seconds=seconds)
 
 
 def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> dict[str, Any]:
-    """The overview: revision, lease, live tasks by pool and status, finished and prunable
-    counts, inbox, schedules, and on PostgreSQL the server's role."""
-    cutoff = codec.saturate(time.time_ns() - (retention // timedelta(microseconds=1)) * 1000)
-    live = [
-        {"pool": r.pool, "status": r.status, "count": r.n}
-        for r in conn.execute(operators.live_counts_stmt())
-    ]
+    """The overview: revision, lease, live tasks by pool and status (exact), finished and
+    prunable counts (`inspection.count`: exact up to a cap, beyond it the planner's estimate),
+    inbox, schedules, and on PostgreSQL the server's role. Nothing reads the history."""
+    live = inspection.live_counts(conn)
     pools = sorted({c["pool"] for c in live})
     statuses = [s for s in STATUSES if any(c["status"] == s for c in live)]
     grid = {(c["pool"], c["status"]): c["count"] for c in live}
-    finished = int(conn.execute(operators.finished_count_stmt()).scalar_one())
-    recent = int(
-        conn.execute(operators.finished_since_count_stmt(), {"cutoff": cutoff}).scalar_one()
-    )
+    counts = inspection.finished_counts(conn, retention)
     return {
         "revision": migrate.current_revision(conn, schema=schema),
         "head": migrate.head_revision(),
@@ -206,10 +196,8 @@ def overview(conn: Connection, *, schema: str | None, retention: timedelta) -> d
         "statuses": statuses,
         "grid": grid,
         "live_total": sum(c["count"] for c in live),
-        "finished": finished,
-        # Under READ COMMITTED each count has its own snapshot: a prune in between must not
-        # make the backlog negative.
-        "past_retention": max(0, finished - recent),
+        "finished": inspection.count_text(counts["finished"]),
+        "past_retention": inspection.count_text(counts["backlog"]),
         "retention": inspection.seconds_text(retention // timedelta(microseconds=1) * 1000),
         "schedules": int(conn.execute(operators.recurring_count_stmt()).scalar_one()),
         "inbox": inbox.depth(conn),
@@ -253,18 +241,16 @@ class TaskFilter:
 
 def tasks_page(conn: Connection, flt: TaskFilter) -> dict[str, Any]:
     """One page of tasks, newest first, and where the next (older) page starts."""
-    stmt = operators.list_tasks_stmt(
+    query = operators.TaskQuery(
         pools=[flt.pool] if flt.pool else [],
         statuses=[flt.status] if flt.status else [],
         key=flt.key,
-        tenant=None,
-        after=None,
         kind=flt.kind,
         before=flt.before,
         newest_first=True,
         limit=flt.limit + 1,  # one more says whether an older page exists
     )
-    rows = [inspection.task_dict(r) for r in conn.execute(stmt)]
+    rows = inspection.list_tasks(conn, query)
     more = len(rows) > flt.limit
     rows = rows[: flt.limit]
     return {"tasks": rows, "older": rows[-1]["id"] if more else None}

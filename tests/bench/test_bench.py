@@ -13,7 +13,7 @@ from dataclasses import replace
 from inspect import signature as inspect_signature
 from pathlib import Path
 
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from sqlalchemy import URL, create_engine, func, inspect, select
 
 from cronoq_store.bench import (
@@ -165,27 +165,21 @@ def test_older_json_reads_back() -> None:
     assert "0.50x" in out.getvalue()
 
 
+def small_run(runner: CliRunner, db: Path, output: str, *, sizes: str, runs: int) -> Result:
+    """`cronoq-store bench` of 20 tasks on the SQLite file `db`, printing `output` (--json,
+    --markdown); it must succeed."""
+    args = ["-n", "20", "--batch-sizes", sizes, "--runs", str(runs), output, "--url", str(db)]
+    result = runner.invoke(bench, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
 def test_cli_json_covers_both_sqlite_modes(tmp_path: Path) -> None:
     """The command's default: SQLite with full_sync on and off, JSON on stdout."""
     # stdout alone: click 8.2 always captures stderr apart, 8.1 (the floor) when asked.
     separate = "mix_stderr" in inspect_signature(CliRunner).parameters
     runner = CliRunner(**({"mix_stderr": False} if separate else {}))
-    result = runner.invoke(
-        bench,
-        [
-            "-n",
-            "20",
-            "--batch-sizes",
-            "1,10",
-            "--runs",
-            "2",
-            "--json",
-            "--url",
-            str(tmp_path / "b.db"),
-        ],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
+    result = small_run(runner, tmp_path / "b.db", "--json", sizes="1,10", runs=2)
     data = json.loads(result.stdout)
     labels = [d["label"] for d in data["databases"]]
     assert [label.endswith(("full_sync=on", "full_sync=off")) for label in labels] == [True, True]
@@ -196,22 +190,7 @@ def test_cli_json_covers_both_sqlite_modes(tmp_path: Path) -> None:
 
 def test_cli_markdown(tmp_path: Path) -> None:
     """`--markdown` prints the README's table: one column per database."""
-    result = CliRunner().invoke(
-        bench,
-        [
-            "-n",
-            "20",
-            "--batch-sizes",
-            "1",
-            "--runs",
-            "1",
-            "--markdown",
-            "--url",
-            str(tmp_path / "m.db"),
-        ],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
+    result = small_run(CliRunner(), tmp_path / "m.db", "--markdown", sizes="1", runs=1)
     header = next(line for line in result.output.splitlines() if line.startswith("| figure"))
     assert header.count("| sqlite ") == 2
     assert "full_sync=on |" in header and header.endswith("full_sync=off |")

@@ -170,13 +170,15 @@ def test_status(db_url: URL, store: SqlStore) -> None:
     assert data["lease"]["holder"] == store.holder
     assert data["lease"]["epoch"] == store.epoch == 1
     assert 0 < data["lease"]["expires_in_s"] <= TTL.total_seconds()
-    assert data["tasks"] == [
-        {"pool": "a", "status": "failed", "count": 1},
-        {"pool": "a", "status": "queued", "count": 1},
-        {"pool": "a", "status": "succeeded", "count": 1},
-        {"pool": "b", "status": "cancelled", "count": 2},
-        {"pool": "b", "status": "succeeded", "count": 1},
-    ]
+    # Live tasks by pool and status; the finished ones as counts (exact below the cap).
+    assert data["tasks"] == [{"pool": "a", "status": "queued", "count": 1}]
+    hour = dict.fromkeys(["succeeded", "failed", "cancelled", "expired", "skipped"], 0)
+    assert data["finished"] == {
+        "tasks": 5,
+        "accuracy": "exact",
+        "last_hour": {**hour, "succeeded": 1},
+    }
+    assert data["prune_backlog"] == {"tasks": 4, "accuracy": "exact", "retention_s": 3600.0}
     (sched,) = data["recurring"]
     assert sched["name"] == "nightly"
     assert sched["schedule"] == "cron 0 3 * * * (UTC)"
@@ -187,7 +189,8 @@ def test_status(db_url: URL, store: SqlStore) -> None:
     out = run(url, "status").stdout
     assert f"held by {store.holder}, epoch 1, expires in" in out
     assert re.search(r"expires in \d+\.\d s \(database clock\)", out)
-    assert re.search(r"b\s+cancelled\s+2", out)
+    assert re.search(r"a\s+queued\s+1", out)
+    assert "finished   5 (last hour: succeeded 1); 4 past the retention (3600 s)" in out
     assert "nightly" in out and f"{migrate.head_revision()} (head)" in out
     assert re.search(r"size\s+\d+(\.\d)? (B|KiB|MiB|GiB)", out)
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cronoq_store import codec
+from cronoq_store.codec import jsonparts
 from cronoq_store.errors import CorruptValue, InvalidValue
 from cronoq_store.model import (
     INT64_MAX,
@@ -266,11 +267,11 @@ def _decodes_or_corrupt(fn: Any, *args: Any, again: Callable[[Any], Any]) -> boo
 
 
 _CODECS: tuple[tuple[Callable[[Any], Any], Callable[[Any], Any]], ...] = (
-    (codec.decode_deps, codec.encode_deps),
-    (codec.decode_retry, codec.encode_retry),
-    (codec.decode_tags, codec.encode_tags),
-    (codec.decode_labels, codec.encode_labels),
-    (codec.decode_resources, codec.encode_resources),
+    (codec.decode_deps, jsonparts.encode_deps),
+    (jsonparts.decode_retry, jsonparts.encode_retry),
+    (jsonparts.decode_tags, jsonparts.encode_tags),
+    (jsonparts.decode_labels, jsonparts.encode_labels),
+    (jsonparts.decode_resources, jsonparts.encode_resources),
 )
 """Each JSON column's decoder, and the encoder of what it returns."""
 

@@ -196,7 +196,7 @@ def test_plain_columns_decode_alike_with_and_without_orjson(text: Any) -> None:
         codec.decode_deps,
         codec.jsonparts.decode_tags_uncached,
         codec.jsonparts.decode_labels_uncached,
-        codec.decode_resources,
+        codec.jsonparts.decode_resources,
     )
     for fn in decoders:
         outcomes = []
@@ -237,14 +237,18 @@ def test_shared_label_and_tag_texts_decode_alike_and_labels_stay_private(
     from cronoq_store import codec
 
     if long:  # past the cache's bound: decoded each time
-        labels = {**labels, "pad": "p" * (codec.SHARED_TAGS_MAX + 1)}
-    text = codec.encode_labels(labels)
+        labels = {**labels, "pad": "p" * (codec.jsonparts.SHARED_TAGS_MAX + 1)}
+    text = codec.jsonparts.encode_labels(labels)
     uncached = codec.jsonparts
     stored = uncached.decode_labels_uncached(text)  # as written: the encoder cleans what it must
-    first, second = codec.decode_labels(text), codec.decode_labels(text)
+    first, second = codec.jsonparts.decode_labels(text), codec.jsonparts.decode_labels(text)
     assert first == second == stored
     assert type(first) is dict
     first["changed"] = "yes"
-    assert codec.decode_labels(text) == stored
-    tags = codec.encode_tags(frozenset(labels))
-    assert codec.decode_tags(tags) == codec.decode_tags(tags) == uncached.decode_tags_uncached(tags)
+    assert codec.jsonparts.decode_labels(text) == stored
+    tags = codec.jsonparts.encode_tags(frozenset(labels))
+    assert (
+        codec.jsonparts.decode_tags(tags)
+        == codec.jsonparts.decode_tags(tags)
+        == uncached.decode_tags_uncached(tags)
+    )

@@ -10,28 +10,18 @@ import pytest
 from builders import BASE
 from sqlalchemy import URL, create_engine, select
 
-from cronoq_store import (
-    ById,
-    SqlStore,
-    StatusChanged,
-    StoreConfig,
-    StoreUnavailable,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-)
+import cronoq_store as cq
 from cronoq_store.schema import tasks
 
 TIMEOUT = timedelta(seconds=1)
 
 
 def test_blocked_commit_times_out_and_writes_nothing(db_url: URL, dialect: str) -> None:
-    config = StoreConfig(commit_timeout=TIMEOUT, lease_ttl=timedelta(seconds=30))
-    with SqlStore.open(db_url, config) as store:
+    config = cq.StoreConfig(commit_timeout=TIMEOUT, lease_ttl=timedelta(seconds=30))
+    with cq.SqlStore.open(db_url, config) as store:
         epoch = store.acquire_leadership()
-        spec = TaskSpec(payload=b"p")
-        store.commit(epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=1, spec=spec)])
+        spec = cq.TaskSpec(payload=b"p")
+        store.commit(epoch, BASE, [cq.Submitted(id=cq.TaskId(1), seq=1, arrival=1, spec=spec)])
         blocker = create_engine(db_url)
         try:
             with blocker.connect() as other:
@@ -41,13 +31,15 @@ def test_blocked_commit_times_out_and_writes_nothing(db_url: URL, dialect: str) 
                 else:
                     other.execute(select(tasks.c.id).where(tasks.c.id == 1).with_for_update())
                 started = time.monotonic()
-                with pytest.raises(StoreUnavailable):
+                with pytest.raises(cq.StoreUnavailable) as raised:
                     store.commit(
                         epoch,
                         BASE,
                         [
-                            StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=5),
-                            Submitted(id=TaskId(2), seq=2, arrival=2, spec=spec),
+                            cq.StatusChanged(
+                                id=cq.TaskId(1), status=cq.TaskStatus.RUNNING, attempt=1, at=5
+                            ),
+                            cq.Submitted(id=cq.TaskId(2), seq=2, arrival=2, spec=spec),
                         ],
                     )
                 waited = time.monotonic() - started
@@ -59,10 +51,17 @@ def test_blocked_commit_times_out_and_writes_nothing(db_url: URL, dialect: str) 
         assert waited < 4.5
         with store.engine.connect() as conn:
             rows = conn.execute(select(tasks.c.id, tasks.c.status).order_by(tasks.c.id)).all()
-        assert [(r.id, r.status) for r in rows] == [(1, "queued")]
+        stored = [(r.id, r.status) for r in rows]
+        if "outcome unknown" in str(raised.value):
+            # Its COMMIT left in its one flight (PostgreSQL) and the server, still waiting
+            # when the deadline cut the session off, may finish it once the lock is gone:
+            # all of the batch or none of it.
+            assert stored in ([(1, "queued")], [(1, "running"), (2, "queued")])
+        else:
+            assert stored == [(1, "queued")]
         # The store carries on once the blocker is gone.
-        store.commit(epoch, BASE, [Submitted(id=TaskId(2), seq=2, arrival=2, spec=spec)])
-        task = store.get_task(ById(id=TaskId(2)))
+        store.commit(epoch, BASE, [cq.Submitted(id=cq.TaskId(2), seq=2, arrival=2, spec=spec)])
+        task = store.get_task(cq.ById(id=cq.TaskId(2)))
         assert task is not None
 
 
@@ -77,15 +76,15 @@ def test_commit_stalled_on_a_table_lock_leaves_the_lease(db_url: URL, dialect: s
             "renewal needs the same lock: nothing of the lease row is held by a waiting commit"
         )
     ttl = timedelta(seconds=4)  # a lock bound of (4 - 1) / 3 = 1 s, MariaDB's least
-    config = StoreConfig(
+    config = cq.StoreConfig(
         lease_ttl=ttl, lease_renew=timedelta(seconds=1), commit_timeout=timedelta(seconds=20)
     )
     lost = threading.Event()
-    spec = TaskSpec(payload=b"p")
-    with SqlStore.open(db_url, config) as store:
+    spec = cq.TaskSpec(payload=b"p")
+    with cq.SqlStore.open(db_url, config) as store:
         epoch = store.acquire_leadership()
         store.on_leadership_lost(lost.set)
-        store.commit(epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=1, spec=spec)])
+        store.commit(epoch, BASE, [cq.Submitted(id=cq.TaskId(1), seq=1, arrival=1, spec=spec)])
         blocker = create_engine(db_url)
         waits: list[float] = []
         try:
@@ -98,9 +97,11 @@ def test_commit_stalled_on_a_table_lock_leaves_the_lease(db_url: URL, dialect: s
                 n = 2
                 while time.monotonic() < until and not lost.is_set():
                     started = time.monotonic()
-                    with pytest.raises(StoreUnavailable):
+                    with pytest.raises(cq.StoreUnavailable):
                         store.commit(
-                            epoch, BASE, [Submitted(id=TaskId(n), seq=n, arrival=n, spec=spec)]
+                            epoch,
+                            BASE,
+                            [cq.Submitted(id=cq.TaskId(n), seq=n, arrival=n, spec=spec)],
                         )
                     waits.append(time.monotonic() - started)
                     n += 1
@@ -114,5 +115,5 @@ def test_commit_stalled_on_a_table_lock_leaves_the_lease(db_url: URL, dialect: s
         assert waits and max(waits) < 1.0 + 2.0, waits
         assert not lost.is_set(), f"the leader lost its lease to its own waiting commits {waits}"
         assert store.epoch == epoch
-        store.commit(epoch, BASE, [Submitted(id=TaskId(99), seq=99, arrival=99, spec=spec)])
-        assert store.get_task(ById(id=TaskId(99))) is not None
+        store.commit(epoch, BASE, [cq.Submitted(id=cq.TaskId(99), seq=99, arrival=99, spec=spec)])
+        assert store.get_task(cq.ById(id=cq.TaskId(99))) is not None

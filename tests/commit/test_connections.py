@@ -21,21 +21,10 @@ from builders import BASE, keyed, submit
 from sqlalchemy import URL, Engine, create_engine, event, select, text
 from sqlalchemy import exc as sa_exc
 
-from cronoq_store import (
-    AsyncSqlStore,
-    ById,
-    Dep,
-    SqlStore,
-    StatusChanged,
-    StoreError,
-    StoreUnavailable,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-    execution,
-)
+import cronoq_store as cq
+from cronoq_store import execution
 from cronoq_store.face import HOLD_MIN_POOL
+from cronoq_store.repository.commit import ARRAY_ROWS
 from cronoq_store.schema import tasks
 from cronoq_store.store import StoreConfig
 from cronoq_store.testing.statements import after_statements
@@ -90,7 +79,7 @@ def test_a_connection_lost_while_idle_is_replaced_unseen(
     db_url: URL, admin: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(execution, "PING_IDLE", 0.0)  # every checkout is past the idle bound
-    with SqlStore.open(db_url, QUIET) as store:
+    with cq.SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(1)])
         assert kill_other_sessions(admin, dialect) >= 1
@@ -104,7 +93,7 @@ def test_a_connection_lost_within_the_idle_bound_fails_one_commit(
     db_url: URL, admin: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(execution, "PING_IDLE", 3600.0)  # no checkout here is pinged
-    with SqlStore.open(db_url, QUIET) as store:
+    with cq.SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(1)])
         assert kill_other_sessions(admin, dialect) >= 1
@@ -113,7 +102,7 @@ def test_a_connection_lost_within_the_idle_bound_fails_one_commit(
             try:
                 store.commit(epoch, BASE, [keyed(2), keyed(3)])
                 break
-            except StoreUnavailable:
+            except cq.StoreUnavailable:
                 failed += 1
                 assert stored(admin) == {1}  # nothing half-written
         else:
@@ -134,7 +123,7 @@ def test_statements_take_sqlalchemys_path_only_when_asked(db_url: URL) -> None:
     def listener(*_args: Any) -> None:
         pass
 
-    with SqlStore.open(db_url) as store, store.engine.connect() as conn:
+    with cq.SqlStore.open(db_url) as store, store.engine.connect() as conn:
         assert not execution.observed(conn)
         for name in ("before_cursor_execute", "after_cursor_execute", "handle_error"):
             event.listen(store.engine, name, listener)
@@ -174,12 +163,14 @@ def test_a_listener_sees_every_write_of_a_commit_when_asked(db_url: URL) -> None
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         seen.append(" ".join(statement.split()[:3]).upper())
 
-    with SqlStore.open(db_url) as store:
+    with cq.SqlStore.open(db_url) as store:
         store.engine.update_execution_options(**{execution.OBSERVED: True})
         epoch = store.acquire_leadership()
-        dep = (Dep(target=ById(id=TaskId(1))),)
+        dep = (cq.Dep(target=cq.ById(id=cq.TaskId(1))),)
         batch = [
-            Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", deps=dep))
+            cq.Submitted(
+                id=cq.TaskId(i), seq=i, arrival=i, spec=cq.TaskSpec(payload=b"p", deps=dep)
+            )
             for i in range(1, 11)
         ]
         event.listen(store.engine, "before_cursor_execute", record)
@@ -188,7 +179,7 @@ def test_a_listener_sees_every_write_of_a_commit_when_asked(db_url: URL) -> None
             store.commit(
                 epoch,
                 BASE,
-                [StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=1)],
+                [cq.StatusChanged(id=cq.TaskId(1), status=cq.TaskStatus.RUNNING, attempt=1, at=1)],
             )
         finally:
             event.remove(store.engine, "before_cursor_execute", record)
@@ -217,18 +208,21 @@ def test_a_connection_lost_before_copy_is_invalidated(db_url: URL, admin: Engine
         with admin.connect() as conn:
             conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": killed[0]})
 
-    batch = [Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p")) for i in (1, 2)]
-    with SqlStore.open(db_url, QUIET) as store:
+    ids = range(1, ARRAY_ROWS + 2)  # more than a flight carries as arrays: COPY
+    batch = [
+        cq.Submitted(id=cq.TaskId(i), seq=i, arrival=i, spec=cq.TaskSpec(payload=b"p")) for i in ids
+    ]
+    with cq.SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
         after_statements(store.engine, kill_before_copy)
-        with pytest.raises(StoreUnavailable) as caught:
+        with pytest.raises(cq.StoreUnavailable) as caught:
             store.commit(epoch, BASE, batch)
         cause = caught.value.__cause__
         assert isinstance(cause, sa_exc.DBAPIError), repr(cause)
         assert str(cause.statement).startswith("COPY"), cause.statement
         assert cause.connection_invalidated
         store.commit(epoch, BASE, batch)  # on a new connection
-        assert stored(admin) == {1, 2}
+        assert stored(admin) == set(ids)
 
 
 def test_a_leader_commits_on_the_connection_its_last_commit_kept(db_url: URL) -> None:
@@ -242,14 +236,14 @@ def test_a_leader_commits_on_the_connection_its_last_commit_kept(db_url: URL) ->
         if threading.get_ident() == me:  # not the keeper's renewals (none under QUIET)
             checkouts.append(1)
 
-    with SqlStore.open(db_url, QUIET) as store:
+    with cq.SqlStore.open(db_url, QUIET) as store:
         pool: Any = store.engine.pool
         epoch = store.acquire_leadership()
         event.listen(store.engine, "checkout", checkout)
         for i in range(1, 6):
             store.commit(epoch, BASE, [keyed(i)])
         assert (len(checkouts), pool.checkedout()) == (1, 1)
-        with pytest.raises(StoreError):  # a live-key clash, refused by the database
+        with pytest.raises(cq.StoreError):  # a live-key clash, refused by the database
             store.commit(epoch, BASE, [submit(6), submit(7, key="k1")])
         assert pool.checkedout() == 0
         store.commit(epoch, BASE, [keyed(8)])
@@ -263,13 +257,13 @@ def test_a_small_pool_or_an_apps_engine_keeps_no_connection(db_url: URL) -> None
     """Below `HOLD_MIN_POOL` connections the pool has none to spare, and an app's engine keeps
     the budget its app gave its pool: every commit checks out and returns its connection."""
     small = StoreConfig(pool_size=HOLD_MIN_POOL - 1, lease_ttl=QUIET.lease_ttl)
-    with SqlStore.open(db_url, small) as store:
+    with cq.SqlStore.open(db_url, small) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(1)])
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     engine = create_engine(db_url, pool_size=10)
     try:
-        apps = SqlStore(engine, QUIET)
+        apps = cq.SqlStore(engine, QUIET)
         epoch = apps.acquire_leadership()
         apps.commit(epoch, BASE, [keyed(2)])
         assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
@@ -283,7 +277,7 @@ def test_the_async_face_keeps_its_commit_connection_too(db_url: URL) -> None:
     it back when leadership ends."""
 
     async def run() -> tuple[int, int]:
-        async with await AsyncSqlStore.open(db_url, QUIET) as store:
+        async with await cq.AsyncSqlStore.open(db_url, QUIET) as store:
             pool: Any = store.engine.pool
             epoch = await store.acquire_leadership()
             checkouts: list[int] = []
@@ -316,7 +310,7 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
         killed.append(1)
         kill_other_sessions(admin, dialect)
 
-    with SqlStore.open(db_url, QUIET) as store:
+    with cq.SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(1)])
         store.release_leadership()  # which returns the connection its commits kept
@@ -324,8 +318,10 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(5)])  # the connection kept
         armed.append(1)
-        with pytest.raises(StoreUnavailable):
-            store.commit(epoch, BASE, [keyed(2), keyed(3)])
+        # More tasks than one flight carries as arrays: the fence's flight is sent first.
+        batch = [keyed(i) for i in range(10, 11 + ARRAY_ROWS)]
+        with pytest.raises(cq.StoreUnavailable):
+            store.commit(epoch, BASE, batch)
         assert killed
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         store.commit(epoch, BASE, [keyed(4)])
@@ -344,7 +340,7 @@ def test_a_stream_reads_every_row_a_chunk_at_a_time(
 
     from cronoq_store.repository.recovery import live_tasks_stmt
 
-    with SqlStore.open(db_url, QUIET) as store:
+    with cq.SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [submit(i, key=f"k{i}") for i in range(25)])
         stmt = live_tasks_stmt()
@@ -379,7 +375,7 @@ def test_a_stream_whose_session_ends_midway_fails_as_a_lost_connection(
     from cronoq_store.repository.recovery import live_tasks_stmt
 
     big = b"x" * 2000  # a result far past the socket's buffers: the server is still sending
-    with SqlStore.open(db_url, QUIET) as store:
+    with cq.SqlStore.open(db_url, QUIET) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [submit(i, big) for i in range(4000)])
         with store.engine.connect() as conn:

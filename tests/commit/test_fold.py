@@ -22,26 +22,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import cronoq_store as cq
 from cronoq_store import codec
 from cronoq_store.errors import CorruptValue, InvalidValue
-from cronoq_store.model import (
-    INT64_MAX,
-    ById,
-    ByKey,
-    Dep,
-    InboxTaken,
-    Mutation,
-    RecurringRemove,
-    StatusChanged,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-    TimeBase,
-)
+from cronoq_store.model import INT64_MAX
 from cronoq_store.repository import folding
 
-BASE = TimeBase(unix_ns=1_700_000_000 * 10**9)
+BASE = cq.TimeBase(unix_ns=1_700_000_000 * 10**9)
 NOW = BASE.unix_ns + 10**12
 """The commit's wall clock (Unix ns): every fold of one test uses the same."""
 IDS = (1, 2, 3, 4)
@@ -80,7 +67,7 @@ def write(tasks: Tasks, deps: DepRows, folded: folding.Folded) -> None:
             deps[task_id] = list(folded.deps[task_id])
 
 
-def committed(batches: Sequence[Sequence[Mutation]]) -> tuple[Tasks, DepRows]:
+def committed(batches: Sequence[Sequence[cq.Mutation]]) -> tuple[Tasks, DepRows]:
     """The rows after committing `batches` in order, each folded on its own."""
     tasks: Tasks = {}
     deps: DepRows = {}
@@ -89,23 +76,23 @@ def committed(batches: Sequence[Sequence[Mutation]]) -> tuple[Tasks, DepRows]:
     return tasks, deps
 
 
-statuses = st.sampled_from(TaskStatus)
+statuses = st.sampled_from(cq.TaskStatus)
 messages = st.none() | st.sampled_from(["", "boom", "nul\x00byte", "ünï"])
 deps_of = st.lists(
     st.builds(
-        Dep,
-        target=st.builds(ById, id=st.sampled_from(IDS).map(TaskId))
-        | st.builds(ByKey, key=st.sampled_from(["a", "b\x00"])),
+        cq.Dep,
+        target=st.builds(cq.ById, id=st.sampled_from(IDS).map(cq.TaskId))
+        | st.builds(cq.ByKey, key=st.sampled_from(["a", "b\x00"])),
         on=st.sampled_from(["success", "finish"]),
     ),
     max_size=3,
 ).map(tuple)
 
 
-def transitions(task_id: int) -> st.SearchStrategy[StatusChanged]:
+def transitions(task_id: int) -> st.SearchStrategy[cq.StatusChanged]:
     return st.builds(
-        StatusChanged,
-        id=st.just(TaskId(task_id)),
+        cq.StatusChanged,
+        id=st.just(cq.TaskId(task_id)),
         status=statuses,
         attempt=st.integers(0, 3),
         at=st.integers(0, 10**6),
@@ -114,17 +101,17 @@ def transitions(task_id: int) -> st.SearchStrategy[StatusChanged]:
 
 
 @st.composite
-def streams(draw: st.DrawFn, *, early: bool = True) -> list[Mutation]:
+def streams(draw: st.DrawFn, *, early: bool = True) -> list[cq.Mutation]:
     """Mutations as an engine sends them: each task submitted once, and transitions of any
     task in any order (after it finished, of a task never submitted, and unless not `early`,
     before its submission)."""
     submitted = draw(st.lists(st.sampled_from(IDS), unique=True))
-    out: list[Mutation] = [
-        Submitted(
-            id=TaskId(i),
+    out: list[cq.Mutation] = [
+        cq.Submitted(
+            id=cq.TaskId(i),
             seq=n,
             arrival=draw(st.integers(0, 10**6)),
-            spec=TaskSpec(
+            spec=cq.TaskSpec(
                 payload=b"p",
                 key=draw(st.none() | st.sampled_from(["a", "b\x00"])),
                 deps=draw(deps_of),
@@ -133,14 +120,14 @@ def streams(draw: st.DrawFn, *, early: bool = True) -> list[Mutation]:
         for n, i in enumerate(submitted)
     ]
     for change in draw(st.lists(st.sampled_from(IDS).flatmap(transitions), max_size=12)):
-        at = [n for n, m in enumerate(out) if isinstance(m, Submitted) and m.id == change.id]
+        at = [n for n, m in enumerate(out) if isinstance(m, cq.Submitted) and m.id == change.id]
         lowest = 0 if early or not at else at[0] + 1
         out.insert(draw(st.integers(lowest, len(out))), change)
     return out
 
 
 @st.composite
-def cuts(draw: st.DrawFn, stream: list[Mutation]) -> list[list[Mutation]]:
+def cuts(draw: st.DrawFn, stream: list[cq.Mutation]) -> list[list[cq.Mutation]]:
     """`stream` cut into consecutive batches (some may be empty)."""
     points = sorted(draw(st.lists(st.integers(0, len(stream)), max_size=4)))
     bounds = [0, *points, len(stream)]
@@ -174,7 +161,7 @@ def test_a_replayed_batch_changes_nothing(data: st.DataObject) -> None:
 
 
 @given(streams())
-def test_only_live_tasks_hold_dependency_rows(stream: list[Mutation]) -> None:
+def test_only_live_tasks_hold_dependency_rows(stream: list[cq.Mutation]) -> None:
     """A task inserted and finished in one batch has none; a live one has its spec's, in order."""
     tasks, deps = committed([stream])
     for task_id, row in tasks.items():
@@ -187,25 +174,27 @@ def test_only_live_tasks_hold_dependency_rows(stream: list[Mutation]) -> None:
 
 @given(streams())
 def test_a_transition_folds_into_the_insert_only_after_the_submission(
-    stream: list[Mutation],
+    stream: list[cq.Mutation],
 ) -> None:
     folded = folding.fold(BASE, NOW, stream)
     first: dict[int, int] = {}
     for n, m in enumerate(stream):
-        if isinstance(m, Submitted):
+        if isinstance(m, cq.Submitted):
             first.setdefault(m.id, n)
     assert set(folded.inserts) == set(first)
     early = {
         m.id
         for n, m in enumerate(stream)
-        if isinstance(m, StatusChanged) and n < first.get(m.id, len(stream))
+        if isinstance(m, cq.StatusChanged) and n < first.get(m.id, len(stream))
     }
     assert set(folded.updates) == early
     for task_id, row in folded.inserts.items():
         after = [
-            m for m in stream[first[task_id] :] if isinstance(m, StatusChanged) and m.id == task_id
+            m
+            for m in stream[first[task_id] :]
+            if isinstance(m, cq.StatusChanged) and m.id == task_id
         ]
-        status = after[-1].status if after else TaskStatus.QUEUED
+        status = after[-1].status if after else cq.TaskStatus.QUEUED
         assert row["status"] == status.value
         assert row["terminal"] is status.is_terminal
         assert row["live_key"] == (None if status.is_terminal else row["key"])
@@ -214,13 +203,13 @@ def test_a_transition_folds_into_the_insert_only_after_the_submission(
 
 
 def test_a_second_submission_of_a_task_in_one_batch_is_ignored() -> None:
-    spec = TaskSpec(payload=b"x")
+    spec = cq.TaskSpec(payload=b"x")
     folded = folding.fold(
         BASE,
         NOW,
         [
-            Submitted(id=TaskId(1), seq=7, arrival=0, spec=spec),
-            Submitted(id=TaskId(1), seq=8, arrival=5, spec=TaskSpec(payload=b"y")),
+            cq.Submitted(id=cq.TaskId(1), seq=7, arrival=0, spec=spec),
+            cq.Submitted(id=cq.TaskId(1), seq=8, arrival=5, spec=cq.TaskSpec(payload=b"y")),
         ],
     )
     assert folded.inserts[1]["seq"] == 7
@@ -228,10 +217,10 @@ def test_a_second_submission_of_a_task_in_one_batch_is_ignored() -> None:
 
 
 def test_the_fold_refuses_a_time_it_cannot_store() -> None:
-    late = StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=INT64_MAX)
+    late = cq.StatusChanged(id=cq.TaskId(1), status=cq.TaskStatus.RUNNING, attempt=1, at=INT64_MAX)
     with pytest.raises(InvalidValue, match=r"^StatusChanged\.at "):
         folding.fold(BASE, NOW, [late])
-    early = Submitted(id=TaskId(1), seq=1, arrival=INT64_MAX, spec=TaskSpec(payload=b""))
+    early = cq.Submitted(id=cq.TaskId(1), seq=1, arrival=INT64_MAX, spec=cq.TaskSpec(payload=b""))
     with pytest.raises(InvalidValue, match=r"^Submitted\.arrival "):
         folding.fold(BASE, NOW, [early])
 
@@ -240,19 +229,25 @@ def test_a_fold_holds_what_the_batch_says() -> None:
     """The rows themselves, not only that two folds agree: a second submission of a task
     changes nothing and stops nothing; a transition of a task submitted earlier in the batch
     is in its insert; any other is an update of the stored task; times under the base."""
-    base = TimeBase(unix_ns=1000)
-    batch: list[Mutation] = [
-        Submitted(id=TaskId(1), seq=1, arrival=5, spec=TaskSpec(payload=b"a", deadline=50)),
-        Submitted(id=TaskId(1), seq=9, arrival=6, spec=TaskSpec(payload=b"b")),
-        Submitted(id=TaskId(2), seq=2, arrival=6, spec=TaskSpec(payload=b"c")),
-        StatusChanged(id=TaskId(2), status=TaskStatus.RUNNING, attempt=3, at=7, message="m"),
-        StatusChanged(id=TaskId(9), status=TaskStatus.FAILED, attempt=2, at=8, message=None),
-        RecurringRemove(name="s"),
-        InboxTaken(inbox_id=5),
-        InboxTaken(inbox_id=5),
+    base = cq.TimeBase(unix_ns=1000)
+    batch: list[cq.Mutation] = [
+        cq.Submitted(
+            id=cq.TaskId(1), seq=1, arrival=5, spec=cq.TaskSpec(payload=b"a", deadline=50)
+        ),
+        cq.Submitted(id=cq.TaskId(1), seq=9, arrival=6, spec=cq.TaskSpec(payload=b"b")),
+        cq.Submitted(id=cq.TaskId(2), seq=2, arrival=6, spec=cq.TaskSpec(payload=b"c")),
+        cq.StatusChanged(
+            id=cq.TaskId(2), status=cq.TaskStatus.RUNNING, attempt=3, at=7, message="m"
+        ),
+        cq.StatusChanged(
+            id=cq.TaskId(9), status=cq.TaskStatus.FAILED, attempt=2, at=8, message=None
+        ),
+        cq.RecurringRemove(name="s"),
+        cq.InboxTaken(inbox_id=5),
+        cq.InboxTaken(inbox_id=5),
     ]
     folded = folding.fold(base, 42, batch)
-    assert folded.recurring == [RecurringRemove(name="s")]  # written in batch order
+    assert folded.recurring == [cq.RecurringRemove(name="s")]  # written in batch order
     assert list(folded.inbox_taken) == [5]
     one, two = folded.inserts[1], folded.inserts[2]
     assert (one["id"], one["seq"], one["payload"]) == (1, 1, b"a")
@@ -271,19 +266,21 @@ def test_a_fold_holds_what_the_batch_says() -> None:
     assert (two["id"], two["status"], two["attempt"], two["message"]) == (2, "running", 3, "m")
     assert (two["arrival_unix_ns"], two["updated_unix_ns"]) == (1006, 1007)
     assert folded.updates == {
-        9: folding.FoldedStatus(status=TaskStatus.FAILED, attempt=2, at=1008, message=None)
+        9: folding.FoldedStatus(status=cq.TaskStatus.FAILED, attempt=2, at=1008, message=None)
     }
 
 
 @given(
     st.lists(
         st.tuples(
-            st.integers(-(2**63), 2**63 - 1).map(TaskId),
+            st.integers(-(2**63), 2**63 - 1).map(cq.TaskId),
             st.binary(max_size=4) | st.binary(max_size=4).map(bytearray),
         )
     )
 )
-def test_checked_outputs_keeps_every_valid_pair_as_bytes(pairs: list[tuple[TaskId, Any]]) -> None:
+def test_checked_outputs_keeps_every_valid_pair_as_bytes(
+    pairs: list[tuple[cq.TaskId, Any]],
+) -> None:
     checked = folding.checked_outputs(pairs)
     assert checked == [(i, bytes(o)) for i, o in pairs]
     assert all(type(o) is bytes for _, o in checked)
@@ -311,7 +308,10 @@ def test_checked_outputs_refuses_what_no_task_could_hold(pair: Any, why: str) ->
 def test_dependency_rows_name_each_target_by_id_or_by_key() -> None:
     """A live task's dependencies as the rows of cronoq_task_deps (its columns exactly), in
     order, a key cleaned as every stored string is."""
-    deps = (Dep(target=ById(id=TaskId(7))), Dep(target=ByKey(key="k\x00"), on="finish"))
+    deps = (
+        cq.Dep(target=cq.ById(id=cq.TaskId(7))),
+        cq.Dep(target=cq.ByKey(key="k\x00"), on="finish"),
+    )
     assert folding.dep_rows(3, deps) == [
         {"task_id": 3, "ordinal": 0, "target_id": 7, "target_key": None},
         {"task_id": 3, "ordinal": 1, "target_id": None, "target_key": "k\ufffd"},
@@ -363,10 +363,10 @@ def test_the_fold_imports_no_sqlalchemy() -> None:
 
 def test_a_task_revived_in_a_later_batch_without_deps_holds_no_dependency_rows() -> None:
     """Found by hypothesis in CI: the model wrote an empty list, which no table can hold."""
-    task = TaskId(3)
-    submitted = Submitted(id=task, seq=0, arrival=0, spec=TaskSpec(payload=b"p"))
-    done = StatusChanged(id=task, status=TaskStatus.SUCCEEDED, attempt=0, at=0, message=None)
-    again = StatusChanged(id=task, status=TaskStatus.QUEUED, attempt=0, at=1, message=None)
+    task = cq.TaskId(3)
+    submitted = cq.Submitted(id=task, seq=0, arrival=0, spec=cq.TaskSpec(payload=b"p"))
+    done = cq.StatusChanged(id=task, status=cq.TaskStatus.SUCCEEDED, attempt=0, at=0, message=None)
+    again = cq.StatusChanged(id=task, status=cq.TaskStatus.QUEUED, attempt=0, at=1, message=None)
     stream = [submitted, done, again]
     assert committed([stream[:2], stream[2:]]) == committed([stream])
     assert committed([stream[:2], stream[2:]])[1] == {}
@@ -377,7 +377,7 @@ raw_texts = st.sampled_from(["default", "gpu", "ünï", "nul\x00", "\ud800", "x"
 
 @given(
     spec=st.builds(
-        TaskSpec,
+        cq.TaskSpec,
         payload=st.binary(max_size=4),
         deadline=st.none() | st.integers(0, 10**12),
         tags=st.frozensets(st.sampled_from(["a", "ü"])),
@@ -391,7 +391,7 @@ raw_texts = st.sampled_from(["default", "gpu", "ünï", "nul\x00", "\ud800", "x"
     other=st.booleans(),
 )
 def test_a_spec_read_from_a_row_is_written_as_encoding_it_would_write_it(
-    spec: TaskSpec, texts: dict[str, str | None], other: bool
+    spec: cq.TaskSpec, texts: dict[str, str | None], other: bool
 ) -> None:
     """What the drain copies from an inbox row (its spec's columns, `StoredSpecs`) is what
     encoding the decoded spec writes, or refuses, whatever text a hand-written row holds; under
@@ -403,7 +403,7 @@ def test_a_spec_read_from_a_row_is_written_as_encoding_it_would_write_it(
         return  # set aside by `read_inbox`, never drained
     stored = codec.StoredSpecs(BASE)
     stored.add(decoded, row)
-    base = TimeBase(BASE.unix_ns + 1) if other else BASE
+    base = cq.TimeBase(BASE.unix_ns + 1) if other else BASE
     try:
         expected = codec.spec_columns(base, decoded)
     except InvalidValue:

@@ -42,9 +42,9 @@ EXACT = (ACQUIRE, RELEASE, OPEN, RENEWAL)
 
 ROUND_TRIPS: dict[str, dict[str, int]] = {
     "postgresql": {
-        TRANSITION: 3,
+        TRANSITION: 1,
         SUBMISSION: 1,
-        B100: 5,
+        B100: 1,
         ACQUIRE: 2,
         RELEASE: 1,
         OPEN: 8,

@@ -39,22 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drills import starting
 from servers import required
 from sqlalchemy import URL, NullPool, create_engine, make_url, text
 from sqlalchemy import exc as sa_exc
 from test_failover import _figures, _seconds  # the figures and their summary are shared
 from test_migration_crash import KILL_SCRIPT, assert_schema_complete
 
-from cronoq_store import (
-    ById,
-    SqlStore,
-    StoreConfig,
-    StoreError,
-    StoreUnavailable,
-    TaskId,
-    dialects,
-    galera,
-)
+import cronoq_store as cq
+from cronoq_store import dialects, galera
 from cronoq_store.testing import CheckReport, DriverProcess, check
 
 pytestmark = pytest.mark.galera
@@ -283,12 +276,12 @@ def test_open_without_migrating_right_after_a_migration_on_another_node(cluster:
         with admin.connect() as conn:
             conn.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
         try:
-            SqlStore.open(cluster.urls[0].set(database=name)).close()
+            cq.SqlStore.open(cluster.urls[0].set(database=name)).close()
             try:
-                SqlStore.open(
-                    cluster.urls[2].set(database=name), StoreConfig(migrate=False)
+                cq.SqlStore.open(
+                    cluster.urls[2].set(database=name), cq.StoreConfig(migrate=False)
                 ).close()
-            except StoreError as exc:
+            except cq.StoreError as exc:
                 refused.append(str(exc))
         finally:
             with admin.connect() as conn:
@@ -311,28 +304,9 @@ EVENT_TIMEOUT = 30.0
 @pytest.fixture
 def drivers(tmp_path: Path) -> Iterator[Callable[[str, URL, Path], DriverProcess]]:
     """Start driver processes on given nodes; all are killed and reaped afterwards."""
-    started: list[DriverProcess] = []
-
-    def start(name: str, url: URL, log: Path) -> DriverProcess:
-        driver = DriverProcess(
-            url.render_as_string(hide_password=False),
-            log,
-            name=name,
-            ttl=GALERA_TTL,
-            renew=GALERA_TTL / 4,
-            poll=GALERA_POLL,
-            batch=16,
-            gap=0.01,
-            duration=600,  # a bound only: --exit-with-parent ends orphans
-            stderr_path=tmp_path / f"{name}.stderr",
-            umask=0o022,
-        )
-        started.append(driver)
-        return driver
-
-    yield start
-    for driver in started:
-        driver.close()
+    timings = {"ttl": GALERA_TTL, "renew": GALERA_TTL / 4, "poll": GALERA_POLL}
+    with starting(tmp_path, **timings, duration=600, control=False) as start:
+        yield start
 
 
 def _leading_since(procs: list[DriverProcess], marks: list[int], bound: float) -> tuple[Any, Any]:
@@ -353,7 +327,7 @@ def _acked_ids(procs: list[DriverProcess]) -> list[int]:
 
 def _verify(urls: list[URL], log: Path, node: int) -> CheckReport:
     """Compare the database, read on `node`, with the drivers' log of acknowledged batches."""
-    store = SqlStore.open(urls[node], StoreConfig(migrate=False))
+    store = cq.SqlStore.open(urls[node], cq.StoreConfig(migrate=False))
     try:
         report = check(store, log)
     finally:
@@ -461,7 +435,7 @@ def test_migration_lock_holds_across_nodes(database: list[URL]) -> None:
             assert got == [1, 1]
             galera.acquire(c1, "one", timeout_s=5, schema=None)
             began = time.monotonic()
-            with pytest.raises(StoreUnavailable, match="Galera migration lock"):
+            with pytest.raises(cq.StoreUnavailable, match="Galera migration lock"):
                 galera.acquire(c2, "two", timeout_s=1.0, poll_s=0.1, schema=None)
             assert time.monotonic() - began >= 1.0
             galera.release(c1, "one", schema=None)
@@ -507,17 +481,17 @@ def test_a_node_outside_the_primary_component_is_unavailable(
 ) -> None:
     """Node 3 cut off from the others refuses queries (1047): `StoreUnavailable`, retryable;
     once it is back, the same store works again."""
-    SqlStore.open(database[0]).close()  # migrated
-    store = SqlStore.open(database[2], StoreConfig(migrate=False))
+    cq.SqlStore.open(database[0]).close()  # migrated
+    store = cq.SqlStore.open(database[2], cq.StoreConfig(migrate=False))
     try:
-        assert store.get_task(ById(id=TaskId(1))) is None
+        assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
         try:
             _isolate(cluster.urls[2], True)
-            with pytest.raises(StoreUnavailable, match="1047"):
-                store.get_task(ById(id=TaskId(1)))
+            with pytest.raises(cq.StoreUnavailable, match="1047"):
+                store.get_task(cq.ById(id=cq.TaskId(1)))
         finally:
             _isolate(cluster.urls[2], False)
-        assert store.get_task(ById(id=TaskId(1))) is None
+        assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
     finally:
         store.close()
 
@@ -527,13 +501,13 @@ def test_concurrent_ddl_is_unavailable_but_a_taken_name_is_not() -> None:
     stay permanent: outside a migration race they are a real conflict."""
     import pymysql
 
-    def translated(code: int) -> StoreError:
+    def translated(code: int) -> cq.StoreError:
         orig = pymysql.err.InternalError(code, "Table 'x'.'y' ...")
         return dialects.translate(sa_exc.OperationalError("SELECT 1", {}, orig))
 
-    assert isinstance(translated(1684), StoreUnavailable)
-    assert isinstance(translated(1047), StoreUnavailable)
+    assert isinstance(translated(1684), cq.StoreUnavailable)
+    assert isinstance(translated(1047), cq.StoreUnavailable)
     for code in (1050, 1061):
         err = translated(code)
-        assert isinstance(err, StoreError)
-        assert not isinstance(err, StoreUnavailable)
+        assert isinstance(err, cq.StoreError)
+        assert not isinstance(err, cq.StoreUnavailable)

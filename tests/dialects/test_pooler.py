@@ -29,32 +29,19 @@ from typing import Any
 import psycopg
 import pytest
 from builders import BASE, found_empty, status, submit, wait_until
+from drills import TAKEOVER_BOUND, Spawn, enqueuer, first_to_lead, roles
 from faces import FACES, open_face
 from servers import SERVER_URLS, free_port, new_database, required
 from sqlalchemy import URL, Engine, create_engine, make_url
-from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, spawn
 
-from cronoq_store import (
-    ById,
-    ByKey,
-    InboxTaken,
-    InvalidValue,
-    SqlStore,
-    StoreConfig,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-    enqueue,
-)
+import cronoq_store as cq
 from cronoq_store.testing import HangPoint, check
-
-__all__ = ["spawn"]  # a fixture, shared with test_failover
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.pooler]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "pg-pooler"
-POOLED = StoreConfig(lease_ttl=timedelta(seconds=5), transaction_pooler=True)
+POOLED = cq.StoreConfig(lease_ttl=timedelta(seconds=5), transaction_pooler=True)
 APP_ARGS: dict[str, Any] = {"prepare_threshold": None}
 """What an app's engine needs behind a transaction pooler (docs/deploying.md, "Poolers")."""
 WAKE_BOUND = 5.0
@@ -180,19 +167,19 @@ def test_every_operation_through_the_pooler(
         epoch = store.acquire_leadership(timeout=30)
 
         def app_reads() -> None:
-            store.get_task(ById(id=TaskId(1)))
+            store.get_task(cq.ById(id=cq.TaskId(1)))
             with app_engine.begin() as conn:
-                enqueue(conn, TaskSpec(payload=b"background"))
+                cq.enqueue(conn, cq.TaskSpec(payload=b"background"))
 
         background = _Background(app_reads)
         try:
             n = 60
             for i in range(1, n + 1):
                 batch: list[Any] = [submit(i, key=f"k{i}")]
-                outputs: list[tuple[TaskId, bytes]] = []
+                outputs: list[tuple[cq.TaskId, bytes]] = []
                 if i % 2 == 0:
                     batch.append(status(i - 1))
-                    outputs.append((TaskId(i - 1), b"out%d" % (i - 1)))
+                    outputs.append((cq.TaskId(i - 1), b"out%d" % (i - 1)))
                 store.commit(epoch, BASE, batch, outputs)
         finally:
             background.stop()
@@ -200,17 +187,17 @@ def test_every_operation_through_the_pooler(
         rec = store.recover(BASE)
         assert rec.next_id == n + 1
         assert [t.id for t in rec.tasks] == list(range(2, n + 1, 2))  # the rest finished
-        one = store.get_task(ById(id=TaskId(1)))
-        assert one is not None and one.status is TaskStatus.SUCCEEDED
-        keyed = store.get_task(ByKey(key="k2"))
+        one = store.get_task(cq.ById(id=cq.TaskId(1)))
+        assert one is not None and one.status is cq.TaskStatus.SUCCEEDED
+        keyed = store.get_task(cq.ByKey(key="k2"))
         assert keyed is not None and keyed.id == 2
         assert [t.id for t in store.list_finished(limit=5)] == [1, 3, 5, 7, 9]
-        assert store.load_output(TaskId(3)) == b"out3"
+        assert store.load_output(cq.TaskId(3)) == b"out3"
 
         # The inbox: what the background enqueued, then a wake-up by an enqueue.
         items = store.read_inbox(limit=10_000)
         assert len(items) == background.calls
-        store.commit(epoch, BASE, [InboxTaken(inbox_id=item.inbox_id) for item in items])
+        store.commit(epoch, BASE, [cq.InboxTaken(inbox_id=item.inbox_id) for item in items])
         assert store.read_inbox() == []
         assert store.wait_inbox(0.2) is False
         committed = threading.Event()
@@ -221,7 +208,7 @@ def test_every_operation_through_the_pooler(
         def enqueue_later() -> None:
             assert empty.wait(30), "the store never looked at the inbox"
             with app_engine.begin() as conn:
-                enqueue(conn, TaskSpec(payload=b"wake"))
+                cq.enqueue(conn, cq.TaskSpec(payload=b"wake"))
             committed_at.append(time.monotonic())
             committed.set()
 
@@ -241,7 +228,7 @@ def test_every_operation_through_the_pooler(
         store.commit(epoch, BASE, [submit(n + 1), status(n + 1)])
         time.sleep(0.01)
         assert store.prune(timedelta(0)) == n // 2 + 1
-        assert store.get_task(ById(id=TaskId(1))) is None
+        assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
         store.release_leadership()
         assert not store.is_leader
     finally:
@@ -253,7 +240,7 @@ def test_every_operation_through_the_pooler(
 
 
 def test_enqueue_from_an_app_engine_through_the_pooler(pooled_url: URL, app_engine: Engine) -> None:
-    with SqlStore.open(pooled_url, POOLED) as store:
+    with cq.SqlStore.open(pooled_url, POOLED) as store:
         per_thread, threads = 50, 4
         errors: list[BaseException] = []
 
@@ -261,7 +248,7 @@ def test_enqueue_from_an_app_engine_through_the_pooler(pooled_url: URL, app_engi
             try:
                 for i in range(per_thread):
                     with app_engine.begin() as conn:
-                        enqueue(conn, TaskSpec(payload=b"%d/%d" % (t, i)))
+                        cq.enqueue(conn, cq.TaskSpec(payload=b"%d/%d" % (t, i)))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -282,9 +269,9 @@ def test_enqueue_from_an_app_engine_through_the_pooler(pooled_url: URL, app_engi
 def test_prepare_threshold_in_the_url(direct_url: URL, pooled_url: URL) -> None:
     text = pooled_url.render_as_string(hide_password=False)
     # Empty: never prepare. Enough commits behind the pooler to have prepared (and failed).
-    with SqlStore.open(f"{text}?prepare_threshold=", StoreConfig()) as store:
+    with cq.SqlStore.open(f"{text}?prepare_threshold=", cq.StoreConfig()) as store:
         epoch = store.acquire_leadership(timeout=30)
-        background = _Background(lambda: store.get_task(ById(id=TaskId(1))))
+        background = _Background(lambda: store.get_task(cq.ById(id=cq.TaskId(1))))
         try:
             for i in range(1, 31):
                 store.commit(epoch, BASE, [submit(i)])
@@ -295,22 +282,22 @@ def test_prepare_threshold_in_the_url(direct_url: URL, pooled_url: URL) -> None:
     # A number is a number (it was a str, and the first statement raised TypeError).
     direct = direct_url.render_as_string(hide_password=False)
     for value, want in (("0", 0), ("12", 12), ("none", None)):
-        with SqlStore.open(f"{direct}?prepare_threshold={value}") as store:
-            assert store.get_task(ById(id=TaskId(999))) is None
+        with cq.SqlStore.open(f"{direct}?prepare_threshold={value}") as store:
+            assert store.get_task(cq.ById(id=cq.TaskId(999))) is None
             with store.engine.connect() as conn:
                 assert conn.connection.driver_connection.prepare_threshold == want  # type: ignore[union-attr]
-    with pytest.raises(InvalidValue, match="prepare_threshold='soon'"):
-        SqlStore.open(f"{direct}?prepare_threshold=soon")
-    with pytest.raises(InvalidValue, match="contradicts"):
-        SqlStore.open(f"{direct}?prepare_threshold=5", StoreConfig(transaction_pooler=True))
+    with pytest.raises(cq.InvalidValue, match="prepare_threshold='soon'"):
+        cq.SqlStore.open(f"{direct}?prepare_threshold=soon")
+    with pytest.raises(cq.InvalidValue, match="contradicts"):
+        cq.SqlStore.open(f"{direct}?prepare_threshold=5", cq.StoreConfig(transaction_pooler=True))
 
 
 def test_transaction_pooler_is_validated() -> None:
-    assert StoreConfig().transaction_pooler is False
-    with pytest.raises(InvalidValue, match="transaction_pooler must be a bool"):
-        StoreConfig(transaction_pooler=1)  # type: ignore[arg-type]
-    with pytest.raises(InvalidValue, match="inbox_listen must be a bool"):
-        StoreConfig(inbox_listen="no")  # type: ignore[arg-type]
+    assert cq.StoreConfig().transaction_pooler is False
+    with pytest.raises(cq.InvalidValue, match="transaction_pooler must be a bool"):
+        cq.StoreConfig(transaction_pooler=1)  # type: ignore[arg-type]
+    with pytest.raises(cq.InvalidValue, match="inbox_listen must be a bool"):
+        cq.StoreConfig(inbox_listen="no")  # type: ignore[arg-type]
 
 
 # LISTEN behind a transaction pooler hears nothing: the store says so, once.
@@ -327,7 +314,7 @@ def _wake(store: Any, app_engine: Engine, payload: bytes, empty: threading.Event
     def later() -> None:
         empty.wait(10)
         with app_engine.begin() as conn:
-            enqueue(conn, TaskSpec(payload=payload))
+            cq.enqueue(conn, cq.TaskSpec(payload=payload))
         committed.append(time.monotonic())
 
     thread = threading.Thread(target=later)
@@ -338,7 +325,7 @@ def _wake(store: Any, app_engine: Engine, payload: bytes, empty: threading.Event
     finally:
         thread.join(30)
     items = store.read_inbox()
-    store.commit(store.epoch, BASE, [InboxTaken(inbox_id=i.inbox_id) for i in items])
+    store.commit(store.epoch, BASE, [cq.InboxTaken(inbox_id=i.inbox_id) for i in items])
     return woke - committed[0]
 
 
@@ -364,7 +351,7 @@ def test_listening_behind_the_pooler_is_reported_once(
     # is wrong here.
     url = pooled_url.update_query_dict({"prepare_threshold": ""})  # kept blank: None
     try:
-        store = open_face(face, url, StoreConfig(lease_ttl=timedelta(seconds=5)), cleanup)
+        store = open_face(face, url, cq.StoreConfig(lease_ttl=timedelta(seconds=5)), cleanup)
         store.acquire_leadership(timeout=30)
         empty = found_empty(monkeypatch)
         late = [_wake(store, app_engine, b"%d" % i, empty) for i in range(3)]
@@ -386,7 +373,7 @@ def test_listening_directly_is_not_reported(
     cleanup: list[Callable[[], None]] = []
     app_engine = create_engine(direct_url)
     try:
-        store = open_face(face, direct_url, StoreConfig(lease_ttl=timedelta(seconds=5)), cleanup)
+        store = open_face(face, direct_url, cq.StoreConfig(lease_ttl=timedelta(seconds=5)), cleanup)
         store.acquire_leadership(timeout=30)
         empty = found_empty(monkeypatch)
         quick = [_wake(store, app_engine, b"%d" % i, empty) for i in range(3)]
@@ -412,18 +399,18 @@ def test_killed_leader_through_the_pooler(
     # Migrated on a direct connection first, as docs/deploying.md says: the migration's lock is
     # a session's, which a transaction pooler does not keep. The opens through the pooler then
     # find the schema at head and take no lock.
-    SqlStore.open(direct_url).close()
+    cq.SqlStore.open(direct_url).close()
     url = pooled_url.render_as_string(hide_password=False)
     procs = [spawn(f"p{i}", pooled_url, log, "--transaction-pooler") for i in range(2)]
     everyone = list(procs)
-    _roles(procs)  # migrated, one leads
+    roles(procs)  # migrated, one leads
     app_url = f"{url}?prepare_threshold="  # the enqueuer's app_engine: the URL form
     app = enqueuer(app_url, log, tmp_path / "app.stderr", name="app", seed=21)
     takeovers: list[float] = []
     try:
         app.wait("started")
         for r in range(KILLS):
-            leader, standbys = _roles(procs)
+            leader, standbys = roles(procs)
             leader.wait("ack", start=leader.mark(), where=lambda e: e.get("inbox", 0) > 0)
             if r % 2:  # killed inside its commit: the pooler must free that server connection
                 mark = leader.mark()
@@ -431,23 +418,19 @@ def test_killed_leader_through_the_pooler(
                 leader.wait("hang", start=mark)
             marks = [s.mark() for s in standbys]
             t_kill = leader.kill()
-            deadline = time.monotonic() + TAKEOVER_BOUND + 10
-            lead: list[dict[str, Any]] = []
-            while not lead:
-                assert time.monotonic() < deadline, "no standby took over"
-                for s, m in zip(standbys, marks, strict=True):
-                    lead += s.since(m, "leading")
-                time.sleep(0.01)
-            takeovers.append(lead[0]["t"] - t_kill)
+            _, lead = first_to_lead(standbys, marks, TAKEOVER_BOUND + 10)
+            takeovers.append(lead["t"] - t_kill)
             leader.close()
             procs = [p for p in procs if p is not leader]
             procs.append(spawn(f"p{len(everyone)}", pooled_url, log, "--transaction-pooler"))
             everyone.append(procs[-1])
         summary = app.stop()
         assert summary["errors"] == []
-        with SqlStore.open(pooled_url, StoreConfig(migrate=False, transaction_pooler=True)) as r:
+        with cq.SqlStore.open(
+            pooled_url, cq.StoreConfig(migrate=False, transaction_pooler=True)
+        ) as r:
             wait_until(lambda: not r.read_inbox(limit=1), "the inbox drained", 60, 0.05)
-            leader, _ = _roles(procs)
+            leader, _ = roles(procs)
             leader.wait("ack", start=leader.mark())
             for d in procs:
                 assert d.stop()["errors"] == []

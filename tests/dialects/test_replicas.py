@@ -32,21 +32,14 @@ from pgpair import PgPair
 from servers import free_port
 from sqlalchemy import Engine, create_engine, event, select, text
 
-from cronoq_store import (
-    AsyncSqlStore,
-    ById,
-    SqlStore,
-    StoreConfig,
-    StoreUnavailable,
-    TaskId,
-    execution,
-)
+import cronoq_store as cq
+from cronoq_store import execution
 from cronoq_store.schema import tasks
 
 SLACK = 2.0
 """What a bounded wait may take past its bound here (a loaded 2-core machine)."""
 # No renewal during a test unless it asks for one: every connection is one the test sees.
-QUIET = StoreConfig(lease_ttl=timedelta(seconds=60), lease_renew=timedelta(seconds=20))
+QUIET = cq.StoreConfig(lease_ttl=timedelta(seconds=60), lease_renew=timedelta(seconds=20))
 
 
 def _db() -> str:
@@ -70,7 +63,7 @@ def observe(engine: Engine) -> None:
     engine.update_execution_options(**{execution.OBSERVED: True})
 
 
-def server_port(store: SqlStore) -> int:
+def server_port(store: cq.SqlStore) -> int:
     with store.engine.connect() as conn:
         return int(conn.execute(text("SELECT inet_server_port()")).scalar_one())
 
@@ -111,7 +104,7 @@ def pair(pg_pair: PgPair) -> PgPair:
 def migrated(pair: PgPair) -> str:
     """A database migrated on the primary and replayed by the replica; its name."""
     db = pair.create_database(_db())
-    SqlStore.open(pair.primary_url(db)).close()
+    cq.SqlStore.open(pair.primary_url(db)).close()
     pair.wait_replayed()
     return db
 
@@ -133,7 +126,7 @@ def present(pair: PgPair, db: str, task: int) -> bool:
 
 
 def assert_unknown_outcome(error: BaseException | None) -> None:
-    assert isinstance(error, StoreUnavailable), repr(error)
+    assert isinstance(error, cq.StoreUnavailable), repr(error)
     assert "outcome unknown" in str(error), error
     assert "commit it again" in str(error), error
 
@@ -143,7 +136,7 @@ def test_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
     pair: PgPair, migrated: str
 ) -> None:
     config = replace(QUIET, migrate=False, commit_timeout=COMMIT_TIMEOUT)
-    with SqlStore.open(pair.primary_url(migrated), config) as store:
+    with cq.SqlStore.open(pair.primary_url(migrated), config) as store:
         epoch = store.acquire_leadership(timeout=10)
         store.commit(epoch, BASE, [keyed(1)])
         pair.stop_replica()
@@ -167,7 +160,7 @@ def test_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
         assert present(pair, migrated, 2)
         # The batch is idempotent: committing it again lands, once the standby is back.
         store.commit(epoch, BASE, [keyed(2)])
-        assert store.get_task(ById(id=TaskId(2))) is not None
+        assert store.get_task(cq.ById(id=cq.TaskId(2))) is not None
 
 
 @pytest.mark.postgresql
@@ -179,7 +172,7 @@ def test_async_commit_with_a_lost_sync_standby_gives_up_within_its_timeout(
     timing: list[float] = []
 
     async def scenario() -> None:
-        async with await AsyncSqlStore.open(pair.primary_url(migrated), config) as store:
+        async with await cq.AsyncSqlStore.open(pair.primary_url(migrated), config) as store:
             epoch = await store.acquire_leadership(timeout=10)
             await store.commit(epoch, BASE, [keyed(1)])
             pair.stop_replica()
@@ -202,13 +195,13 @@ def test_acquire_beside_a_leader_stuck_on_a_lost_standby_keeps_its_timeout(
 ) -> None:
     """The leader's renewal waits for the lost standby holding the leader row's lock; a second
     instance's take, once the lease ran out, waited behind that lock past every timeout."""
-    ttl = StoreConfig(
+    ttl = cq.StoreConfig(
         migrate=False, lease_ttl=timedelta(seconds=2), lease_renew=timedelta(milliseconds=500),
         lock_poll=timedelta(milliseconds=100), commit_timeout=COMMIT_TIMEOUT,
     )  # fmt: skip
     with (
-        SqlStore.open(pair.primary_url(migrated), ttl) as leader,
-        SqlStore.open(pair.primary_url(migrated), ttl) as standby,
+        cq.SqlStore.open(pair.primary_url(migrated), ttl) as leader,
+        cq.SqlStore.open(pair.primary_url(migrated), ttl) as standby,
     ):
         epoch = leader.acquire_leadership(timeout=10)
         leader.commit(epoch, BASE, [keyed(1)])
@@ -218,7 +211,7 @@ def test_acquire_beside_a_leader_stuck_on_a_lost_standby_keeps_its_timeout(
                 lambda: standby.acquire_leadership(timeout=3), 3 + SLACK + 10, pair.start_replica
             )
             print(f"acquire(timeout=3) beside a leader stuck on the lost standby: {took:.2f} s")
-            assert isinstance(error, StoreUnavailable), repr(error)
+            assert isinstance(error, cq.StoreUnavailable), repr(error)
             assert "not leader after 3 s" in str(error)
             assert 3 <= took < 3 + SLACK, took
             # The leader stepped down on its own clock meanwhile (its renewals never land).
@@ -235,13 +228,13 @@ def test_acquire_beside_a_leader_stuck_on_a_lost_standby_keeps_its_timeout(
 def test_acquire_on_a_hot_standby_waits_out_its_timeout(
     pair: PgPair, migrated: str, observed: bool
 ) -> None:
-    config = StoreConfig(migrate=False, lock_poll=timedelta(milliseconds=200))
-    with SqlStore.open(pair.replica_url(migrated), config) as store:
+    config = cq.StoreConfig(migrate=False, lock_poll=timedelta(milliseconds=200))
+    with cq.SqlStore.open(pair.replica_url(migrated), config) as store:
         if observed:
             observe(store.engine)
         opened = connects(store.engine)
         started = time.monotonic()
-        with pytest.raises(StoreUnavailable, match="read-only transaction") as caught:
+        with pytest.raises(cq.StoreUnavailable, match="read-only transaction") as caught:
             store.acquire_leadership(timeout=3)
         took = time.monotonic() - started
         print(f"acquire(timeout=3) on a hot standby: {took:.2f} s")
@@ -259,7 +252,7 @@ def test_acquire_on_a_hot_standby_waits_out_its_timeout(
 def test_commit_on_a_demoted_primary_is_unavailable_then_reaches_the_new_one(
     pair: PgPair, migrated: str, observed: bool
 ) -> None:
-    with SqlStore.open(pair.multi_url(migrated), QUIET) as store:
+    with cq.SqlStore.open(pair.multi_url(migrated), QUIET) as store:
         if observed:
             observe(store.engine)
         epoch = store.acquire_leadership(timeout=10)
@@ -271,7 +264,7 @@ def test_commit_on_a_demoted_primary_is_unavailable_then_reaches_the_new_one(
         pair.set_read_only()
         pair.promote()
         opened = connects(store.engine)
-        with pytest.raises(StoreUnavailable, match="read-only transaction"):
+        with pytest.raises(cq.StoreUnavailable, match="read-only transaction"):
             store.commit(epoch, BASE, [keyed(2)])
         # The connection that met the read-only server was dropped: the retry opens a new
         # one, which the multi-host URL's target_session_attrs=read-write takes to the new
@@ -281,14 +274,14 @@ def test_commit_on_a_demoted_primary_is_unavailable_then_reaches_the_new_one(
             try:
                 store.commit(epoch, BASE, [keyed(2)])
                 break
-            except StoreUnavailable as exc:
+            except cq.StoreUnavailable as exc:
                 errors.append(str(exc))
         else:
             pytest.fail(f"the commit never reached the new primary: {errors}")
         assert all("read-only transaction" in e for e in errors), errors
         assert opened, "no new connection was opened after the read-only error"
         assert server_port(store) == pair.replica_port
-        task = store.get_task(ById(id=TaskId(2)))
+        task = store.get_task(cq.ById(id=cq.TaskId(2)))
         assert task is not None
 
 
@@ -389,7 +382,7 @@ def read_only_maria() -> Iterator[ReadOnlyMaria]:
 @pytest.mark.mysql
 def test_mariadb_read_only_server_is_unavailable(read_only_maria: ReadOnlyMaria) -> None:
     server = read_only_maria
-    with SqlStore.open(server.url, QUIET) as store:
+    with cq.SqlStore.open(server.url, QUIET) as store:
         epoch = store.acquire_leadership(timeout=10)
         store.commit(epoch, BASE, [keyed(1)])
         server.read_only(True)
@@ -400,16 +393,16 @@ def test_mariadb_read_only_server_is_unavailable(read_only_maria: ReadOnlyMaria)
             # Each commit meets error 1290 and drops its connection: once every pooled one has
             # gone, the next commit opens a new one (the pool reconnects a dropped one).
             for _attempt in range(pooled + 1):
-                with pytest.raises(StoreUnavailable, match="--read-only"):  # error 1290
+                with pytest.raises(cq.StoreUnavailable, match="--read-only"):  # error 1290
                     store.commit(epoch, BASE, [keyed(2)])
             assert len(opened) == 1, "a connection that met the read-only server was kept"
             server.read_only(False)
             store.release_leadership()
             server.read_only(True)
             config = replace(QUIET, migrate=False, lock_poll=timedelta(milliseconds=200))
-            with SqlStore.open(server.url, config) as other:
+            with cq.SqlStore.open(server.url, config) as other:
                 started = time.monotonic()
-                with pytest.raises(StoreUnavailable, match="--read-only"):
+                with pytest.raises(cq.StoreUnavailable, match="--read-only"):
                     other.acquire_leadership(timeout=2)
                 took = time.monotonic() - started
                 assert 2.0 <= took < 2.0 + SLACK, took

@@ -13,27 +13,15 @@ import pytest
 from builders import wait_until
 from sqlalchemy import URL, Engine, update
 
-from cronoq_store import (
-    ById,
-    ByKey,
-    RecurringSpec,
-    RetryPolicy,
-    SqlStore,
-    StoreConfig,
-    TaskId,
-    TaskRecord,
-    TaskSpec,
-    TaskStatus,
-    enqueue_many,
-)
+import cronoq_store as cq
 from cronoq_store.examples.engine import Engine as SchedulerEngine
 from cronoq_store.examples.engine import Stats, next_fire
 from cronoq_store.model import TimeBase
 from cronoq_store.schema import leader
 
-Running = tuple[SqlStore, SchedulerEngine, threading.Event, list[Stats]]
-CONFIG = StoreConfig(lease_ttl=timedelta(seconds=3), lease_renew=timedelta(seconds=1))
-FAST = RetryPolicy(max_attempts=3, initial_backoff_ns=20_000_000, max_backoff_ns=50_000_000)
+Running = tuple[cq.SqlStore, SchedulerEngine, threading.Event, list[Stats]]
+CONFIG = cq.StoreConfig(lease_ttl=timedelta(seconds=3), lease_renew=timedelta(seconds=1))
+FAST = cq.RetryPolicy(max_attempts=3, initial_backoff_ns=20_000_000, max_backoff_ns=50_000_000)
 
 
 class Flaky:
@@ -58,11 +46,11 @@ def always_fails(payload: bytes) -> bytes:
 @pytest.fixture
 def running(
     db_url: URL,
-) -> Iterator[tuple[SqlStore, SchedulerEngine, threading.Event, list[Stats]]]:
-    store = SqlStore.open(db_url, CONFIG)
+) -> Iterator[tuple[cq.SqlStore, SchedulerEngine, threading.Event, list[Stats]]]:
+    store = cq.SqlStore.open(db_url, CONFIG)
     handlers = {"echo": lambda p: p, "flaky": Flaky(), "bad": always_fails}
-    every = RecurringSpec(
-        name="tick", template=TaskSpec(payload=b"tick", kind="echo"), interval_ns=150_000_000
+    every = cq.RecurringSpec(
+        name="tick", template=cq.TaskSpec(payload=b"tick", kind="echo"), interval_ns=150_000_000
     )
     engine = SchedulerEngine(
         store, handlers, workers=2, idle_wait=0.05, schedules=[every],
@@ -86,22 +74,22 @@ def test_the_engine_runs_inbox_items_retries_and_schedules(
 ) -> None:
     store, scheduler, stop, result = running
     with engine.begin() as conn:  # the app's own transaction
-        enqueue_many(
+        cq.enqueue_many(
             conn,
             [
-                TaskSpec(payload=b"hello", kind="echo", key="greet"),
-                TaskSpec(payload=b"again", kind="echo", key="greet"),  # same key, one drain
-                TaskSpec(payload=b"retry me", kind="flaky", retry=FAST),
-                TaskSpec(payload=b"never", kind="bad", retry=RetryPolicy(max_attempts=2,
+                cq.TaskSpec(payload=b"hello", kind="echo", key="greet"),
+                cq.TaskSpec(payload=b"again", kind="echo", key="greet"),  # same key, one drain
+                cq.TaskSpec(payload=b"retry me", kind="flaky", retry=FAST),
+                cq.TaskSpec(payload=b"never", kind="bad", retry=cq.RetryPolicy(max_attempts=2,
                          initial_backoff_ns=1_000_000, max_backoff_ns=1_000_000)),
-                TaskSpec(payload=b"?", kind="unknown"),
+                cq.TaskSpec(payload=b"?", kind="unknown"),
             ],
         )  # fmt: skip
 
-    def finished_kinds() -> dict[str, TaskRecord]:
+    def finished_kinds() -> dict[str, cq.TaskRecord]:
         found = {}
         for i in list(scheduler.stats.finished_ids):
-            task = store.get_task(ById(TaskId(i)))
+            task = store.get_task(cq.ById(cq.TaskId(i)))
             if task is not None and task.kind != "echo":
                 found[task.kind] = task
         return found
@@ -116,21 +104,23 @@ def test_the_engine_runs_inbox_items_retries_and_schedules(
     stats = result[0]
     assert stats.lost is None and not store.is_leader  # stopped: it released the lease
     assert stats.drained == 4 and stats.duplicates_dropped == 1 and not store.read_inbox()
-    greet = store.get_task(ByKey("greet"))  # the first of the two items with the key
-    assert greet is not None and greet.status is TaskStatus.SUCCEEDED and greet.output == b"hello"
+    greet = store.get_task(cq.ByKey("greet"))  # the first of the two items with the key
+    assert (
+        greet is not None and greet.status is cq.TaskStatus.SUCCEEDED and greet.output == b"hello"
+    )
     done = finished_kinds()
     flaky = done["flaky"]
-    assert (flaky.status, flaky.attempt, flaky.output) == (TaskStatus.SUCCEEDED, 3, b"RETRY ME")
+    assert (flaky.status, flaky.attempt, flaky.output) == (cq.TaskStatus.SUCCEEDED, 3, b"RETRY ME")
     assert flaky.message == "ConnectionError: attempt 2 refused"  # the last retry's reason
     bad = done["bad"]
     assert (bad.status, bad.attempt, bad.message) == (
-        TaskStatus.FAILED, 2, "ValueError: bad payload"
+        cq.TaskStatus.FAILED, 2, "ValueError: bad payload"
     )  # fmt: skip
     assert done["unknown"].message == "no handler for kind 'unknown'"
     recovered = store.recover(TimeBase(0))
     (tick,) = recovered.recurring
     assert tick.next is not None and tick.last is not None
-    fired = store.get_task(ById(tick.last))
+    fired = store.get_task(cq.ById(tick.last))
     assert (
         fired is not None and fired.kind == "echo" and tick.next > fired.updated.timestamp() * 1e9
     )
@@ -148,7 +138,7 @@ def test_a_new_term_recovers_and_a_fenced_engine_steps_down(
         conn.execute(update(leader).values(epoch=epoch + 1, holder="other", expires_unix_ns=0))
     wait_until(lambda: result, "the fenced engine stepped down", 30)
     assert result[0].lost is not None
-    with SqlStore.open(db_url, CONFIG) as other:
+    with cq.SqlStore.open(db_url, CONFIG) as other:
         again = SchedulerEngine(other, {"echo": lambda p: p}, idle_wait=0.05)
         stop2 = threading.Event()
         ran: list[Stats] = []
@@ -164,33 +154,33 @@ def test_a_new_term_recovers_and_a_fenced_engine_steps_down(
 
 def test_next_fire_of_intervals_and_calendars() -> None:
     base = TimeBase(unix_ns=1_767_225_600 * 10**9)  # 2026-01-01T00:00:00Z
-    every = RecurringSpec(name="i", template=TaskSpec(payload=b""), interval_ns=10)
+    every = cq.RecurringSpec(name="i", template=cq.TaskSpec(payload=b""), interval_ns=10)
     assert next_fire(every, base, 0) == 10 and next_fire(every, base, 10) == 20
-    nine = RecurringSpec(
-        name="c", template=TaskSpec(payload=b""), cron="0 9 * * 1-5", timezone="Europe/Paris"
+    nine = cq.RecurringSpec(
+        name="c", template=cq.TaskSpec(payload=b""), cron="0 9 * * 1-5", timezone="Europe/Paris"
     )
     first = next_fire(nine, base, 0)  # Thursday 1 January 2026, 09:00 in Paris = 08:00 UTC
     assert first is not None and base.to_unix(first) == (1_767_225_600 + 8 * 3600) * 10**9
     july = TimeBase(unix_ns=1_782_864_000 * 10**9)  # Wednesday 1 July 2026, summer time
     summer = next_fire(nine, july, 0)  # 09:00 in Paris = 07:00 UTC
     assert summer is not None and july.to_unix(summer) == (1_782_864_000 + 7 * 3600) * 10**9
-    bounded = RecurringSpec(name="e", template=TaskSpec(payload=b""), interval_ns=10, end=15)
+    bounded = cq.RecurringSpec(name="e", template=cq.TaskSpec(payload=b""), interval_ns=10, end=15)
     assert next_fire(bounded, base, 10) is None
 
 
 def test_the_asyncio_engine_runs_the_same_loop(
-    db_url: URL, engine: Engine, store: SqlStore
+    db_url: URL, engine: Engine, store: cq.SqlStore
 ) -> None:
     """`AsyncEngine`: the same core on `AsyncSqlStore`, attempts as asyncio tasks."""
     from cronoq_store.aio import AsyncSqlStore
     from cronoq_store.examples.aio_engine import AsyncEngine
 
     with engine.begin() as conn:
-        enqueue_many(
+        cq.enqueue_many(
             conn,
             [
-                TaskSpec(payload=b"hello", kind="echo", key="a-greet"),
-                TaskSpec(payload=b"retry me", kind="flaky", retry=FAST),
+                cq.TaskSpec(payload=b"hello", kind="echo", key="a-greet"),
+                cq.TaskSpec(payload=b"retry me", kind="flaky", retry=FAST),
             ],
         )
     failures: list[bytes] = []
@@ -204,8 +194,8 @@ def test_the_asyncio_engine_runs_the_same_loop(
     async def echo(payload: bytes) -> bytes:
         return payload
 
-    every = RecurringSpec(
-        name="a-tick", template=TaskSpec(payload=b"tick", kind="echo"), interval_ns=100_000_000
+    every = cq.RecurringSpec(
+        name="a-tick", template=cq.TaskSpec(payload=b"tick", kind="echo"), interval_ns=100_000_000
     )
 
     async def main() -> Stats:
@@ -234,15 +224,15 @@ def test_the_asyncio_engine_runs_the_same_loop(
 
     stats = asyncio.run(main())
     assert stats.lost is None and stats.drained == 2 and stats.retried == 2
-    greet = store.get_task(ByKey("a-greet"))  # `store` (migrated it) only reads
-    assert greet is not None and greet.status is TaskStatus.SUCCEEDED
+    greet = store.get_task(cq.ByKey("a-greet"))  # `store` (migrated it) only reads
+    assert greet is not None and greet.status is cq.TaskStatus.SUCCEEDED
     flaky_task = next(
         t
         for i in stats.finished_ids
-        if (t := store.get_task(ById(TaskId(i)))) is not None and t.kind == "flaky"
+        if (t := store.get_task(cq.ById(cq.TaskId(i)))) is not None and t.kind == "flaky"
     )
     assert (flaky_task.status, flaky_task.attempt, flaky_task.output) == (
-        TaskStatus.SUCCEEDED, 3, b"RETRY ME"
+        cq.TaskStatus.SUCCEEDED, 3, b"RETRY ME"
     )  # fmt: skip
     (tick,) = store.recover(TimeBase(0)).recurring
-    assert tick.last is not None and store.get_task(ById(tick.last)) is not None
+    assert tick.last is not None and store.get_task(cq.ById(tick.last)) is not None

@@ -45,6 +45,7 @@ INTERNAL = (
     "lease",
     "leadership",
     "ddl",
+    "verdict",  # records whose public homes are `durability` and `model`
     "builds",  # the rule of which build may write a schema (docs/deploying.md)
     "schemacheck",  # `cronoq-store check`: its interface is the CLI
     "galera",

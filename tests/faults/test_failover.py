@@ -18,11 +18,22 @@ import random
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drills import (
+    EVENT_TIMEOUT,
+    POLL,
+    TAKEOVER_BOUND,
+    TTL,
+    Driver,
+    Event,
+    Spawn,
+    first_to_lead,
+    roles,
+)
 from figures import figures, rounds
 from sqlalchemy import URL, select
 
@@ -30,21 +41,10 @@ from cronoq_store import ById, SqlStore, StoreConfig, TaskId
 from cronoq_store.demo import format_report
 from cronoq_store.demo import run as run_demo
 from cronoq_store.schema import leader as leader_table
-from cronoq_store.testing import CheckReport, DriverProcess, HangPoint, check, enqueuer_argv
+from cronoq_store.testing import CheckReport, HangPoint, check
 
-TTL = float(os.environ.get("CRONOQ_FAILOVER_TTL", "1.0"))
-"""Lease TTL of the drivers, seconds: short, so that rounds are cheap."""
-RENEW = TTL / 4
-POLL = 0.05
-"""Standby poll (lock_poll), seconds."""
-TAKEOVER_BOUND = TTL + POLL + 1.0
-"""A standby must lead within this long after the leader stopped or died."""
-EVENT_TIMEOUT = 20.0
-"""Upper bound for anything that should happen within a second or two (start-up included)."""
 SUMMARY_PATH = Path(os.environ.get("CRONOQ_FAILOVER_SUMMARY", "/tmp/cronoq_failover_summary.json"))
 ROOT = Path(__file__).resolve().parents[2]
-
-Event = dict[str, Any]
 
 
 # Per-dialect figures, printed at the end of the session.
@@ -97,48 +97,7 @@ def _checked(dialect: str, report: CheckReport) -> None:
     fig["partial_batches"] += len(report.partial)
 
 
-# Driver processes.
-
-Driver = DriverProcess
-Spawn = Callable[..., Driver]
-
-
-def _state(p: Driver) -> str:
-    """ "leading" once it committed in its current term; else "standby", "starting", "lost"...
-
-    A loss reported after its "standby" event (the keeper's report racing the fenced commit)
-    belongs to the previous term.
-    """
-    state, acked, lost = "starting", False, False
-    for e in list(p.events):
-        name = e.get("event")
-        if name in ("standby", "leading"):
-            state, acked, lost = name, False, False
-        elif name == "ack":
-            acked = True
-        elif name == "leadership_lost":
-            lost = True
-        elif name == "eof":
-            state = "exited"
-    if state == "leading":
-        return "lost" if lost else ("leading" if acked else "taking over")
-    return state
-
-
-def _roles(procs: list[Driver], timeout: float = EVENT_TIMEOUT) -> tuple[Driver, list[Driver]]:
-    """The one process that leads (and has committed), once one other stands by.
-
-    Waiting for this at the start of every round keeps the rounds right when a leader stepped
-    down on its own (a renewal that could not finish within the TTL on a loaded machine).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        states = [_state(p) for p in procs]
-        if states.count("leading") == 1 and "standby" in states:
-            leader = procs[states.index("leading")]
-            return leader, [p for p in procs if p is not leader]
-        assert time.monotonic() < deadline, f"no clear leader within {timeout} s: {states}"
-        time.sleep(0.01)
+# Driver processes: `drills`.
 
 
 def _spontaneous(dialect: str, procs: list[Driver], caused: int) -> None:
@@ -147,51 +106,6 @@ def _spontaneous(dialect: str, procs: list[Driver], caused: int) -> None:
     fig = _figures(dialect)
     fig["spontaneous_leadership_losses"] = fig.get("spontaneous_leadership_losses", 0) + max(
         0, lost - caused
-    )
-
-
-def _url_text(url: URL) -> str:
-    return url.render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """Start driver processes; all are killed and reaped afterwards."""
-    started: list[Driver] = []
-
-    def start(name: str, url: URL | str, log: Path, *extra: str) -> Driver:
-        driver = DriverProcess(
-            url if isinstance(url, str) else _url_text(url),
-            log,
-            name=name,
-            ttl=TTL,
-            renew=RENEW,
-            poll=POLL,
-            batch=16,
-            gap=0.01,
-            duration=1800,  # a bound only: --exit-with-parent ends orphans
-            extra=extra,
-            stderr_path=tmp_path / f"{name}.stderr",
-            control_path=tmp_path / f"{name}.control",
-            umask=0o022,
-        )
-        started.append(driver)
-        return driver
-
-    yield start
-    for driver in started:
-        driver.close()
-
-
-def enqueuer(url: str, log: Path, stderr_path: Path, *, name: str, seed: int) -> Driver:
-    """An app process that enqueues (and rolls a quarter of its transactions back) beside the
-    drivers, logging what it committed to `log` for `check`."""
-    return DriverProcess(
-        url,
-        log,
-        name=name,
-        argv=enqueuer_argv(url, log, rollback=0.25, seed=seed),
-        stderr_path=stderr_path,
     )
 
 
@@ -270,7 +184,7 @@ def _paused_rounds(
     log = tmp_path / "acks.jsonl"
     a, b = spawn("a", db_url, log), spawn("b", db_url, log)
     for _ in range(rounds):
-        leader, [standby] = _roles([a, b])  # it has committed in this term
+        leader, [standby] = roles([a, b])  # it has committed in this term
         lm, sm = leader.mark(), standby.mark()
         # SIGUSR1: the leader SIGSTOPs itself once none of its threads holds a connection, so
         # no database lock is held while it is stopped (a process stopped inside a transaction
@@ -329,7 +243,7 @@ def _killed_rounds(
     for r in range(rounds):
         mode = KILL_MODES[r % len(KILL_MODES)]
         # One leads and has committed, one stands by (the other may still be starting).
-        leader, standbys = _roles(procs)
+        leader, standbys = roles(procs)
         leader.wait("ack", start=leader.mark())  # batches are in flight
         if mode == "random":
             time.sleep(rng.uniform(0.0, 0.3))  # a random point of the commit loop
@@ -339,14 +253,7 @@ def _killed_rounds(
             leader.wait("hang", start=mark, where=lambda e, m=mode: e["point"] == m)
         marks = [s.mark() for s in standbys]
         t_kill = leader.kill()
-        deadline = time.monotonic() + TAKEOVER_BOUND + 5
-        winners: list[tuple[Driver, Event]] = []
-        while not winners:
-            assert time.monotonic() < deadline, "no standby took over"
-            for s, m in zip(standbys, marks, strict=True):
-                winners += [(s, e) for e in s.since(m, "leading")]
-            time.sleep(0.01)
-        new, lead = winners[0]
+        new, lead = first_to_lead(standbys, marks, TAKEOVER_BOUND + 5)
         takeover = lead["t"] - t_kill
         assert takeover <= TAKEOVER_BOUND, f"takeover took {takeover:.3f} s after {mode}"
         acked_ids += [i for e in leader.since(0, "ack") for i in e["ids"]]
@@ -568,7 +475,7 @@ def test_leader_stopped_inside_its_transaction_lets_a_standby_through(
     resumed, it steps down and writes nothing."""
     log = tmp_path / "acks.jsonl"
     a, b = spawn("a", db_url, log, WATCH), spawn("b", db_url, log, WATCH)
-    leader, [standby] = _roles([a, b])
+    leader, [standby] = roles([a, b])
     new, lead, _ = _stopped_in(dialect, point, leader, [standby])
     assert new is standby
     new.wait("ack", where=lambda e: e["epoch"] == lead["epoch"])
@@ -599,7 +506,7 @@ def test_standby_stopped_inside_its_take_lets_a_third_through(
     not committed) holds no one off past the TTL either."""
     log = tmp_path / "acks.jsonl"
     a, b = spawn("a", db_url, log, WATCH), spawn("b", db_url, log, WATCH)
-    leader, [taker] = _roles([a, b])
+    leader, [taker] = roles([a, b])
     # The taker stops inside its take; the leader pauses holding nothing, so its lease runs out.
     mark, lm = taker.mark(), leader.mark()
     taker.arm(HangPoint.STOP_IN_TAKE)
@@ -635,7 +542,7 @@ def test_sqlite_a_leader_stopped_inside_its_transaction_holds_everyone(
     standby until it resumes (docs/guarantees.md says so). Then leadership moves on."""
     log = tmp_path / "acks.jsonl"
     a, b = spawn("a", db_url, log, WATCH), spawn("b", db_url, log, WATCH)
-    leader, [standby] = _roles([a, b])
+    leader, [standby] = roles([a, b])
     mark = leader.mark()
     sm = standby.mark()
     leader.arm(HangPoint.STOP_IN_RENEWAL)

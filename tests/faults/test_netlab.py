@@ -45,16 +45,7 @@ from figures import figures
 from servers import created, required
 from sqlalchemy import URL, create_engine, make_url, select
 
-from cronoq_store import (
-    ById,
-    SqlStore,
-    StoreConfig,
-    StoreError,
-    StoreUnavailable,
-    Submitted,
-    TaskId,
-    TaskSpec,
-)
+import cronoq_store as cq
 from cronoq_store.schema import tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +56,7 @@ PORTS = {"postgresql": 5451, "mariadb": 3351}
 TTL, RENEW, COMMIT_TIMEOUT = 3.0, 1.0, 2.0
 SLACK = 1.5
 FIG = "network and disk drills (issue 38)"
-STANDBY = StoreConfig(
+STANDBY = cq.StoreConfig(
     lease_ttl=timedelta(seconds=TTL),
     lease_renew=timedelta(seconds=RENEW),
     commit_timeout=timedelta(seconds=COMMIT_TIMEOUT),
@@ -212,7 +203,7 @@ def test_silent_cut(lab: None, dialect: str, face: str, phase: str) -> None:
     middle of back-to-back commits, or between renewals only."""
     with _database(dialect) as name:
         outside = _url(dialect, "127.0.0.1", name)
-        with SqlStore.open(outside, STANDBY) as standby:  # migrates
+        with cq.SqlStore.open(outside, STANDBY) as standby:  # migrates
             leader = Leader(_url(dialect, HOST_IP, name), face)
             try:
                 _round(leader, standby, outside, f"{dialect} {face}", phase)
@@ -221,7 +212,7 @@ def test_silent_cut(lab: None, dialect: str, face: str, phase: str) -> None:
                 leader.stop()
 
 
-def _round(leader: Leader, standby: SqlStore, outside: URL, dialect: str, phase: str) -> None:
+def _round(leader: Leader, standby: cq.SqlStore, outside: URL, dialect: str, phase: str) -> None:
     leader.wait(_ev("acquired"), 60)
     for _ in range(3):
         leader.send("commit")
@@ -404,16 +395,16 @@ def test_acquire_at_latency_keeps_its_timeout(lab: None, dialect: str) -> None:
     """At 100 ms of round trip, acquire_leadership(timeout=1) returns within 2.5 s, led or
     not (connecting and each round trip count against its timeout)."""
     with _database(dialect) as name:
-        SqlStore.open(_url(dialect, "127.0.0.1", name), STANDBY).close()  # migrated
+        cq.SqlStore.open(_url(dialect, "127.0.0.1", name), STANDBY).close()  # migrated
         proxy = LatencyProxy(("127.0.0.1", PORTS[dialect]), 0.05)
         try:
             slow = _url(dialect, "127.0.0.1", name).set(port=proxy.port)
-            config = StoreConfig(
+            config = cq.StoreConfig(
                 lease_ttl=timedelta(seconds=TTL),
                 lease_renew=timedelta(seconds=RENEW),
                 migrate=False,
             )
-            store = SqlStore.open(slow, config)
+            store = cq.SqlStore.open(slow, config)
             try:
                 tries = []
                 for _ in range(3):
@@ -421,7 +412,7 @@ def test_acquire_at_latency_keeps_its_timeout(lab: None, dialect: str) -> None:
                     ok = True
                     try:
                         store.acquire_leadership(timeout=1)
-                    except StoreUnavailable:
+                    except cq.StoreUnavailable:
                         ok = False
                     tries.append((round(time.monotonic() - started, 2), ok))
                     store.release_leadership()
@@ -471,28 +462,28 @@ def test_full_disk_postgresql(lab: None) -> None:
 
 
 def _full_disk_round(target: Any, directory: Path, dialect: str) -> None:
-    config = StoreConfig(lease_ttl=timedelta(seconds=TTL), lease_renew=timedelta(seconds=RENEW))
-    spec = TaskSpec(payload=os.urandom(4000))
-    with SqlStore.open(target, config) as store:
+    config = cq.StoreConfig(lease_ttl=timedelta(seconds=TTL), lease_renew=timedelta(seconds=RENEW))
+    spec = cq.TaskSpec(payload=os.urandom(4000))
+    with cq.SqlStore.open(target, config) as store:
         epoch = store.acquire_leadership(timeout=10)
         ballast = _fill(directory, leave=2 << 20)
         try:
-            failure: StoreError | None = None
+            failure: cq.StoreError | None = None
             for n in range(1, 200):  # 200 KB batches until one finds the disk full
-                batch = [Submitted(id=TaskId(n * 100 + i), seq=n, arrival=n, spec=spec)
+                batch = [cq.Submitted(id=cq.TaskId(n * 100 + i), seq=n, arrival=n, spec=spec)
                          for i in range(50)]  # fmt: skip
                 try:
                     store.commit(epoch, BASE, batch)
-                except StoreError as exc:
+                except cq.StoreError as exc:
                     failure = exc
                     break
             assert failure is not None, "the disk never filled"
-            assert isinstance(failure, StoreUnavailable), failure
+            assert isinstance(failure, cq.StoreUnavailable), failure
             assert "disk is full" in str(failure), failure
             # No take on a database that cannot commit: no epoch burnt.
             before = _epoch_now(store)
             for _ in range(3):
-                with pytest.raises(StoreUnavailable, match="disk is full"):
+                with pytest.raises(cq.StoreUnavailable, match="disk is full"):
                     store.acquire_leadership(timeout=1)
             assert _epoch_now(store) == before
         finally:
@@ -500,11 +491,11 @@ def _full_disk_round(target: Any, directory: Path, dialect: str) -> None:
         epoch = store.acquire_leadership(timeout=10)
         assert epoch == before + 1
         store.commit(epoch, BASE, batch)  # the same batch, once space is back
-        assert store.get_task(ById(id=batch[-1].id)) is not None
+        assert store.get_task(cq.ById(id=batch[-1].id)) is not None
         figures(FIG)[f"{dialect} full disk"] = {"batches_before_full": n - 1, "error": str(failure)}
 
 
-def _epoch_now(store: SqlStore) -> int:
+def _epoch_now(store: cq.SqlStore) -> int:
     from cronoq_store.schema import leader
 
     with store.engine.connect() as conn:

@@ -18,22 +18,7 @@ from builders import BASE, submit
 from click.testing import CliRunner, Result
 from sqlalchemy import URL, Engine, delete, select
 
-from cronoq_store import (
-    ById,
-    Dep,
-    Fenced,
-    LeaderRowMissing,
-    RecurringNext,
-    RecurringSpec,
-    RecurringUpsert,
-    SchemaError,
-    SqlStore,
-    StatusChanged,
-    StoreConfig,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-)
+import cronoq_store as cq
 from cronoq_store.cli import main
 from cronoq_store.schema import leader
 
@@ -42,8 +27,8 @@ SEPARATE_STDERR = {"mix_stderr": False} if "mix_stderr" in signature(CliRunner).
 
 
 @pytest.fixture
-def store_config() -> StoreConfig:
-    return StoreConfig(lease_ttl=timedelta(seconds=10), lease_renew=timedelta(seconds=5))
+def store_config() -> cq.StoreConfig:
+    return cq.StoreConfig(lease_ttl=timedelta(seconds=10), lease_renew=timedelta(seconds=5))
 
 
 def delete_leader_row(engine: Engine) -> None:
@@ -73,22 +58,22 @@ def cli(url: URL, *args: str, code: int) -> Result:
     return result
 
 
-def test_commit_after_deletion_names_the_problem(store: SqlStore, engine: Engine) -> None:
+def test_commit_after_deletion_names_the_problem(store: cq.SqlStore, engine: Engine) -> None:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1)])
     delete_leader_row(engine)
-    with pytest.raises(LeaderRowMissing) as caught:
+    with pytest.raises(cq.LeaderRowMissing) as caught:
         store.commit(epoch, BASE, [submit(2)])
-    assert isinstance(caught.value, Fenced) and isinstance(caught.value, SchemaError)
+    assert isinstance(caught.value, cq.Fenced) and isinstance(caught.value, cq.SchemaError)
     assert_names_repair(caught.value)
     assert not store.is_leader  # stepped down
-    assert store.get_task(ById(id=TaskId(2))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(2))) is None
 
 
 def test_acquire_after_deletion_names_the_problem(db_url: URL, engine: Engine) -> None:
-    with SqlStore.open(db_url) as store:
+    with cq.SqlStore.open(db_url) as store:
         delete_leader_row(engine)
-        with pytest.raises(LeaderRowMissing) as caught:
+        with pytest.raises(cq.LeaderRowMissing) as caught:
             store.acquire_leadership(timeout=30)  # fails at once, not after the timeout
         assert_names_repair(caught.value)
 
@@ -96,8 +81,10 @@ def test_acquire_after_deletion_names_the_problem(db_url: URL, engine: Engine) -
 def test_renewal_after_deletion_steps_down_saying_why(
     db_url: URL, engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = StoreConfig(lease_ttl=timedelta(seconds=30), lease_renew=timedelta(milliseconds=100))
-    with SqlStore.open(db_url, config) as store, caplog.at_level(logging.ERROR):
+    config = cq.StoreConfig(
+        lease_ttl=timedelta(seconds=30), lease_renew=timedelta(milliseconds=100)
+    )
+    with cq.SqlStore.open(db_url, config) as store, caplog.at_level(logging.ERROR):
         called = threading.Event()  # callbacks run after the loss is logged
         store.acquire_leadership()
         store.on_leadership_lost(called.set)
@@ -109,7 +96,7 @@ def test_renewal_after_deletion_steps_down_saying_why(
 
 
 def test_cli_status_and_lease_release_name_the_problem(db_url: URL, engine: Engine) -> None:
-    with SqlStore.open(db_url) as store:
+    with cq.SqlStore.open(db_url) as store:
         store.acquire_leadership()
         delete_leader_row(engine)
         store.release_leadership()  # can clear nothing: logs a warning
@@ -121,18 +108,18 @@ def test_cli_status_and_lease_release_name_the_problem(db_url: URL, engine: Engi
 
 
 def test_upgrade_restores_the_row_above_every_stored_id(
-    db_url: URL, engine: Engine, store: SqlStore
+    db_url: URL, engine: Engine, store: cq.SqlStore
 ) -> None:
     epoch = store.acquire_leadership()
-    sched = RecurringSpec(name="s", template=TaskSpec(payload=b"t"), interval_ns=10**9)
+    sched = cq.RecurringSpec(name="s", template=cq.TaskSpec(payload=b"t"), interval_ns=10**9)
     store.commit(
         epoch,
         BASE,
         [submit(i) for i in range(1, 11)]
         + [
-            submit(11, deps=(Dep(target=ById(id=TaskId(40))),)),
-            RecurringUpsert(spec=sched),
-            RecurringNext(name="s", next=5, last=TaskId(30)),
+            submit(11, deps=(cq.Dep(target=cq.ById(id=cq.TaskId(40))),)),
+            cq.RecurringUpsert(spec=sched),
+            cq.RecurringNext(name="s", next=5, last=cq.TaskId(30)),
         ],
     )
     # Tasks 5..10 finish and are pruned: the schedule still names 30, a dependency 40.
@@ -140,7 +127,9 @@ def test_upgrade_restores_the_row_above_every_stored_id(
         epoch,
         BASE,
         [
-            StatusChanged(id=TaskId(i), status=TaskStatus.SUCCEEDED, attempt=1, at=0, message=None)
+            cq.StatusChanged(
+                id=cq.TaskId(i), status=cq.TaskStatus.SUCCEEDED, attempt=1, at=0, message=None
+            )
             for i in range(5, 11)
         ],
     )
@@ -157,10 +146,10 @@ def test_upgrade_restores_the_row_above_every_stored_id(
         "next_id": 41,
     }
     # The old leader is fenced off (the row names no holder); a new one leads and resumes.
-    with pytest.raises(Fenced) as caught:
+    with pytest.raises(cq.Fenced) as caught:
         store.commit(epoch, BASE, [submit(50)])
-    assert not isinstance(caught.value, LeaderRowMissing)
-    with SqlStore.open(db_url) as other:
+    assert not isinstance(caught.value, cq.LeaderRowMissing)
+    with cq.SqlStore.open(db_url) as other:
         new_epoch = other.acquire_leadership()
         assert new_epoch == 1
         assert other.recover(BASE).next_id == 41
@@ -172,10 +161,10 @@ def test_upgrade_restores_the_row_above_every_stored_id(
 def test_open_restores_the_row_and_an_empty_store_starts_at_zero(
     db_url: URL, engine: Engine
 ) -> None:
-    with SqlStore.open(db_url):
+    with cq.SqlStore.open(db_url):
         pass
     delete_leader_row(engine)
-    with SqlStore.open(db_url, StoreConfig(migrate=True)) as store:
+    with cq.SqlStore.open(db_url, cq.StoreConfig(migrate=True)) as store:
         assert leader_row(engine) == {
             "id": 1,
             "epoch": 0,

@@ -36,17 +36,8 @@ from faces import (
 )
 from sqlalchemy import URL, Connection, Engine, create_engine, event, select, text, update
 
-from cronoq_store import (
-    DatabaseBehind,
-    Fenced,
-    InvalidValue,
-    SqlStore,
-    StoreConfig,
-    StoreUnavailable,
-    execution,
-    lease,
-    migrate,
-)
+import cronoq_store as cq
+from cronoq_store import execution, lease, migrate
 from cronoq_store.dialects import db_now_ns
 from cronoq_store.schema import leader, tasks
 from cronoq_store.testing.statements import after_statements
@@ -62,7 +53,7 @@ SERVERS = [
 ]
 """Dialects whose row locks serialize a commit against a takeover (SQLite has one writer)."""
 
-SHORT = StoreConfig(
+SHORT = cq.StoreConfig(
     lease_ttl=timedelta(seconds=1),
     lease_renew=timedelta(milliseconds=200),
     lock_poll=timedelta(milliseconds=50),
@@ -100,7 +91,7 @@ def face(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def open_store(
     db_url: URL, face: str, cleanup: list[Callable[[], None]]
-) -> Callable[[StoreConfig], Store]:
+) -> Callable[[cq.StoreConfig], Store]:
     """Open stores of `face` on the test database (each its own engine and holder)."""
     return lambda config: open_face(face, db_url, config, cleanup)
 
@@ -183,9 +174,9 @@ def test_lease_transitions(
     assert not renew("b", 0)
     # Identities no takeover produces (our epoch under another holder, an epoch above the
     # row's) mean the database lost our own take: refused loudly, the row untouched.
-    with pytest.raises(DatabaseBehind, match="lost this leader's own take"):
+    with pytest.raises(cq.DatabaseBehind, match="lost this leader's own take"):
         renew("b", 1)
-    with pytest.raises(DatabaseBehind, match="lost this leader's own take"):
+    with pytest.raises(cq.DatabaseBehind, match="lost this leader's own take"):
         renew("a", 2)
     row = lease_row(migrated)
     assert (row.epoch, row.holder) == (1, "a")
@@ -364,6 +355,27 @@ def take_over(engine: Engine, task_id: int, *, expired: bool = False) -> tuple[i
     return epoch, seen
 
 
+def paused_first(
+    pause: Pause, first: Worker, never: str, second: Worker, admin: Engine, dialect: str
+) -> None:
+    """Start `first` and hold it where `pause` waits (failing with `never` if it does not get
+    there), then start `second` and wait until it finished or waits for `first`'s row lock;
+    then let both finish."""
+    with pause:
+        first.start()
+        assert pause.reached.wait(WAIT), never
+        second.start()
+        wait_until(
+            lambda: second.done.is_set() or lock_waiters(admin, dialect) > 0,
+            f"{second.name} to finish or to wait for {first.name}'s row lock",
+            WAIT,
+            LOCK_POLL,
+        )
+        pause.go.set()
+        first.outcome()
+        second.outcome()
+
+
 def race_commit_paused(
     old: Store, epoch: int, admin: Engine, dialect: str, task_id: int
 ) -> Outcome:
@@ -372,19 +384,8 @@ def race_commit_paused(
     set_lease(admin, expires_unix_ns=0)  # `old` was paused past its lease
     commit = Worker("old-commit", lambda: old.commit(epoch, BASE, [submit(task_id)]))
     taker = Worker("taker", lambda: take_over(admin, task_id))
-    with Pause(store_engine(old), statement_thread(old, "old-commit")) as pause:
-        commit.start()
-        assert pause.reached.wait(WAIT), "the commit never reached its fence check"
-        taker.start()
-        wait_until(
-            lambda: taker.done.is_set() or lock_waiters(admin, dialect) > 0,
-            "the takeover to finish or to wait for the commit's row lock",
-            WAIT,
-            LOCK_POLL,
-        )
-        pause.go.set()
-        commit.outcome()
-        taker.outcome()
+    pause = Pause(store_engine(old), statement_thread(old, "old-commit"))
+    paused_first(pause, commit, "the commit never reached its fence check", taker, admin, dialect)
     assert taker.error is None, taker.error
     took, seen = taker.result
     return Outcome(commit.error, task_id in stored_ids(admin), took, seen)
@@ -403,24 +404,13 @@ def race_takeover_paused(
 
     taker = Worker("taker", take)
     commit = Worker("old-commit", lambda: old.commit(epoch, BASE, [submit(task_id)]))
-    with Pause(admin, "taker", "UPDATE", store=False) as pause:
-        taker.start()
-        assert pause.reached.wait(WAIT), "the takeover never wrote the lease"
-        commit.start()
-        wait_until(
-            lambda: commit.done.is_set() or lock_waiters(admin, dialect) > 0,
-            "the commit to finish or to wait for the takeover's row lock",
-            WAIT,
-            LOCK_POLL,
-        )
-        pause.go.set()
-        taker.outcome()
-        commit.outcome()
+    pause = Pause(admin, "taker", "UPDATE", store=False)
+    paused_first(pause, taker, "the takeover never wrote the lease", commit, admin, dialect)
     assert taker.error is None, taker.error
     return Outcome(commit.error, task_id in stored_ids(admin), result["took"], result["seen"])
 
 
-RACE = StoreConfig(
+RACE = cq.StoreConfig(
     lease_ttl=timedelta(seconds=60),
     lease_renew=timedelta(seconds=20),
     lock_poll=timedelta(milliseconds=50),
@@ -430,7 +420,7 @@ RACE = StoreConfig(
 
 @pytest.mark.parametrize("dialect", SERVERS)
 def test_fence_serializes_commit_against_takeover(
-    open_store: Callable[[StoreConfig], Store], engine: Engine, dialect: str
+    open_store: Callable[[cq.StoreConfig], Store], engine: Engine, dialect: str
 ) -> None:
     old = open_store(RACE)
     epoch = old.acquire_leadership(timeout=WAIT)
@@ -446,15 +436,15 @@ def test_fence_serializes_commit_against_takeover(
     second = race_takeover_paused(old, epoch, engine, dialect, task_id=2)
     assert second.violation is None, second
     assert second.took == epoch + 1
-    assert isinstance(second.commit_error, Fenced) and not second.landed
+    assert isinstance(second.commit_error, cq.Fenced) and not second.landed
     assert not old.is_leader
-    with pytest.raises(Fenced):
+    with pytest.raises(cq.Fenced):
         old.commit(epoch, BASE, [submit(3)])
 
 
 @pytest.mark.parametrize("dialect", SERVERS)
 def test_race_harness_catches_a_plain_select_check(
-    open_store: Callable[[StoreConfig], Store],
+    open_store: Callable[[cq.StoreConfig], Store],
     engine: Engine,
     dialect: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -533,7 +523,7 @@ def race_takeover_after_fence(
 
 
 def test_takeover_between_the_fence_and_the_writes(
-    open_store: Callable[[StoreConfig], Store], engine: Engine, db_url: URL, dialect: str
+    open_store: Callable[[cq.StoreConfig], Store], engine: Engine, db_url: URL, dialect: str
 ) -> None:
     """A deposed leader cannot write: a takeover that comes after the commit's fence check
     and before its writes waits for the commit (the fence and the writes are one
@@ -547,7 +537,7 @@ def test_takeover_between_the_fence_and_the_writes(
     assert outcome.landed and outcome.commit_error is None, outcome
     assert outcome.took == epoch + 1 and outcome.seen_by_taker, outcome
     assert stored_ids(engine) == {1, 2}
-    with pytest.raises(Fenced):
+    with pytest.raises(cq.Fenced):
         old.commit(epoch, BASE, [submit(3)])
     assert stored_ids(engine) == {1, 2}
 
@@ -557,7 +547,7 @@ def test_takeover_between_the_fence_and_the_writes(
 
 @pytest.mark.parametrize("dialect", SERVERS)
 def test_standby_clock_ahead_cannot_take_a_live_lease(
-    open_store: Callable[[StoreConfig], Store], monkeypatch: pytest.MonkeyPatch
+    open_store: Callable[[cq.StoreConfig], Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     leader_store = open_store(SHORT)
     epoch = leader_store.acquire_leadership(timeout=WAIT)
@@ -567,7 +557,7 @@ def test_standby_clock_ahead_cannot_take_a_live_lease(
     real_ns, real_s = time.time_ns, time.time
     monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 30 * SECOND)
     monkeypatch.setattr(time, "time", lambda: real_s() + 30.0)
-    with pytest.raises(StoreUnavailable, match="another instance holds the lease"):
+    with pytest.raises(cq.StoreUnavailable, match="another instance holds the lease"):
         standby.acquire_leadership(timeout=1.5 * SHORT.lease_ttl.total_seconds())
     assert leader_store.epoch == epoch
     # Not a standby that can never lead: once the leader lets go, it takes over at once.
@@ -596,10 +586,10 @@ class AfterFence:
 
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_connection_cut_inside_a_commit(
-    open_store: Callable[[StoreConfig], Store], engine: Engine
+    open_store: Callable[[cq.StoreConfig], Store], engine: Engine
 ) -> None:
     store = open_store(
-        StoreConfig(lease_ttl=timedelta(seconds=60), lease_renew=timedelta(seconds=20))
+        cq.StoreConfig(lease_ttl=timedelta(seconds=60), lease_renew=timedelta(seconds=20))
     )
     epoch = store.acquire_leadership(timeout=WAIT)
     cut = threading.Event()
@@ -615,7 +605,7 @@ def test_connection_cut_inside_a_commit(
 
     after_each(store_engine(store), kill_after_fence)
     batch = [submit(1), submit(2)]
-    with pytest.raises(StoreUnavailable):
+    with pytest.raises(cq.StoreUnavailable):
         store.commit(epoch, BASE, batch)
     assert cut.is_set()
     assert stored_ids(engine) == set()
@@ -653,7 +643,7 @@ def transitions(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_keeper_steps_down_when_the_lease_is_stolen(
-    open_store: Callable[[StoreConfig], Store],
+    open_store: Callable[[cq.StoreConfig], Store],
     engine: Engine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -671,7 +661,7 @@ def test_keeper_steps_down_when_the_lease_is_stolen(
     assert time.monotonic() - stolen <= renew + SLACK
     assert watcher.called.wait(WAIT)
     assert (store.epoch, store.is_leader) == (None, False)
-    with pytest.raises(Fenced):
+    with pytest.raises(cq.Fenced):
         store.commit(epoch, BASE, [submit(2)])
     store.release_leadership()  # already lost: no second callback, the thief keeps its lease
     assert lease_row(engine).holder == "thief"
@@ -725,7 +715,7 @@ def row_lock(engine: Engine, dialect: str) -> Iterator[RowLock]:
 
 
 def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
-    open_store: Callable[[StoreConfig], Store],
+    open_store: Callable[[cq.StoreConfig], Store],
     engine: Engine,
     row_lock: RowLock,
     caplog: pytest.LogCaptureFixture,
@@ -739,7 +729,7 @@ def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
     # commit timeout's 60 s once a commit has set it on the connection).
     # Ten renewals per TTL: a loaded machine must stall one for 1.8 s to end the healthy part.
     store = open_store(
-        StoreConfig(
+        cq.StoreConfig(
             lease_ttl=timedelta(seconds=2),
             lease_renew=SHORT.lease_renew,
             lock_poll=SHORT.lock_poll,
@@ -761,7 +751,7 @@ def test_keeper_steps_down_when_renewal_blocks_past_the_ttl(
     assert store.wait_leadership_lost(WAIT), "the keeper did not step down while renewals hung"
     assert watcher.called.wait(WAIT)
     assert not [r for r in caplog.records if "renewing the cronoq lease failed" in r.getMessage()]
-    with pytest.raises(Fenced):
+    with pytest.raises(cq.Fenced):
         store.commit(epoch, BASE, [submit(1)])
     assert watcher.calls == 1
     assert transitions(caplog)[-1] == (
@@ -848,7 +838,7 @@ def test_keeper_retries_a_failure_and_steps_down_after_a_streak(face: str) -> No
             calls += 1
             outcome = outcomes.pop(0) if outcomes else "ok"
             if outcome == "fail":
-                raise StoreUnavailable("down")
+                raise cq.StoreUnavailable("down")
             return True
 
         def lost(why: str) -> None:
@@ -875,15 +865,15 @@ def test_keeper_retries_a_failure_and_steps_down_after_a_streak(face: str) -> No
     assert after is not None and after >= ttl
 
 
-def test_release_hands_over_at_once(open_store: Callable[[StoreConfig], Store]) -> None:
-    config = StoreConfig(
+def test_release_hands_over_at_once(open_store: Callable[[cq.StoreConfig], Store]) -> None:
+    config = cq.StoreConfig(
         lease_ttl=timedelta(seconds=30),
         lease_renew=timedelta(seconds=5),
         lock_poll=timedelta(milliseconds=50),
     )
     first, second = open_store(config), open_store(config)
     epoch = first.acquire_leadership(timeout=WAIT)
-    with pytest.raises(StoreUnavailable, match="another instance holds the lease"):
+    with pytest.raises(cq.StoreUnavailable, match="another instance holds the lease"):
         second.acquire_leadership(timeout=0.2)
     standby = Worker("standby", lambda: second.acquire_leadership(timeout=WAIT))
     standby.start()
@@ -894,7 +884,7 @@ def test_release_hands_over_at_once(open_store: Callable[[StoreConfig], Store]) 
     # Far sooner than the 30 s lease would have run out.
     assert time.monotonic() - released < WAIT
     assert not first.is_leader
-    with pytest.raises(Fenced):
+    with pytest.raises(cq.Fenced):
         first.commit(epoch, BASE, [submit(1)])
 
 
@@ -906,9 +896,11 @@ def test_acquire_backs_off_while_the_database_is_unreachable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     refused = "postgresql+psycopg://postgres@127.0.0.1:1/nowhere"
-    store = wrap_engine(face, refused, StoreConfig(lock_poll=timedelta(milliseconds=50)), cleanup)
+    store = wrap_engine(
+        face, refused, cq.StoreConfig(lock_poll=timedelta(milliseconds=50)), cleanup
+    )
     attempts = count_attempts(store, monkeypatch)
-    with pytest.raises(StoreUnavailable, match="unreachable"):
+    with pytest.raises(cq.StoreUnavailable, match="unreachable"):
         store.acquire_leadership(timeout=1.0)
     # 50, 100, 200, 400 ms between tries, then a last one at the timeout: 6 tries in the
     # second, not the 20 that polling every 50 ms would make. Each wait doubles the one
@@ -941,17 +933,17 @@ def test_acquire_backs_off_while_the_database_is_unreachable(
     ],
 )
 def test_config_refuses_settings_that_cannot_work(settings: dict[str, Any], why: str) -> None:
-    with pytest.raises(InvalidValue, match=why):
-        StoreConfig(**settings)
+    with pytest.raises(cq.InvalidValue, match=why):
+        cq.StoreConfig(**settings)
 
 
 def test_config_accepts_the_defaults() -> None:
-    assert StoreConfig().lease_renew * 5 == StoreConfig().lease_ttl
+    assert cq.StoreConfig().lease_renew * 5 == cq.StoreConfig().lease_ttl
 
 
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
-    engine: Engine, open_store: Callable[[StoreConfig], Store]
+    engine: Engine, open_store: Callable[[cq.StoreConfig], Store]
 ) -> None:
     """The server ends the session of a client idle in its commit past the lease TTL."""
     old, standby = open_store(SHORT), open_store(SHORT)
@@ -988,7 +980,7 @@ def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
     assert new_epoch == epoch + 1
     # Without the idle timeout the takeover waits until the paused commit resumes (WAIT s).
     assert took < SHORT.lease_ttl.total_seconds() * 2 + SLACK
-    assert failure and isinstance(failure[0], StoreUnavailable | Fenced)
+    assert failure and isinstance(failure[0], cq.StoreUnavailable | cq.Fenced)
     assert stored_ids(engine) == set()
     standby.commit(new_epoch, BASE, [submit(2)])
     assert stored_ids(engine) == {2}
@@ -1029,7 +1021,7 @@ def test_leader_row_transactions_bound_idle_time_and_no_other_does(
     """Every take, renewal, commit and release runs with the server's idle-in-transaction bound
     at the lease TTL; the store's other transactions (recover, queries) run without it, so a
     long read is never cut, even on a pooled MariaDB connection a renewal used just before."""
-    config = StoreConfig(
+    config = cq.StoreConfig(
         lease_ttl=timedelta(milliseconds=2500),
         lease_renew=timedelta(milliseconds=500),
         lock_poll=timedelta(milliseconds=100),
@@ -1037,7 +1029,7 @@ def test_leader_row_transactions_bound_idle_time_and_no_other_does(
     )
     # The sync face's own transactions (`_renew`, `_run`); the async face runs the same
     # `face.plan` and `face.transaction`.
-    store = SqlStore.open(db_url, config)
+    store = cq.SqlStore.open(db_url, config)
     cleanup.append(store.close)
     # A pipelined flight (psycopg's) cannot be asked for a setting in its middle, and a lease
     # flight commits before its end: the statements go one by one here, with the same bounds.

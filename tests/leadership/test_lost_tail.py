@@ -21,20 +21,11 @@ from click.testing import CliRunner
 from faces import FACES, open_face
 from sqlalchemy import URL, Engine, delete, select, update
 
-from cronoq_store import (
-    DatabaseBehind,
-    Fenced,
-    LostCommits,
-    SqlStore,
-    StatusChanged,
-    StoreConfig,
-    TaskId,
-    TaskStatus,
-)
+import cronoq_store as cq
 from cronoq_store.cli import main
 from cronoq_store.schema import leader, tasks
 
-QUIET = StoreConfig(lease_ttl=timedelta(seconds=30), lease_renew=timedelta(seconds=10))
+QUIET = cq.StoreConfig(lease_ttl=timedelta(seconds=30), lease_renew=timedelta(seconds=10))
 LEASE_COLUMNS = ("epoch", "holder", "expires_unix_ns", "next_id", "commit_seq")
 
 
@@ -65,9 +56,9 @@ def test_a_leader_steps_down_on_a_database_that_lost_its_commits(
         old.commit(epoch, BASE, [submit(i)])
     roll_back_to(engine, replica, keep_below=2)
 
-    with pytest.raises(DatabaseBehind, match="up to 4 acknowledged commits are gone") as caught:
+    with pytest.raises(cq.DatabaseBehind, match="up to 4 acknowledged commits are gone") as caught:
         old.commit(epoch, BASE, [submit(6)])
-    assert isinstance(caught.value, Fenced)  # an engine that steps down on Fenced steps down
+    assert isinstance(caught.value, cq.Fenced)  # an engine that steps down on Fenced steps down
     assert caught.value.lost.epoch == epoch and caught.value.lost.commits == 4
     assert not old.is_leader
     with engine.connect() as conn:
@@ -83,7 +74,7 @@ def test_a_leader_steps_down_on_a_database_that_lost_its_commits(
     recovered = new.recover(BASE)
     assert [t.id for t in recovered.tasks] == [1]
     lost = recovered.lost
-    assert isinstance(lost, LostCommits)
+    assert isinstance(lost, cq.LostCommits)
     assert (lost.epoch, lost.commits) == (epoch, 4)
     assert lost.noticed_unix_ns > BASE.unix_ns
     # ... until the new epoch commits: it has been recovered from.
@@ -93,22 +84,24 @@ def test_a_leader_steps_down_on_a_database_that_lost_its_commits(
 
 def test_a_renewal_notices_a_database_that_lost_its_commits(db_url: URL, engine: Engine) -> None:
     """A leader that commits nothing after the failover still steps down: its renewal checks."""
-    config = StoreConfig(lease_ttl=timedelta(seconds=2), lease_renew=timedelta(milliseconds=100))
+    config = cq.StoreConfig(lease_ttl=timedelta(seconds=2), lease_renew=timedelta(milliseconds=100))
     lost = threading.Event()
-    with SqlStore.open(db_url, config) as store:
+    with cq.SqlStore.open(db_url, config) as store:
         store.on_leadership_lost(lost.set)
         epoch = store.acquire_leadership(timeout=10)
         store.commit(epoch, BASE, [submit(1)])
         replica = snapshot(engine)
         store.commit(
-            epoch, BASE, [StatusChanged(id=TaskId(1), status=TaskStatus.RUNNING, attempt=1, at=2)]
+            epoch,
+            BASE,
+            [cq.StatusChanged(id=cq.TaskId(1), status=cq.TaskStatus.RUNNING, attempt=1, at=2)],
         )
         roll_back_to(engine, replica, keep_below=2)  # only a status change was lost
         assert lost.wait(10), "the keeper's renewal did not notice the lost commit"
         assert not store.is_leader
-        with pytest.raises(Fenced):
+        with pytest.raises(cq.Fenced):
             store.commit(epoch, BASE, [submit(2)])
-    with SqlStore.open(db_url, config) as standby:
+    with cq.SqlStore.open(db_url, config) as standby:
         standby.acquire_leadership(timeout=5)
         gap = standby.recover(BASE).lost
         assert gap is not None and (gap.epoch, gap.commits) == (epoch, 1)
@@ -117,18 +110,18 @@ def test_a_renewal_notices_a_database_that_lost_its_commits(db_url: URL, engine:
 def test_a_database_that_lost_the_take_itself_is_noticed(db_url: URL, engine: Engine) -> None:
     """The replica missed even this leader's take: the row names the epoch before, or (once a
     standby took over on it) the same epoch under another holder; neither is a takeover."""
-    with SqlStore.open(db_url, QUIET) as first:
+    with cq.SqlStore.open(db_url, QUIET) as first:
         first.acquire_leadership(timeout=10)
         first.commit(first.epoch or 0, BASE, [submit(1)])
         first.release_leadership()
     replica = snapshot(engine)
-    with SqlStore.open(db_url, QUIET) as old, SqlStore.open(db_url, QUIET) as standby:
+    with cq.SqlStore.open(db_url, QUIET) as old, cq.SqlStore.open(db_url, QUIET) as standby:
         epoch = old.acquire_leadership(timeout=10)
         old.commit(epoch, BASE, [submit(2)])
         roll_back_to(engine, replica, keep_below=2)
         # The standby is granted the epoch the lost history had granted already.
         assert standby.acquire_leadership(timeout=5) == epoch
-        with pytest.raises(DatabaseBehind, match="lost this leader's own take"):
+        with pytest.raises(cq.DatabaseBehind, match="lost this leader's own take"):
             old.commit(epoch, BASE, [submit(3)])
         # The standby leads on: the record does not touch its lease.
         standby.commit(epoch, BASE, [submit(4)])
@@ -139,8 +132,8 @@ def test_a_database_that_lost_the_take_itself_is_noticed(db_url: URL, engine: En
 def test_commits_landing_out_of_order_are_no_gap(db_url: URL) -> None:
     """Several threads commit under one epoch: their sequence numbers land in any order, and
     none of them, nor a renewal between them, may read that as a database behind."""
-    config = StoreConfig(lease_ttl=timedelta(seconds=10), lease_renew=timedelta(milliseconds=50))
-    with SqlStore.open(db_url, config) as store:
+    config = cq.StoreConfig(lease_ttl=timedelta(seconds=10), lease_renew=timedelta(milliseconds=50))
+    with cq.SqlStore.open(db_url, config) as store:
         epoch = store.acquire_leadership(timeout=10)
         errors: list[BaseException] = []
 
@@ -162,13 +155,13 @@ def test_commits_landing_out_of_order_are_no_gap(db_url: URL) -> None:
 
 
 def test_status_shows_the_gap_and_the_server_role(db_url: URL, engine: Engine) -> None:
-    with SqlStore.open(db_url, QUIET) as old:
+    with cq.SqlStore.open(db_url, QUIET) as old:
         epoch = old.acquire_leadership(timeout=10)
         old.commit(epoch, BASE, [submit(1)])
         replica = snapshot(engine)
         old.commit(epoch, BASE, [submit(2)])
         roll_back_to(engine, replica, keep_below=2)
-        with pytest.raises(DatabaseBehind):
+        with pytest.raises(cq.DatabaseBehind):
             old.commit(epoch, BASE, [submit(3)])
     url = db_url.render_as_string(hide_password=False)
     shown = CliRunner().invoke(main, ["--url", url, "status", "--json"])

@@ -16,18 +16,8 @@ from builders import BASE, status, submit
 from click.testing import CliRunner
 from sqlalchemy import URL, Engine, create_engine, select, update
 
-from cronoq_store import (
-    BuildTooOld,
-    ById,
-    Fenced,
-    SchemaError,
-    SqlStore,
-    StoreConfig,
-    TaskId,
-    TaskStatus,
-    builds,
-    migrate,
-)
+import cronoq_store as cq
+from cronoq_store import builds, migrate
 from cronoq_store.cli import main
 from cronoq_store.schema import leader, tasks, writers
 
@@ -38,28 +28,28 @@ def _as_release_0_1_0_finished(engine: Engine, *ids: int) -> None:
         conn.execute(update(tasks).where(tasks.c.id.in_(ids)).values(finished_unix_ns=None))
 
 
-def _finished_two(store: SqlStore) -> int:
+def _finished_two(store: cq.SqlStore) -> int:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1), submit(2), submit(3)])
-    store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED), status(2, TaskStatus.FAILED)])
+    store.commit(epoch, BASE, [status(1, cq.TaskStatus.SUCCEEDED), status(2, cq.TaskStatus.FAILED)])
     _as_release_0_1_0_finished(store.engine, 1, 2)
     return epoch
 
 
-def test_old_release_rows_are_pruned(store: SqlStore) -> None:
+def test_old_release_rows_are_pruned(store: cq.SqlStore) -> None:
     _finished_two(store)
     assert store.prune(timedelta(0)) == 2
-    assert store.get_task(ById(id=TaskId(1))) is None
-    assert store.get_task(ById(id=TaskId(3))) is not None
+    assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(3))) is not None
 
 
 @pytest.fixture
-def store_config() -> StoreConfig:
+def store_config() -> cq.StoreConfig:
     # The test kit's times are in 2023: a retention that still holds them.
-    return StoreConfig(retention=timedelta(days=3650))
+    return cq.StoreConfig(retention=timedelta(days=3650))
 
 
-def test_old_release_rows_are_recovered_and_queried(store: SqlStore) -> None:
+def test_old_release_rows_are_recovered_and_queried(store: cq.SqlStore) -> None:
     _finished_two(store)
     store.release_leadership()
     store.acquire_leadership()
@@ -114,23 +104,23 @@ def test_floors_never_fall_along_the_history() -> None:
         assert builds.migration_class(rev) in builds.CLASSES
 
 
-def test_a_migration_that_outdates_this_build_fences_its_next_commit(store: SqlStore) -> None:
+def test_a_migration_that_outdates_this_build_fences_its_next_commit(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1)])
     _raise_floor(store.engine, "0.3.0")
-    with pytest.raises(BuildTooOld) as caught:
+    with pytest.raises(cq.BuildTooOld) as caught:
         store.commit(epoch, BASE, [submit(2)])
-    assert isinstance(caught.value, Fenced)
+    assert isinstance(caught.value, cq.Fenced)
     assert "(0.2.0)" in str(caught.value) and "(0.3.0)" in str(caught.value)
-    assert store.get_task(ById(id=TaskId(2))) is None
-    assert store.get_task(ById(id=TaskId(1))) is not None
+    assert store.get_task(cq.ById(id=cq.TaskId(2))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(1))) is not None
 
 
 def test_an_outdated_build_never_takes_the_lease(db_url: URL) -> None:
-    with SqlStore.open(db_url) as first:
+    with cq.SqlStore.open(db_url) as first:
         _raise_floor(first.engine, "0.3.0")
-    with SqlStore.open(db_url, StoreConfig(migrate=False)) as second:
-        with pytest.raises(BuildTooOld, match=r"\(0\.2\.0\).*\(0\.3\.0\)"):
+    with cq.SqlStore.open(db_url, cq.StoreConfig(migrate=False)) as second:
+        with pytest.raises(cq.BuildTooOld, match=r"\(0\.2\.0\).*\(0\.3\.0\)"):
             second.acquire_leadership(timeout=5)
         with second.engine.connect() as conn:
             assert conn.execute(select(leader.c.holder)).scalar() is None
@@ -146,28 +136,28 @@ def _ahead(engine: Engine) -> None:
 
 
 def test_a_database_ahead_of_the_build_is_refused_at_open(db_url: URL) -> None:
-    with SqlStore.open(db_url) as first:
+    with cq.SqlStore.open(db_url) as first:
         _ahead(first.engine)
-    for config in (StoreConfig(), StoreConfig(migrate=False)):
-        with pytest.raises(SchemaError) as caught:
-            SqlStore.open(db_url, config)
+    for config in (cq.StoreConfig(), cq.StoreConfig(migrate=False)):
+        with pytest.raises(cq.SchemaError) as caught:
+            cq.SqlStore.open(db_url, config)
         said = str(caught.value)
         assert "'0007_from_the_future'" in said and "may write it: 0.3.0" in said
         assert "(this build: 0.2.0," in said
         assert "cronoq-store history" in said
-    with SqlStore.open(db_url, StoreConfig(migrate=False), check_schema=False) as store:
+    with cq.SqlStore.open(db_url, cq.StoreConfig(migrate=False), check_schema=False) as store:
         assert migrate.current_revision(store.engine) == "0007_from_the_future"
 
 
 def test_upgrade_of_a_database_ahead_is_one_error_through_the_cli(db_url: URL) -> None:
-    with SqlStore.open(db_url) as first:
+    with cq.SqlStore.open(db_url) as first:
         _ahead(first.engine)
     url = db_url.render_as_string(hide_password=False)
     result = CliRunner().invoke(main, ["--url", url, "upgrade"])
     assert result.exit_code == 1
     assert "0007_from_the_future" in result.output and "cronoq-store history" in result.output
     assert "Traceback" not in result.output
-    with SqlStore.open(db_url, StoreConfig(migrate=False), check_schema=False) as store:
+    with cq.SqlStore.open(db_url, cq.StoreConfig(migrate=False), check_schema=False) as store:
         assert migrate.current_revision(store.engine) == "0007_from_the_future"
 
 
@@ -180,9 +170,9 @@ def test_upgrade_to_an_unknown_revision_touches_nothing(db_url: URL) -> None:
     if db_url.get_backend_name() == "sqlite":
         assert not os.path.exists(db_url.database or "")
     else:
-        with SqlStore.open(db_url, StoreConfig(migrate=False), check_schema=False) as store:
+        with cq.SqlStore.open(db_url, cq.StoreConfig(migrate=False), check_schema=False) as store:
             assert migrate.current_revision(store.engine) is None
-    with pytest.raises(SchemaError, match="0099_nope"):
+    with pytest.raises(cq.SchemaError, match="0099_nope"):
         migrate.upgrade(create_engine(db_url), "0099_nope")
 
 
@@ -231,7 +221,7 @@ def test_check_finds_what_is_off_and_says_what_to_run(db_url: URL) -> None:
                 conn.execute(text(fix))
         assert _check(url)[0] == 0
         if pg:  # an index a failed concurrent build left INVALID (as a killed one does)
-            with SqlStore.open(db_url) as store:
+            with cq.SqlStore.open(db_url) as store:
                 store.commit(store.acquire_leadership(), BASE, [submit(1), submit(2)])
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text("DROP INDEX ix_cronoq_tasks_key_id"))

@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, Executable
+from sqlalchemy import URL, Engine, Executable, event
 
 from cronoq_store import ById, ByKey, Dep, SqlStore, StoreConfig, TaskId, TimeBase
 from cronoq_store.bench import history
@@ -43,6 +43,8 @@ LIVE = 200
 RECENT = 50
 """Tasks finished now, within the retention."""
 LIVE_IDS = 10_000_000
+CAP = 1000
+"""`operators.COUNT_CAP` in these tests: a count stops after this many index entries."""
 BUDGET = HISTORY // 20
 """Rows of cronoq_tasks a statement may read (PostgreSQL, MariaDB): a prune batch's 1000 and
 a few per live task, never a share of the history."""
@@ -82,6 +84,17 @@ def _cases(now_ns: int) -> list[Case]:
         Case("finished_since", operators.finished_since_count_stmt(), {"cutoff": cutoff}),
         Case("finished_by_status", operators.finished_by_status_stmt(), {"since": cutoff}),
         Case("finished_per_minute", operators.finished_per_minute_stmt(), {"since": cutoff}),
+        # `status`'s and the overview's finished counts, capped (`inspection.count`).
+        Case(
+            "finished_capped",
+            operators.capped_count_stmt(operators.finished_rows_stmt()),
+            {"cap": CAP + 1},
+        ),
+        Case(
+            "backlog_capped",
+            operators.capped_count_stmt(operators.backlog_rows_stmt()),
+            {"cap": CAP + 1, "cutoff": cutoff},
+        ),
     ]
 
 
@@ -200,20 +213,16 @@ def _sqlite_steps(engine: Engine, sql: str, params: Any) -> int:
 CASE_NAMES = [c.name for c in _cases(0)]
 
 
-@pytest.mark.parametrize("name", CASE_NAMES)
-def test_reads_only_what_it_returns(filled: Engine, dialect: str, name: str) -> None:
-    engine = filled
-    case = next(c for c in _cases(time.time_ns()) if c.name == name)
-    sql, params = _compiled(engine, case)
-    with engine.connect() as conn:
-        returned = len(conn.exec_driver_sql(sql, params).all())
+def _assert_reads_little(engine: Engine, dialect: str, name: str, sql: str, params: Any) -> None:
+    """The server's account of `sql`: no full scan of the task table, and (on the servers)
+    at most `BUDGET` of its rows read."""
     if dialect == "postgresql":
         with engine.connect() as conn:
             doc = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).scalar()
         plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
         text = json.dumps(plan, indent=1)
         scans = [t for t, rel in _pg_node_types(plan) if rel == tasks.name]
-        assert "Seq Scan" not in scans, text
+        assert "Seq Scan" not in scans, f"{name}: {text}"
         read = _pg_rows_read(plan)
         assert read <= BUDGET, f"{name} read {read} rows of {tasks.name}:\n{text}"
     elif dialect == "mysql":
@@ -228,8 +237,70 @@ def test_reads_only_what_it_returns(filled: Engine, dialect: str, name: str) -> 
         with engine.connect() as conn:
             steps = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params).all()
         lines = [str(row[-1]) for row in steps]
-        assert not any(line.startswith(f"SCAN {tasks.name}") for line in lines), lines
+        assert not any(line.startswith(f"SCAN {tasks.name}") for line in lines), (name, lines)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_reads_only_what_it_returns(filled: Engine, dialect: str, name: str) -> None:
+    engine = filled
+    case = next(c for c in _cases(time.time_ns()) if c.name == name)
+    sql, params = _compiled(engine, case)
+    with engine.connect() as conn:
+        returned = len(conn.exec_driver_sql(sql, params).all())
+    _assert_reads_little(engine, dialect, name, sql, params)
     assert returned <= 1000 + LIVE + RECENT
+
+
+def _statements_of(engine: Engine, look: Any) -> list[tuple[str, Any]]:
+    """Every statement `look(conn)` sends that reads the task table (its EXPLAINs aside)."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(_c: Any, _cursor: Any, sql: str, params: Any, _ctx: Any, _many: bool) -> None:
+        if tasks.name in sql and not sql.lstrip().upper().startswith("EXPLAIN"):
+            sent.append((sql, params))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with engine.connect() as conn:
+            look(conn)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return sent
+
+
+def test_status_and_overview_read_no_history(
+    filled: Engine, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each statement `cronoq-store status` and the dashboard's overview send to the task table,
+    asked of the server as above: none scans it, none reads a share of the history. Live
+    counts are exact; the history's counts stop at the cap and are the planner's estimate
+    beyond it (SQLite keeps none: "more than")."""
+    from cronoq_store import inspection
+    from cronoq_store.web import views
+
+    monkeypatch.setattr(operators, "COUNT_CAP", CAP)
+    retention = timedelta(hours=1)
+    data: dict[str, Any] = {}
+
+    def looks(conn: Any) -> None:
+        data["status"] = inspection.status(conn, schema=None, retention=retention)
+        conn.rollback()
+        data["overview"] = views.overview(conn, schema=None, retention=retention)
+
+    sent = _statements_of(filled, looks)
+    assert len(sent) >= 4, sent
+    for i, (sql, params) in enumerate(sent):
+        _assert_reads_little(filled, dialect, f"statement {i}: {sql}", sql, params)
+    status = data["status"]
+    assert status["tasks"] == [{"pool": "default", "status": "queued", "count": LIVE}]
+    assert status["finished"]["last_hour"]["succeeded"] == RECENT
+    for got in (status["finished"], status["prune_backlog"]):
+        if dialect == "sqlite":
+            assert (got["tasks"], got["accuracy"]) == (CAP, "more than"), got
+        else:
+            assert got["accuracy"] == "about", got
+            assert HISTORY // 3 <= got["tasks"] <= HISTORY * 3, got
+    assert data["overview"]["live_total"] == LIVE
 
 
 @pytest.mark.parametrize("dialect", [pytest.param("sqlite", marks=pytest.mark.sqlite)])

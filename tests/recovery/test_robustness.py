@@ -16,19 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import text, update
 
-from cronoq_store import (
-    ById,
-    InvalidValue,
-    RecurringSpec,
-    RecurringUpsert,
-    SqlStore,
-    StatusChanged,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-    codec,
-)
+import cronoq_store as cq
+from cronoq_store import codec
+from cronoq_store.codec import jsonparts
 from cronoq_store.errors import CorruptValue
 from cronoq_store.schema import recurring, tasks
 
@@ -37,24 +27,24 @@ DEEP_VALID = "[" * 1000 + "]" * 1000  # valid JSON, 1,000 levels deep
 JSON_COLUMNS = ("retry", "deps", "resources", "tags", "labels")
 
 
-def damage(store: SqlStore, task_id: int, **values: Any) -> None:
+def damage(store: cq.SqlStore, task_id: int, **values: Any) -> None:
     with store.engine.begin() as conn:
         conn.execute(update(tasks).where(tasks.c.id == task_id).values(**values))
 
 
-def raw(store: SqlStore, sql: str, **params: Any) -> None:
+def raw(store: cq.SqlStore, sql: str, **params: Any) -> None:
     with store.engine.begin() as conn:
         conn.execute(text(sql), params)
 
 
-def schedule(name: str) -> RecurringUpsert:
-    return RecurringUpsert(
-        spec=RecurringSpec(name=name, template=TaskSpec(payload=b"t"), interval_ns=10**9)
+def schedule(name: str) -> cq.RecurringUpsert:
+    return cq.RecurringUpsert(
+        spec=cq.RecurringSpec(name=name, template=cq.TaskSpec(payload=b"t"), interval_ns=10**9)
     )
 
 
 def assert_quarantined(
-    store: SqlStore, epoch: int, ids: dict[int, str], healthy: list[int]
+    store: cq.SqlStore, epoch: int, ids: dict[int, str], healthy: list[int]
 ) -> None:
     """Recovery returns `healthy` as live, each of `ids` (id -> key) as failed, and frees the
     keys; a second recovery finds nothing new to quarantine."""
@@ -63,10 +53,10 @@ def assert_quarantined(
     failed = {t.id: t for t in rec.terminal if t.id in ids}
     assert set(failed) == set(ids)
     for task_id, key in ids.items():
-        assert failed[task_id].status is TaskStatus.FAILED
+        assert failed[task_id].status is cq.TaskStatus.FAILED
         assert failed[task_id].key == key
-        row = store.get_task(ById(id=TaskId(task_id)))
-        assert row is not None and row.status is TaskStatus.FAILED
+        row = store.get_task(cq.ById(id=cq.TaskId(task_id)))
+        assert row is not None and row.status is cq.TaskStatus.FAILED
         assert row.message is not None and row.message.startswith("corrupt task row")
     # Every key is free for a new live task.
     fresh = 1000
@@ -74,12 +64,12 @@ def assert_quarantined(
     again = store.recover(BASE)
     assert [t.id for t in again.tasks] == healthy + [fresh + i for i in range(1, len(ids) + 1)]
     assert {t.id: t.status for t in again.terminal if t.id in ids} == dict.fromkeys(
-        ids, TaskStatus.FAILED
+        ids, cq.TaskStatus.FAILED
     )
 
 
 def test_deep_json_in_any_column_is_quarantined(
-    store: SqlStore, caplog: pytest.LogCaptureFixture
+    store: cq.SqlStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     epoch = store.acquire_leadership()
     store.commit(
@@ -102,7 +92,7 @@ def test_deep_json_in_any_column_is_quarantined(
     assert [r.spec.name for r in rec.recurring] == ["fine"]
     assert "skipping undecodable recurring schedule 'deep'" in caplog.text
     assert "skipping undecodable recurring schedule 'open'" in caplog.text
-    deep = store.get_task(ById(id=TaskId(2)))
+    deep = store.get_task(cq.ById(id=cq.TaskId(2)))
     assert deep is not None and deep.message is not None and "nested deeper" in deep.message
     assert_quarantined(store, epoch, bad, healthy=[2 * len(JSON_COLUMNS) + 1])
     # Skipped schedules stay in place, so an operator can repair them.
@@ -110,30 +100,30 @@ def test_deep_json_in_any_column_is_quarantined(
         assert conn.execute(recurring.select().where(recurring.c.name == "deep")).one()
 
 
-def test_oversized_json_is_quarantined(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_oversized_json_is_quarantined(store: cq.SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1, key="big"), submit(2)])
     damage(store, 1, labels=json.dumps({"k": "v" * 300}))
     monkeypatch.setattr(codec.jsonparts, "JSON_MAX_CHARS", 200)
     assert_quarantined(store, epoch, {1: "big"}, healthy=[2])
-    row = store.get_task(ById(id=TaskId(1)))
+    row = store.get_task(cq.ById(id=cq.TaskId(1)))
     assert row is not None and row.message is not None and "at most 200" in row.message
 
 
 def test_oversized_json_is_refused_at_commit(
-    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+    store: cq.SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     epoch = store.acquire_leadership()
     monkeypatch.setattr(codec.jsonparts, "JSON_MAX_CHARS", 200)
-    spec = TaskSpec(payload=b"", labels={"k": "v" * 300})
-    with pytest.raises(InvalidValue, match=r"TaskSpec\.labels"):
-        store.commit(epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=0, spec=spec)])
-    assert store.get_task(ById(id=TaskId(1))) is None
+    spec = cq.TaskSpec(payload=b"", labels={"k": "v" * 300})
+    with pytest.raises(cq.InvalidValue, match=r"TaskSpec\.labels"):
+        store.commit(epoch, BASE, [cq.Submitted(id=cq.TaskId(1), seq=1, arrival=0, spec=spec)])
+    assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
 
 
 @pytest.mark.sqlite
 @pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
-def test_text_in_integer_columns_is_quarantined(store: SqlStore) -> None:
+def test_text_in_integer_columns_is_quarantined(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.commit(
         epoch,
@@ -151,7 +141,11 @@ def test_text_in_integer_columns_is_quarantined(store: SqlStore) -> None:
     store.commit(
         epoch,
         BASE,
-        [StatusChanged(id=TaskId(7), status=TaskStatus.FAILED, attempt=1, at=0, message=None)],
+        [
+            cq.StatusChanged(
+                id=cq.TaskId(7), status=cq.TaskStatus.FAILED, attempt=1, at=0, message=None
+            )
+        ],
     )
     raw(
         store,
@@ -165,7 +159,7 @@ def test_text_in_integer_columns_is_quarantined(store: SqlStore) -> None:
 
 @pytest.mark.sqlite
 @pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
-def test_a_payload_that_is_not_a_blob_is_quarantined(store: SqlStore) -> None:
+def test_a_payload_that_is_not_a_blob_is_quarantined(store: cq.SqlStore) -> None:
     """SQLite keeps any type in the payload column: an integer must not decode as that many
     zero bytes, nor text as its encoding; both rows are set aside, their neighbour is not."""
     epoch = store.acquire_leadership()
@@ -179,7 +173,7 @@ def test_a_payload_that_is_not_a_blob_is_quarantined(store: SqlStore) -> None:
 def test_a_live_row_decodes_only_with_an_integer_flag_of_zero(flag: object) -> None:
     """A live row's flag must be 0 as an int (or PostgreSQL's False): 0.0 equals 0 and hashes
     alike, but no store writes it (SQLite's numeric affinity would have made it 0)."""
-    spec = TaskSpec(payload=b"p", key="k")
+    spec = cq.TaskSpec(payload=b"p", key="k")
     columns = codec.spec_columns(BASE, spec)
     row = (1, 1, 0, 0, "queued", flag, *(columns[name] for name in codec.SPEC_COLUMNS))
     if type(flag) in (int, bool) and not flag:
@@ -191,28 +185,34 @@ def test_a_live_row_decodes_only_with_an_integer_flag_of_zero(flag: object) -> N
 
 @pytest.mark.sqlite
 @pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
-def test_an_output_that_is_not_a_blob_is_refused(store: SqlStore) -> None:
+def test_an_output_that_is_not_a_blob_is_refused(store: cq.SqlStore) -> None:
     """Reading an output stored as an integer raises `CorruptValue`, never five zero bytes."""
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1)])
-    done = StatusChanged(id=TaskId(1), status=TaskStatus.SUCCEEDED, attempt=1, at=0, message=None)
-    store.commit(epoch, BASE, [done], [(TaskId(1), b"out")])
-    assert store.load_output(TaskId(1)) == b"out"
+    done = cq.StatusChanged(
+        id=cq.TaskId(1), status=cq.TaskStatus.SUCCEEDED, attempt=1, at=0, message=None
+    )
+    store.commit(epoch, BASE, [done], [(cq.TaskId(1), b"out")])
+    assert store.load_output(cq.TaskId(1)) == b"out"
     raw(store, "UPDATE cronoq_tasks SET output = 5 WHERE id = 1")
     with pytest.raises(CorruptValue, match="output"):
-        store.load_output(TaskId(1))
+        store.load_output(cq.TaskId(1))
     with pytest.raises(CorruptValue, match="output"):
-        store.get_task(ById(id=TaskId(1)))
+        store.get_task(cq.ById(id=cq.TaskId(1)))
 
 
-def test_status_and_flag_out_of_range_are_quarantined(store: SqlStore, dialect: str) -> None:
+def test_status_and_flag_out_of_range_are_quarantined(store: cq.SqlStore, dialect: str) -> None:
     epoch = store.acquire_leadership()
     now = time.time_ns()
     store.commit(
         epoch,
         BASE,
         [submit(i, key=f"k{i}") for i in range(1, 9)]
-        + [StatusChanged(id=TaskId(8), status=TaskStatus.SUCCEEDED, attempt=1, at=0, message=None)],
+        + [
+            cq.StatusChanged(
+                id=cq.TaskId(8), status=cq.TaskStatus.SUCCEEDED, attempt=1, at=0, message=None
+            )
+        ],
     )
     bad = {i: f"k{i}" for i in range(2, 6)}
     damage(store, 2, status="bogus")
@@ -227,8 +227,8 @@ def test_status_and_flag_out_of_range_are_quarantined(store: SqlStore, dialect: 
         bad |= {1: "k1", 6: "k6"}
     healthy = [i for i in range(1, 8) if i not in bad]
     assert_quarantined(store, epoch, bad, healthy=healthy)
-    done = store.get_task(ById(id=TaskId(8)))
-    assert done is not None and done.status is TaskStatus.SUCCEEDED  # left alone
+    done = store.get_task(cq.ById(id=cq.TaskId(8)))
+    assert done is not None and done.status is cq.TaskStatus.SUCCEEDED  # left alone
 
 
 # The bounded decoder itself.
@@ -241,7 +241,7 @@ def test_any_nesting_decodes_or_is_corrupt(depth: int) -> None:
     arrays = "[" * depth + "]" * depth
     objects = '{"a":' * depth + "1" + "}" * depth
     for valid in (arrays, objects):
-        if depth <= codec.JSON_MAX_DEPTH:
+        if depth <= jsonparts.JSON_MAX_DEPTH:
             codec.jsonparts.loads("labels", valid)
         else:
             with pytest.raises(CorruptValue, match="nested deeper"):
@@ -270,15 +270,15 @@ def _depth(obj: object) -> int:
 
 @given(_json)
 def test_json_depth_ignores_brackets_in_strings(obj: object) -> None:
-    assert codec.json_depth(json.dumps(obj)) == _depth(obj)
-    assert codec.json_depth(json.dumps(obj, ensure_ascii=False, separators=(",", ":"))) == _depth(
-        obj
-    )
+    assert jsonparts.json_depth(json.dumps(obj)) == _depth(obj)
+    assert jsonparts.json_depth(
+        json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    ) == _depth(obj)
 
 
 def test_brackets_inside_strings_are_not_nesting() -> None:
     labels = {"k": "[" * 5000, "{" * 100: "]"}
-    assert codec.decode_labels(codec.encode_labels(labels)) == labels
+    assert jsonparts.decode_labels(jsonparts.encode_labels(labels)) == labels
 
 
 @given(_json)
@@ -287,6 +287,6 @@ def test_json_short_enough_to_skip_measuring_is_never_too_deep(obj: object) -> N
     no such text may nest deeper than the bound, however it is written."""
     for written in (json.dumps(obj), json.dumps(obj, separators=(",", ":"))):
         if len(written) <= codec.jsonparts.SHALLOW:
-            assert codec.json_depth(written) <= codec.JSON_MAX_DEPTH
-    too_deep = "[" * (codec.JSON_MAX_DEPTH + 1) + "]" * (codec.JSON_MAX_DEPTH + 1)
+            assert jsonparts.json_depth(written) <= jsonparts.JSON_MAX_DEPTH
+    too_deep = "[" * (jsonparts.JSON_MAX_DEPTH + 1) + "]" * (jsonparts.JSON_MAX_DEPTH + 1)
     assert len(too_deep) > codec.jsonparts.SHALLOW

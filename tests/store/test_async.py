@@ -27,19 +27,7 @@ from sqlalchemy import URL, create_engine, update
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool, Pool
 
-from cronoq_store import (
-    ById,
-    ByKey,
-    Fenced,
-    InvalidValue,
-    SqlStore,
-    StatusChanged,
-    StoreConfig,
-    StoreError,
-    StoreUnavailable,
-    TaskId,
-    TaskStatus,
-)
+import cronoq_store as cq
 from cronoq_store.aio import AsyncKeeper, AsyncSqlStore, async_url
 from cronoq_store.schema import leader
 
@@ -49,7 +37,7 @@ SLACK = 1.5
 
 @pytest.fixture
 def blocking(
-    db_url: URL, store_config: StoreConfig, cleanup: list[Callable[[], None]]
+    db_url: URL, store_config: cq.StoreConfig, cleanup: list[Callable[[], None]]
 ) -> Iterator[Blocking]:
     """The async store, opened as `store` is, behind SqlStore's blocking interface."""
     store: Blocking = open_face("async", db_url, store_config, cleanup)
@@ -83,12 +71,12 @@ def test_sync_store_checks(check: Callable[..., None], blocking: Blocking, db_ur
 # What only the async face has, or what it must do with the sync store beside it.
 
 
-def done(i: int, st: TaskStatus = TaskStatus.SUCCEEDED) -> StatusChanged:
+def done(i: int, st: cq.TaskStatus = cq.TaskStatus.SUCCEEDED) -> cq.StatusChanged:
     return status(i, st, f"m{i}")
 
 
-def fast_lease(renew: float = 0.2, ttl: float = 1.0) -> StoreConfig:
-    return StoreConfig(
+def fast_lease(renew: float = 0.2, ttl: float = 1.0) -> cq.StoreConfig:
+    return cq.StoreConfig(
         lease_ttl=timedelta(seconds=ttl),
         lease_renew=timedelta(seconds=renew),
         lock_poll=timedelta(milliseconds=100),
@@ -110,19 +98,19 @@ def test_idempotent_commit_and_concurrent_batches(db_url: URL) -> None:
         async with await AsyncSqlStore.open(db_url) as store:
             epoch = await store.acquire_leadership()
             batch = [submit(1, key="k"), done(1), submit(2, key="k")]
-            await store.commit(epoch, BASE, batch, outputs=[(TaskId(1), b"out")])
+            await store.commit(epoch, BASE, batch, outputs=[(cq.TaskId(1), b"out")])
             first = await store.recover(BASE)
-            await store.commit(epoch, BASE, batch, outputs=[(TaskId(1), b"out")])
+            await store.commit(epoch, BASE, batch, outputs=[(cq.TaskId(1), b"out")])
             assert await store.recover(BASE) == first
-            assert await store.load_output(TaskId(1)) == b"out"
+            assert await store.load_output(cq.TaskId(1)) == b"out"
             # More concurrent commits than the pool has connections: each waits its turn.
             await asyncio.gather(
                 *(store.commit(epoch, BASE, [submit(i), done(i)]) for i in range(10, 30))
             )
-            page = await store.list_finished(after=TaskId(9), limit=100)
+            page = await store.list_finished(after=cq.TaskId(9), limit=100)
             assert [r.id for r in page] == list(range(10, 30))
-            newest = await store.get_task(ByKey(key="k"))
-            assert newest is not None and newest.id == 2 and newest.status is TaskStatus.QUEUED
+            newest = await store.get_task(cq.ByKey(key="k"))
+            assert newest is not None and newest.id == 2 and newest.status is cq.TaskStatus.QUEUED
 
     asyncio.run(main())
 
@@ -143,16 +131,16 @@ def test_leadership_loss_fires_when_a_sync_store_takes_over(db_url: URL) -> None
             assert store.is_leader and not await store.wait_leadership_lost(0.05)
             # Block the loop (a paused process): the keeper cannot renew, the lease runs out
             # on the database's clock and a sync store takes over.
-            with SqlStore.open(db_url, fast_lease()) as thief:
+            with cq.SqlStore.open(db_url, fast_lease()) as thief:
                 assert thief.acquire_leadership(timeout=10) == epoch + 1
                 await asyncio.wait_for(store.leadership_lost(), 5)
                 assert calls == ["sync", "async"]
                 assert (store.is_leader, store.epoch) == (False, None)
-                with pytest.raises(Fenced):
+                with pytest.raises(cq.Fenced):
                     await store.commit(epoch, BASE, [submit(1)])
                 thief.commit(epoch + 1, BASE, [submit(2)])
-            assert await store.get_task(ById(id=TaskId(1))) is None
-            assert await store.get_task(ById(id=TaskId(2))) is not None
+            assert await store.get_task(cq.ById(id=cq.TaskId(1))) is None
+            assert await store.get_task(cq.ById(id=cq.TaskId(2))) is not None
             # Leading again after the thief released.
             assert await store.acquire_leadership(timeout=5) == epoch + 2
             assert calls == ["sync", "async"]
@@ -171,16 +159,16 @@ def test_fence_check_refuses_a_commit_after_takeover(db_url: URL) -> None:
             epoch = await store.acquire_leadership()
             await store.commit(epoch, BASE, [submit(1)])
             await asyncio.to_thread(expire_lease, db_url)
-            with SqlStore.open(db_url) as thief:
+            with cq.SqlStore.open(db_url) as thief:
                 assert await asyncio.to_thread(thief.acquire_leadership, 5) == epoch + 1
                 assert store.is_leader  # not noticed yet
-                with pytest.raises(Fenced, match="fenced off"):
+                with pytest.raises(cq.Fenced, match="fenced off"):
                     await store.commit(epoch, BASE, [done(1), submit(2)])
                 assert lost == [True] and await store.wait_leadership_lost(0)
                 thief.release_leadership()
-            one = await store.get_task(ById(id=TaskId(1)))
-            assert one is not None and one.status is TaskStatus.QUEUED
-            assert await store.get_task(ById(id=TaskId(2))) is None
+            one = await store.get_task(cq.ById(id=cq.TaskId(1)))
+            assert one is not None and one.status is cq.TaskStatus.QUEUED
+            assert await store.get_task(cq.ById(id=cq.TaskId(2))) is None
 
     asyncio.run(main())
 
@@ -214,7 +202,7 @@ def test_steps_down_on_time_while_a_renewal_hangs(
                 assert await store.wait_leadership_lost(3)
                 assert time.monotonic() - taken < 1.0 + 0.5
                 assert "within its TTL (1 s): a renewal hung" in caplog.text
-                with pytest.raises(Fenced):
+                with pytest.raises(cq.Fenced):
                     await store.commit(epoch, BASE, [submit(1)])
             finally:
                 await asyncio.to_thread(blocker.join)
@@ -230,7 +218,7 @@ def test_standby_waits_then_takes_over_on_release(db_url: URL) -> None:
             await AsyncSqlStore.open(db_url, fast_lease()) as second,
         ):
             epoch = await first.acquire_leadership()
-            with pytest.raises(StoreUnavailable, match="holds the lease"):
+            with pytest.raises(cq.StoreUnavailable, match="holds the lease"):
                 await second.acquire_leadership(timeout=0.5)  # renewed meanwhile: held
             assert first.is_leader
             # The standby is waiting (it found the lease held) when the leader lets go.
@@ -249,7 +237,7 @@ def test_standby_waits_then_takes_over_on_release(db_url: URL) -> None:
             await first.release_leadership()
             assert await standby == epoch + 1
             assert await first.wait_leadership_lost(0)
-            with pytest.raises(Fenced):
+            with pytest.raises(cq.Fenced):
                 await first.commit(epoch, BASE, [submit(1)])
 
     asyncio.run(main())
@@ -268,7 +256,7 @@ def test_wraps_an_app_engine(db_url: URL, poolclass: type[Pool]) -> None:
             async with store:
                 epoch = await store.acquire_leadership()
                 await store.commit(epoch, BASE, [submit(1, key="a")])
-                with pytest.raises(StoreError, match="conflicts"):
+                with pytest.raises(cq.StoreError, match="conflicts"):
                     await store.commit(epoch, BASE, [submit(2, key="a")])
             if isinstance(engine.sync_engine.pool, AsyncAdaptedQueuePool):
                 assert engine.sync_engine.pool.checkedout() == 0
@@ -289,9 +277,9 @@ def test_urls_map_to_async_drivers(tmp_path: Path) -> None:
     assert async_url("mysql+aiomysql://u@h/d").drivername == "mysql+aiomysql"
     assert async_url("postgresql+asyncpg://u@h/d").drivername == "postgresql+asyncpg"
     for path in ("", ":memory:", "file:x.db"):
-        with pytest.raises(InvalidValue):
+        with pytest.raises(cq.InvalidValue):
             async_url(path)
-    with pytest.raises(StoreError) as info:  # no async face (and not installed here)
+    with pytest.raises(cq.StoreError) as info:  # no async face (and not installed here)
         asyncio.run(AsyncSqlStore.open("postgresql+pg8000://u:secret@h/d"))
     assert "secret" not in str(info.value)
 
@@ -300,7 +288,7 @@ def test_urls_map_to_async_drivers(tmp_path: Path) -> None:
     "url", ["postgresql://postgres:secret@127.0.0.1:1/x", "mysql://root:secret@127.0.0.1:1/x"]
 )
 def test_unreachable_server_is_unavailable(url: str) -> None:
-    with pytest.raises(StoreUnavailable) as info:
+    with pytest.raises(cq.StoreUnavailable) as info:
         asyncio.run(AsyncSqlStore.open(url))
     assert "secret" not in str(info.value)
 
@@ -309,13 +297,13 @@ def test_unreachable_server_is_unavailable(url: str) -> None:
 @pytest.mark.parametrize("dialect", ["postgresql"])
 def test_tables_in_a_postgresql_schema(db_url: URL) -> None:
     async def main() -> None:
-        config = StoreConfig(schema="cronoq")
+        config = cq.StoreConfig(schema="cronoq")
         async with await AsyncSqlStore.open(db_url, config) as store:
             epoch = await store.acquire_leadership()
             await store.commit(epoch, BASE, [submit(1, key="a")])
             assert (await store.recover(BASE)).next_id == 2
-        with SqlStore.open(db_url, config) as same:  # the sync face sees the same rows
-            one = same.get_task(ByKey(key="a"))
+        with cq.SqlStore.open(db_url, config) as same:  # the sync face sees the same rows
+            one = same.get_task(cq.ByKey(key="a"))
             assert one is not None and one.id == 1
 
     asyncio.run(main())
@@ -334,7 +322,7 @@ def test_keeper_retries_then_steps_down_by_its_deadline() -> None:
         async def renew() -> bool:
             outcome = outcomes.pop(0) if outcomes else "ok"
             if outcome == "fail":
-                raise StoreUnavailable("down")
+                raise cq.StoreUnavailable("down")
             if outcome == "hang":
                 await asyncio.sleep(10)
             return outcome == "ok"

@@ -13,16 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import URL, create_engine
 
-from cronoq_store import (
-    SqlStore,
-    StoreConfig,
-    StoreError,
-    StoreUnavailable,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TimeBase,
-)
+import cronoq_store as cq
 from cronoq_store.aio import AsyncSqlStore
 from cronoq_store.dialects import redact
 
@@ -39,30 +30,34 @@ PRIVATE = "private-7f3e-data"
     ],
 )
 def test_unreachable_server_is_unavailable_without_password(url: str) -> None:
-    with pytest.raises(StoreUnavailable) as info:
-        SqlStore.open(url)
+    with pytest.raises(cq.StoreUnavailable) as info:
+        cq.SqlStore.open(url)
     assert SECRET not in str(info.value)
     assert SECRET not in repr(info.value.args)
 
 
 def test_bad_url_is_store_error() -> None:
-    with pytest.raises(StoreError):
-        SqlStore.open(f"nosuchdb://u:{SECRET}@h/x")
+    with pytest.raises(cq.StoreError):
+        cq.SqlStore.open(f"nosuchdb://u:{SECRET}@h/x")
 
 
 def test_busy_sqlite_is_unavailable(tmp_path: Path) -> None:
     path = tmp_path / "busy.db"
-    config = StoreConfig(busy_timeout=timedelta(milliseconds=100))
-    with SqlStore.open(path, config) as store:
+    config = cq.StoreConfig(busy_timeout=timedelta(milliseconds=100))
+    with cq.SqlStore.open(path, config) as store:
         epoch = store.acquire_leadership()
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         try:
-            with pytest.raises(StoreUnavailable):
+            with pytest.raises(cq.StoreUnavailable):
                 store.commit(
                     epoch,
-                    TimeBase(unix_ns=0),
-                    [Submitted(id=TaskId(1), seq=1, arrival=1, spec=TaskSpec(payload=b""))],
+                    cq.TimeBase(unix_ns=0),
+                    [
+                        cq.Submitted(
+                            id=cq.TaskId(1), seq=1, arrival=1, spec=cq.TaskSpec(payload=b"")
+                        )
+                    ],
                 )
         finally:
             blocker.rollback()
@@ -76,9 +71,9 @@ def test_redact_hides_passwords() -> None:
     assert SECRET not in redact(f"password='{SECRET}'")
 
 
-def private_task(i: int, key: str) -> Submitted:
-    spec = TaskSpec(payload=f"{PRIVATE} #{i}".encode(), key=key, labels={"owner": PRIVATE})
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=spec)
+def private_task(i: int, key: str) -> cq.Submitted:
+    spec = cq.TaskSpec(payload=f"{PRIVATE} #{i}".encode(), key=key, labels={"owner": PRIVATE})
+    return cq.Submitted(id=cq.TaskId(i), seq=i, arrival=i, spec=spec)
 
 
 def shown(exc: BaseException) -> str:
@@ -88,17 +83,17 @@ def shown(exc: BaseException) -> str:
 
 
 @pytest.fixture(params=["store's engine", "app's engine"])
-def open_store(request: pytest.FixtureRequest, db_url: URL) -> Iterator[Callable[[], SqlStore]]:
+def open_store(request: pytest.FixtureRequest, db_url: URL) -> Iterator[Callable[[], cq.SqlStore]]:
     """A store on an engine `SqlStore.open` made, or on an app's engine that shows parameters:
     the store's errors must be clean either way."""
     engines = []
 
-    def open_() -> SqlStore:
+    def open_() -> cq.SqlStore:
         if request.param == "store's engine":
-            return SqlStore.open(db_url)
+            return cq.SqlStore.open(db_url)
         engine = create_engine(db_url, hide_parameters=False)
         engines.append(engine)
-        store = SqlStore(engine)
+        store = cq.SqlStore(engine)
         store.migrate()
         return store
 
@@ -107,22 +102,22 @@ def open_store(request: pytest.FixtureRequest, db_url: URL) -> Iterator[Callable
         engine.dispose()
 
 
-def test_a_key_conflict_shows_no_task_data(open_store: Callable[[], SqlStore]) -> None:
+def test_a_key_conflict_shows_no_task_data(open_store: Callable[[], cq.SqlStore]) -> None:
     with open_store() as store:
         epoch = store.acquire_leadership(timeout=10)
-        base = TimeBase(unix_ns=1_700_000_000_000_000_000)
+        base = cq.TimeBase(unix_ns=1_700_000_000_000_000_000)
         store.commit(epoch, base, [private_task(1, key="in-use")])
         # One new row (a single INSERT), then several (PostgreSQL: COPY; elsewhere executemany).
         for batch in ([private_task(2, "in-use")], [private_task(i, f"k{i}") for i in (2, 3)]):
             conflicting = [*batch[:-1], private_task(batch[-1].id, "in-use")]
-            with pytest.raises(StoreError, match="conflicts") as info:
+            with pytest.raises(cq.StoreError, match="conflicts") as info:
                 store.commit(epoch, base, conflicting)
             assert PRIVATE not in shown(info.value)
             assert "in-use" in str(info.value) or "UNIQUE" in str(info.value)
 
 
 def test_engines_the_store_creates_hide_parameters(tmp_path: Path) -> None:
-    with SqlStore.open(tmp_path / "sync.db") as store:
+    with cq.SqlStore.open(tmp_path / "sync.db") as store:
         assert store.engine.hide_parameters
 
     async def main() -> None:
@@ -146,7 +141,7 @@ def test_a_password_holding_an_unencoded_at_is_refused_unseen(url: str) -> None:
     from cronoq_store.errors import InvalidValue
 
     with pytest.raises(InvalidValue) as sync_error:
-        SqlStore.open(url)
+        cq.SqlStore.open(url)
     with pytest.raises(InvalidValue) as async_error:
         asyncio.run(AsyncSqlStore.open(url))
     for error in (sync_error.value, async_error.value):

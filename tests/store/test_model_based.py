@@ -38,34 +38,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import URL, delete, update
 
-from cronoq_store import (
-    ById,
-    ByKey,
-    Dep,
-    Fenced,
-    FixedStart,
-    InboxTaken,
-    InvalidValue,
-    Mutation,
-    Priority,
-    RecoveredRecurring,
-    RecoveredTask,
-    RecoveredTerminal,
-    RecurringNext,
-    RecurringRemove,
-    RecurringSpec,
-    RecurringUpsert,
-    SqlStore,
-    StatusChanged,
-    StoreConfig,
-    StoreError,
-    Submitted,
-    TaskId,
-    TaskRecord,
-    TaskSpec,
-    TaskStatus,
-    TimeBase,
-)
+import cronoq_store as cq
 from cronoq_store.inbox import enqueue
 from cronoq_store.model import INT64_MAX, INT64_MIN
 from cronoq_store.model import SECOND_NS as SECOND
@@ -100,10 +73,10 @@ class MTask:
     id: int
     seq: int
     arrival: int
-    spec: TaskSpec
+    spec: cq.TaskSpec
     deadline: int | None
     fixed_at: int | None
-    status: TaskStatus = TaskStatus.QUEUED
+    status: cq.TaskStatus = cq.TaskStatus.QUEUED
     attempt: int = 0
     updated: int = 0
     message: str | None = None
@@ -118,7 +91,7 @@ class MTask:
 class MSchedule:
     """A stored schedule: the spec as committed, its base, and where it stands (Unix ns)."""
 
-    spec: RecurringSpec
+    spec: cq.RecurringSpec
     base: int
     next: int | None = None
     last: int | None = None
@@ -147,9 +120,9 @@ class Model:
             if not other.live:
                 continue
             for d in other.spec.deps:
-                if isinstance(d.target, ById) and d.target.id == task.id:
+                if isinstance(d.target, cq.ById) and d.target.id == task.id:
                     return True
-                if isinstance(d.target, ByKey) and d.target.key == task.spec.key:
+                if isinstance(d.target, cq.ByKey) and d.target.key == task.spec.key:
                     return True
         return False
 
@@ -168,7 +141,7 @@ class Refused(Exception):
 def unix(base: int, t: int) -> int:
     u = base + t
     if not INT64_MIN <= u <= INT64_MAX:
-        raise Refused(InvalidValue)
+        raise Refused(cq.InvalidValue)
     return u
 
 
@@ -176,7 +149,7 @@ def unix_opt(base: int, t: int | None) -> int | None:
     return None if t is None else unix(base, t)
 
 
-def check_schedule(base: int, spec: RecurringSpec) -> None:
+def check_schedule(base: int, spec: cq.RecurringSpec) -> None:
     """Refuse a schedule whose times cannot be stored under `base`."""
     unix_opt(base, spec.start)
     unix_opt(base, spec.end)
@@ -189,7 +162,7 @@ def commit(
     model: Model,
     base: int,
     now: int,
-    batch: Sequence[Mutation],
+    batch: Sequence[cq.Mutation],
     outputs: Sequence[tuple[int, bytes]],
 ) -> Model:
     """The state after committing `batch`, by the documented rules (docs/guarantees.md,
@@ -205,7 +178,7 @@ def commit(
     submitted: dict[int, bool] = {}
     """Ids submitted so far in the batch: whether the submission made a new task."""
     for m in batch:
-        if isinstance(m, Submitted):
+        if isinstance(m, cq.Submitted):
             if m.id in submitted:
                 continue  # the first submission stands: nothing of this one is looked at
             arrival = unix(base, m.arrival)
@@ -223,18 +196,18 @@ def commit(
                     fixed_at=fixed,
                     updated=now,
                 )
-        elif isinstance(m, StatusChanged):
+        elif isinstance(m, cq.StatusChanged):
             at = unix(base, m.at)
             if submitted.get(m.id, m.id in model.tasks):
                 task = after.tasks[m.id]
                 task.status, task.attempt, task.updated = m.status, m.attempt, at
                 if m.message is not None:
                     task.message = m.message
-        elif isinstance(m, InboxTaken):
+        elif isinstance(m, cq.InboxTaken):
             after.inbox.pop(m.inbox_id, None)
-        elif isinstance(m, RecurringUpsert):
+        elif isinstance(m, cq.RecurringUpsert):
             check_schedule(base, m.spec)
-        elif isinstance(m, RecurringNext):
+        elif isinstance(m, cq.RecurringNext):
             unix_opt(base, m.next)
     if submitted:
         after.high_water = max(after.high_water, min(max(submitted) + 1, INT64_MAX))
@@ -248,14 +221,14 @@ def commit(
         # the store names the batch (`InvalidValue`); a clash between a task of the batch and
         # one it does not mention is the database's refusal, never `InvalidValue`.
         if any(sum(i in submitted for i in ids) > 1 for ids in clashes):
-            raise Refused(InvalidValue)
-        raise Refused(StoreError)
+            raise Refused(cq.InvalidValue)
+        raise Refused(cq.StoreError)
     for task_id, output in outputs:
         task = after.tasks.get(task_id)
-        if task is not None and task.status is TaskStatus.SUCCEEDED:
+        if task is not None and task.status is cq.TaskStatus.SUCCEEDED:
             task.output = output
     for m in batch:
-        if isinstance(m, RecurringUpsert):
+        if isinstance(m, cq.RecurringUpsert):
             old = after.schedules.get(m.spec.name)
             after.schedules[m.spec.name] = MSchedule(
                 spec=m.spec,
@@ -263,9 +236,9 @@ def commit(
                 next=None if old is None else old.next,
                 last=None if old is None else old.last,
             )
-        elif isinstance(m, RecurringRemove):
+        elif isinstance(m, cq.RecurringRemove):
             after.schedules.pop(m.name, None)
-        elif isinstance(m, RecurringNext) and m.name in after.schedules:
+        elif isinstance(m, cq.RecurringNext) and m.name in after.schedules:
             s = after.schedules[m.name]
             s.next, s.last = unix_opt(base, m.next), m.last
     return after
@@ -278,7 +251,7 @@ def at_base(base: int, u: int | None) -> int | None:
     return None if u is None else saturate(u - base)
 
 
-def respec(spec: TaskSpec, from_base: int, to_base: int) -> TaskSpec:
+def respec(spec: cq.TaskSpec, from_base: int, to_base: int) -> cq.TaskSpec:
     """`spec` committed under `from_base`, as recovered under `to_base` (saturating)."""
     fixed = spec.fixed_start
     return dataclasses.replace(
@@ -292,11 +265,11 @@ def respec(spec: TaskSpec, from_base: int, to_base: int) -> TaskSpec:
 
 def expected_recovery(
     model: Model, base: int, now: int
-) -> tuple[int, list[RecoveredTask], list[RecoveredTerminal], list[RecoveredRecurring]]:
+) -> tuple[int, list[cq.RecoveredTask], list[cq.RecoveredTerminal], list[cq.RecoveredRecurring]]:
     cutoff = saturate(now - ns(RETENTION))
     live = [
-        RecoveredTask(
-            id=TaskId(t.id),
+        cq.RecoveredTask(
+            id=cq.TaskId(t.id),
             seq=t.seq,
             arrival=saturate(t.arrival - base),
             spec=dataclasses.replace(
@@ -317,13 +290,13 @@ def expected_recovery(
         if not t.live and (t.updated >= cutoff or model.needed(t))
     )
     terminal = [
-        RecoveredTerminal(
-            id=TaskId(t.id), key=t.spec.key, status=t.status, at=saturate(t.updated - base)
+        cq.RecoveredTerminal(
+            id=cq.TaskId(t.id), key=t.spec.key, status=t.status, at=saturate(t.updated - base)
         )
         for _, _, t in finished
     ]
     schedules = [
-        RecoveredRecurring(
+        cq.RecoveredRecurring(
             spec=dataclasses.replace(
                 s.spec,
                 start=at_base(base, unix_opt(s.base, s.spec.start)),
@@ -331,16 +304,16 @@ def expected_recovery(
                 template=respec(s.spec.template, s.base, base),
             ),
             next=at_base(base, s.next),
-            last=None if s.last is None else TaskId(s.last),
+            last=None if s.last is None else cq.TaskId(s.last),
         )
         for _, s in sorted(model.schedules.items())
     ]
     return model.next_id(), live, terminal, schedules
 
 
-def record(t: MTask) -> TaskRecord:
-    return TaskRecord(
-        id=TaskId(t.id),
+def record(t: MTask) -> cq.TaskRecord:
+    return cq.TaskRecord(
+        id=cq.TaskId(t.id),
         key=t.spec.key,
         pool=t.spec.pool,
         kind=t.spec.kind,
@@ -360,14 +333,14 @@ def record(t: MTask) -> TaskRecord:
 
 @dataclass
 class Harness:
-    stores: list[SqlStore]
+    stores: list[cq.SqlStore]
     leader: int = 0
     clock: list[int] = field(default_factory=lambda: [START_UNIX])
     examples: int = 0
     steps: int = 0
 
     @property
-    def store(self) -> SqlStore:
+    def store(self) -> cq.SqlStore:
         return self.stores[self.leader]
 
     def epoch(self) -> int:
@@ -385,7 +358,7 @@ class Harness:
             conn.execute(delete(inbox))
             conn.execute(update(leader).values(next_id=0))
 
-    def take_over(self) -> SqlStore:
+    def take_over(self) -> cq.SqlStore:
         """The standby leads (the leader's lease made to run out); returns the deposed one."""
         old = self.store
         self.leader = 1 - self.leader
@@ -395,7 +368,7 @@ class Harness:
             try:
                 self.store.acquire_leadership(timeout=2)
                 return old
-            except StoreError:  # the old keeper renewed in between: expire it again
+            except cq.StoreError:  # the old keeper renewed in between: expire it again
                 continue
         raise AssertionError("the standby could not take over")
 
@@ -426,7 +399,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.base = START_UNIX
         self.next_new = 0
         self.next_inbox = 0
-        self.history: list[tuple[int, list[Mutation], list[tuple[int, bytes]]]] = []
+        self.history: list[tuple[int, list[cq.Mutation], list[tuple[int, bytes]]]] = []
 
     @property
     def now(self) -> int:
@@ -434,10 +407,10 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _apply(
         self,
-        batch: list[Mutation],
+        batch: list[cq.Mutation],
         outputs: list[tuple[int, bytes]],
         base: int | None = None,
-        store: SqlStore | None = None,
+        store: cq.SqlStore | None = None,
     ) -> None:
         """Commit `batch` on the store and the model; both must agree on the outcome."""
         base = self.base if base is None else base
@@ -448,20 +421,20 @@ class StoreMachine(RuleBasedStateMachine):
             want = refused
         store = store or self.h.store
         epoch = self.h.epoch() if store is self.h.store else (store.epoch or 1)
-        error: StoreError | None = None
+        error: cq.StoreError | None = None
         try:
-            store.commit(epoch, TimeBase(base), batch, [(TaskId(i), o) for i, o in outputs])
-        except StoreError as exc:
+            store.commit(epoch, cq.TimeBase(base), batch, [(cq.TaskId(i), o) for i, o in outputs])
+        except cq.StoreError as exc:
             error = exc
         if store is not self.h.store:
-            assert isinstance(error, Fenced | InvalidValue), f"a deposed leader: {error!r}"
+            assert isinstance(error, cq.Fenced | cq.InvalidValue), f"a deposed leader: {error!r}"
             return  # fenced off (or refused before it even tried)
         if error is not None:
             assert isinstance(want, Refused), f"the store refused what the model took: {error!r}"
             # An invalid value found while writing schedules (the last step) may come after a
             # key conflict: either refusal writes nothing. A conflict is never InvalidValue.
-            if want.error is StoreError:
-                assert not isinstance(error, InvalidValue), error
+            if want.error is cq.StoreError:
+                assert not isinstance(error, cq.InvalidValue), error
             return
         assert isinstance(want, Model), f"the store took a batch the model refuses: {want.error}"
         self.model = want
@@ -469,12 +442,12 @@ class StoreMachine(RuleBasedStateMachine):
 
     # Batches.
 
-    def draw_batch(self, data: st.DataObject) -> tuple[list[Mutation], list[tuple[int, bytes]]]:
+    def draw_batch(self, data: st.DataObject) -> tuple[list[cq.Mutation], list[tuple[int, bytes]]]:
         """A batch an engine could send (and some it should not: edge times, clashing keys)."""
         draw = data.draw
         now_t = saturate(self.now - self.base)
         known = sorted(self.model.tasks)
-        batch: list[Mutation] = []
+        batch: list[cq.Mutation] = []
         outputs: list[tuple[int, bytes]] = []
         seen = list(known)
         live_keys = {t.spec.key for t in self.model.tasks.values() if t.live and t.spec.key}
@@ -494,15 +467,15 @@ class StoreMachine(RuleBasedStateMachine):
                     task_id = self.next_new
                     self.next_new += 1
                     batch.append(
-                        Submitted(
-                            id=TaskId(task_id),
+                        cq.Submitted(
+                            id=cq.TaskId(task_id),
                             seq=0,
                             arrival=now_t,
-                            spec=TaskSpec(payload=payload),
+                            spec=cq.TaskSpec(payload=payload),
                         )
                     )
                     seen.append(task_id)
-                batch.append(InboxTaken(inbox_id=inbox_id))
+                batch.append(cq.InboxTaken(inbox_id=inbox_id))
             elif kind == "submit" or not seen:
                 if draw(st.integers(0, 6)) == 0:
                     task_id = draw(st.sampled_from(EDGE_IDS))
@@ -511,29 +484,29 @@ class StoreMachine(RuleBasedStateMachine):
                 else:
                     task_id = self.next_new
                     self.next_new += draw(st.integers(1, 2))
-                targets: list[ById | ByKey] = [ById(TaskId(i)) for i in seen[-4:]]
-                targets += [ByKey(k) for k in KEYS]
+                targets: list[cq.ById | cq.ByKey] = [cq.ById(cq.TaskId(i)) for i in seen[-4:]]
+                targets += [cq.ByKey(k) for k in KEYS]
                 deps = tuple(
-                    Dep(
+                    cq.Dep(
                         target=draw(st.sampled_from(targets)),
                         on=draw(st.sampled_from(["success", "finish"])),
                     )
                     for _ in range(draw(st.integers(0, 2)))
                 )
                 deadline = draw(st.none() | engine_times(now_t))
-                fixed = draw(st.none() | engine_times(now_t).map(lambda at: FixedStart(at=at)))
-                spec = TaskSpec(
+                fixed = draw(st.none() | engine_times(now_t).map(lambda at: cq.FixedStart(at=at)))
+                spec = cq.TaskSpec(
                     payload=draw(st.binary(max_size=3)),
                     pool=draw(st.sampled_from(["default", "gpu"])),
-                    priority=draw(st.sampled_from(Priority)),
+                    priority=draw(st.sampled_from(cq.Priority)),
                     key=draw(st.none() | st.sampled_from(KEYS)),
                     deadline=deadline,
                     fixed_start=fixed,
                     deps=deps,
                 )
                 batch.append(
-                    Submitted(
-                        id=TaskId(task_id),
+                    cq.Submitted(
+                        id=cq.TaskId(task_id),
                         seq=draw(st.integers(0, 3)),
                         arrival=draw(engine_times(now_t)),
                         spec=spec,
@@ -543,7 +516,7 @@ class StoreMachine(RuleBasedStateMachine):
             elif kind == "status":
                 task_id = draw(st.sampled_from(seen) | st.just(self.next_new + 5))
                 stored = self.model.tasks.get(task_id)
-                status = draw(st.sampled_from(TaskStatus))
+                status = draw(st.sampled_from(cq.TaskStatus))
                 if (
                     stored is not None
                     and not stored.live
@@ -552,30 +525,30 @@ class StoreMachine(RuleBasedStateMachine):
                 ):
                     # A revival whose key is live elsewhere: refused (tested in test_edges) but
                     # where the clash is caught depends on statement order; keep it terminal.
-                    status = TaskStatus.CANCELLED
+                    status = cq.TaskStatus.CANCELLED
                 batch.append(
-                    StatusChanged(
-                        id=TaskId(task_id),
+                    cq.StatusChanged(
+                        id=cq.TaskId(task_id),
                         status=status,
                         attempt=draw(st.integers(0, 3)),
                         at=draw(engine_times(now_t)),
                         message=draw(st.none() | st.sampled_from(["m1", "m2"])),
                     )
                 )
-                if status is TaskStatus.SUCCEEDED and draw(st.booleans()):
+                if status is cq.TaskStatus.SUCCEEDED and draw(st.booleans()):
                     outputs.append((task_id, draw(st.binary(max_size=3))))
             else:
                 name = draw(st.sampled_from(NAMES))
                 choice = draw(st.integers(0, 3))
                 if choice <= 1:
                     start = draw(st.none() | engine_times(now_t))
-                    template = TaskSpec(
+                    template = cq.TaskSpec(
                         payload=draw(st.binary(max_size=2)),
                         deadline=draw(st.none() | engine_times(now_t)),
                     )
                     batch.append(
-                        RecurringUpsert(
-                            spec=RecurringSpec(
+                        cq.RecurringUpsert(
+                            spec=cq.RecurringSpec(
                                 name=name,
                                 template=template,
                                 interval_ns=HOUR,
@@ -587,14 +560,14 @@ class StoreMachine(RuleBasedStateMachine):
                 elif choice == 2:
                     last = draw(st.none() | st.sampled_from(seen)) if seen else None
                     batch.append(
-                        RecurringNext(
+                        cq.RecurringNext(
                             name=name,
                             next=draw(st.none() | engine_times(now_t)),
-                            last=None if last is None else TaskId(last),
+                            last=None if last is None else cq.TaskId(last),
                         )
                     )
                 else:
-                    batch.append(RecurringRemove(name=name))
+                    batch.append(cq.RecurringRemove(name=name))
         return batch, outputs
 
     @rule(data=st.data())
@@ -629,7 +602,7 @@ class StoreMachine(RuleBasedStateMachine):
     def enqueue(self, payload: bytes) -> None:
         """An app enqueues an item in its own transaction."""
         with self.h.store.engine.begin() as conn:
-            inbox_id = enqueue(conn, TaskSpec(payload=payload))
+            inbox_id = enqueue(conn, cq.TaskSpec(payload=payload))
         self.model.inbox[inbox_id] = payload
         self.next_inbox = max(self.next_inbox, inbox_id + 1)
 
@@ -643,25 +616,25 @@ class StoreMachine(RuleBasedStateMachine):
         task_id = data.draw(st.sampled_from(live))
         with self.h.store.engine.begin() as conn:
             conn.execute(update(tasks).where(tasks.c.id == task_id).values(status="bogus"))
-        got = self.h.store.recover(TimeBase(self.base))
+        got = self.h.store.recover(cq.TimeBase(self.base))
         # The finished tasks were read while the damaged one still counted as live (those it
         # depends on come back this once), then it was marked failed.
         next_id, live_tasks, terminal, schedules = expected_recovery(
             self.model, self.base, self.now
         )
         task = self.model.tasks[task_id]
-        task.status, task.updated = TaskStatus.FAILED, self.now
-        quarantined = RecoveredTerminal(
-            id=TaskId(task_id),
+        task.status, task.updated = cq.TaskStatus.FAILED, self.now
+        quarantined = cq.RecoveredTerminal(
+            id=cq.TaskId(task_id),
             key=task.spec.key,
-            status=TaskStatus.FAILED,
+            status=cq.TaskStatus.FAILED,
             at=saturate(self.now - self.base),
         )
         assert got.tasks == [t for t in live_tasks if t.id != task_id]
         # What was set aside comes last (it was marked failed after the finished were read).
         assert got.terminal == [*terminal, quarantined]
         assert (got.next_id, got.recurring) == (next_id, schedules)
-        stored = self.h.store.get_task(ById(TaskId(task_id)))
+        stored = self.h.store.get_task(cq.ById(cq.TaskId(task_id)))
         assert stored is not None and stored.message is not None
         assert stored.message.startswith("corrupt task row: ")
         task.message = stored.message
@@ -687,7 +660,7 @@ class StoreMachine(RuleBasedStateMachine):
     # Checks after every step.
 
     def check_recovery(self, base: int) -> None:
-        got = self.h.store.recover(TimeBase(base))
+        got = self.h.store.recover(cq.TimeBase(base))
         next_id, live, terminal, schedules = expected_recovery(self.model, base, self.now)
         assert got.next_id == next_id
         assert got.tasks == live
@@ -707,16 +680,16 @@ class StoreMachine(RuleBasedStateMachine):
     def queries_match(self) -> None:
         store = self.h.store
         for task_id, task in self.model.tasks.items():
-            assert store.get_task(ById(TaskId(task_id))) == record(task)
-            want_output = task.output if task.status is TaskStatus.SUCCEEDED else None
-            assert store.load_output(TaskId(task_id)) == want_output
+            assert store.get_task(cq.ById(cq.TaskId(task_id))) == record(task)
+            want_output = task.output if task.status is cq.TaskStatus.SUCCEEDED else None
+            assert store.load_output(cq.TaskId(task_id)) == want_output
         for key in KEYS:
             newest = max(
                 (i for i, t in self.model.tasks.items() if t.spec.key == key), default=None
             )
             want = None if newest is None else record(self.model.tasks[newest])
-            assert store.get_task(ByKey(key)) == want
-        assert store.get_task(ById(TaskId(self.next_new + 5))) is None
+            assert store.get_task(cq.ByKey(key)) == want
+        assert store.get_task(cq.ById(cq.TaskId(self.next_new + 5))) is None
         finished = [record(t) for _, t in sorted(self.model.tasks.items()) if not t.live]
         assert store.list_finished(limit=2**64) == finished
         if finished:
@@ -730,16 +703,16 @@ class StoreMachine(RuleBasedStateMachine):
 @pytest.fixture
 def harness(db_url: URL, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     clock = [START_UNIX]
-    monkeypatch.setattr(SqlStore, "_now", staticmethod(lambda: clock[0]))
-    config = StoreConfig(
+    monkeypatch.setattr(cq.SqlStore, "_now", staticmethod(lambda: clock[0]))
+    config = cq.StoreConfig(
         retention=RETENTION,
         lease_ttl=timedelta(seconds=60),
         lease_renew=timedelta(seconds=30),
         lock_poll=timedelta(milliseconds=50),
         full_sync=False,
     )
-    first = SqlStore.open(db_url, config)
-    second = SqlStore(first.engine, config)
+    first = cq.SqlStore.open(db_url, config)
+    second = cq.SqlStore(first.engine, config)
     try:
         first.acquire_leadership()
         yield Harness(stores=[first, second], clock=clock)

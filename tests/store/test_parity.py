@@ -24,29 +24,13 @@ from faces import FACES, Blocking, open_face, store_engine
 from servers import new_database
 from sqlalchemy import URL, Connection, create_engine, event, inspect
 
-from cronoq_store import (
-    ById,
-    ByKey,
-    InboxTaken,
-    SchemaError,
-    SqlStore,
-    StatusChanged,
-    StoreConfig,
-    StoreUnavailable,
-    Submitted,
-    TaskId,
-    TaskRecord,
-    TaskSpec,
-    TaskStatus,
-    TimeBase,
-    enqueue,
-    execution,
-)
+import cronoq_store as cq
+from cronoq_store import execution
 from cronoq_store.aio import AsyncSqlStore
 
-BASE = TimeBase(unix_ns=1_700_000_000_000_000_000)
+BASE = cq.TimeBase(unix_ns=1_700_000_000_000_000_000)
 # No renewal while a scenario runs: its statements would interleave with the operations'.
-QUIET = StoreConfig(lease_ttl=timedelta(seconds=120), lease_renew=timedelta(seconds=60))
+QUIET = cq.StoreConfig(lease_ttl=timedelta(seconds=120), lease_renew=timedelta(seconds=60))
 SERVERS = [
     pytest.param("postgresql", marks=pytest.mark.postgresql),
     pytest.param("mysql", marks=pytest.mark.mysql),
@@ -57,17 +41,17 @@ Outcome = tuple[str, object, list[str]]
 """An operation's name, its result (or error type and text), and the statements it issued."""
 
 
-def submit(i: int, key: str | None = None) -> Submitted:
-    return Submitted(id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=key))
+def submit(i: int, key: str | None = None) -> cq.Submitted:
+    return cq.Submitted(id=cq.TaskId(i), seq=i, arrival=i, spec=cq.TaskSpec(payload=b"p", key=key))
 
 
-def done(i: int, status: TaskStatus = TaskStatus.SUCCEEDED) -> StatusChanged:
-    return StatusChanged(id=TaskId(i), status=status, attempt=1, at=10 + i)
+def done(i: int, status: cq.TaskStatus = cq.TaskStatus.SUCCEEDED) -> cq.StatusChanged:
+    return cq.StatusChanged(id=cq.TaskId(i), status=status, attempt=1, at=10 + i)
 
 
 def _plain(value: object) -> object:
     """`value` without what depends on the wall clock (a record's `updated`)."""
-    if isinstance(value, TaskRecord):
+    if isinstance(value, cq.TaskRecord):
         return dataclasses.replace(value, updated=datetime(2000, 1, 1, tzinfo=UTC))
     if isinstance(value, list):
         return [_plain(v) for v in value]
@@ -108,7 +92,7 @@ def scenario(store: Any, url: URL) -> list[Outcome]:
     try:
         with app.begin() as conn:
             for i in range(3):
-                enqueue(conn, TaskSpec(payload=b"i%d" % i, key=f"inbox-{i}"), notify=False)
+                cq.enqueue(conn, cq.TaskSpec(payload=b"i%d" % i, key=f"inbox-{i}"), notify=False)
     finally:
         app.dispose()
     lost: list[str] = []
@@ -138,23 +122,25 @@ def scenario(store: Any, url: URL) -> list[Outcome]:
     op("wait_inbox", lambda: store.wait_inbox(0))
     op("read_inbox", lambda: [(i.spec, i.inbox_id > 0) for i in store.read_inbox(2)])
     op("read_inbox_bad_limit", lambda: store.read_inbox(0))
-    batch = [submit(1, "a"), submit(2, "b"), submit(3), done(2), InboxTaken(inbox_id=1)]
-    op("commit", lambda: store.commit(epoch, BASE, batch, [(TaskId(2), b"out")]))
-    op("commit_again", lambda: store.commit(epoch, BASE, batch, [(TaskId(2), b"out")]))
+    batch = [submit(1, "a"), submit(2, "b"), submit(3), done(2), cq.InboxTaken(inbox_id=1)]
+    op("commit", lambda: store.commit(epoch, BASE, batch, [(cq.TaskId(2), b"out")]))
+    op("commit_again", lambda: store.commit(epoch, BASE, batch, [(cq.TaskId(2), b"out")]))
+    op("close_held_connection", store.close_held_connection)
     op("commit_bad_value", lambda: store.commit(epoch, BASE, [submit(-5)]))
     op("commit_live_key_conflict", lambda: store.commit(epoch, BASE, [submit(9, "a")]))
     op("commit_stale_epoch", lambda: store.commit(epoch - 1, BASE, [submit(4)]))
-    op("get_task_by_id", lambda: store.get_task(ById(TaskId(2))))
-    op("get_task_by_key", lambda: store.get_task(ByKey("a")))
-    op("get_task_missing", lambda: store.get_task(ById(TaskId(77))))
+    op("get_task_by_id", lambda: store.get_task(cq.ById(cq.TaskId(2))))
+    op("get_task_by_key", lambda: store.get_task(cq.ByKey("a")))
+    op("get_task_missing", lambda: store.get_task(cq.ById(cq.TaskId(77))))
     op("get_task_bad_ref", lambda: store.get_task("2"))
     op("list_finished", lambda: store.list_finished())
-    op("list_finished_page", lambda: store.list_finished(statuses=[TaskStatus.FAILED], limit=1))
-    op("load_output", lambda: store.load_output(TaskId(2)))
-    op("load_output_missing", lambda: store.load_output(TaskId(3)))
+    op("list_finished_page", lambda: store.list_finished(statuses=[cq.TaskStatus.FAILED], limit=1))
+    op("load_output", lambda: store.load_output(cq.TaskId(2)))
+    op("load_output_missing", lambda: store.load_output(cq.TaskId(3)))
     op("recover", lambda: store.recover(BASE))
     op("prune", lambda: store.prune(timedelta(0)))
     op("inbox_rejected", lambda: store.inbox_rejected)
+    op("release_lease_of_another", lambda: store.release_lease_of("nobody"))
     op("release_leadership", store.release_leadership)
     op("is_leader_after", lambda: store.is_leader)
     op("commit_released", lambda: store.commit(epoch, BASE, [submit(5)]))
@@ -165,6 +151,7 @@ def scenario(store: Any, url: URL) -> list[Outcome]:
 OPERATIONS = {
     "acquire_leadership",
     "check_schema",
+    "close_held_connection",
     "commit",
     "epoch",
     "get_task",
@@ -178,6 +165,7 @@ OPERATIONS = {
     "read_inbox",
     "recover",
     "release_leadership",
+    "release_lease_of",
     "wait_inbox",
     "wait_leadership_lost",
 }
@@ -190,7 +178,7 @@ def test_the_scenario_runs_every_public_operation() -> None:
         return {name for name in dir(cls) if not name.startswith("_")}
 
     around = {"open", "close"}
-    assert public(SqlStore) - around == OPERATIONS
+    assert public(cq.SqlStore) - around == OPERATIONS
     assert public(AsyncSqlStore) - around == OPERATIONS | {"leadership_lost"}
 
 
@@ -219,7 +207,7 @@ def test_both_faces_agree(db_url: URL, dialect: str, tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def opened(face: str, url: URL, config: StoreConfig = QUIET) -> Iterator[Any]:
+def opened(face: str, url: URL, config: cq.StoreConfig = QUIET) -> Iterator[Any]:
     cleanup: list[Callable[[], None]] = []
     try:
         yield open_face(face, url, config, cleanup)
@@ -259,14 +247,14 @@ def test_reads_and_recovery_leave_sqlite_write_lock_alone(db_url: URL, face: str
     config = dataclasses.replace(QUIET, busy_timeout=timedelta(milliseconds=200))
     with opened(face, db_url, config) as store:
         epoch = store.acquire_leadership(timeout=30)
-        store.commit(epoch, BASE, [submit(1, "a"), done(1)], [(TaskId(1), b"o")])
+        store.commit(epoch, BASE, [submit(1, "a"), done(1)], [(cq.TaskId(1), b"o")])
         with write_locked(db_url):
             # Each would wait out busy_timeout and fail in a write transaction.
             assert store.recover(BASE).next_id == 2
-            assert store.get_task(ById(TaskId(1))) is not None
-            assert store.get_task(ByKey("a")) is not None
+            assert store.get_task(cq.ById(cq.TaskId(1))) is not None
+            assert store.get_task(cq.ByKey("a")) is not None
             assert [t.id for t in store.list_finished()] == [1]
-            assert store.load_output(TaskId(1)) == b"o"
+            assert store.load_output(cq.TaskId(1)) == b"o"
             assert store.read_inbox() == []
             assert store.wait_inbox(0) is False
 
@@ -277,7 +265,7 @@ def test_a_standby_only_reads_while_the_lease_is_held(db_url: URL, face: str) ->
         leader.acquire_leadership(timeout=30)
         recorder = Recorder(standby)
         recorder.on = True
-        with pytest.raises(StoreUnavailable):
+        with pytest.raises(cq.StoreUnavailable):
             standby.acquire_leadership(timeout=0.2)
         seen = recorder.take()
         assert seen, "the standby did not look at the lease"
@@ -317,7 +305,7 @@ def test_pooled_connections_are_pinged_only_when_idle(
 
             monkeypatch.setattr(dialect, "do_ping", counted)
             for _ in range(3):
-                assert store.get_task(ById(TaskId(1))) is None
+                assert store.get_task(cq.ById(cq.TaskId(1))) is None
             assert bool(pings) == pinged, (idle, len(pings))
 
 
@@ -329,7 +317,7 @@ def test_open_can_skip_the_schema_check(db_url: URL, face: str) -> None:
 
     def opened(check_schema: bool) -> None:
         if face == "sync":
-            SqlStore.open(db_url, config, check_schema=check_schema).close()
+            cq.SqlStore.open(db_url, config, check_schema=check_schema).close()
             return
         from faces import LoopThread
 
@@ -344,7 +332,7 @@ def test_open_can_skip_the_schema_check(db_url: URL, face: str) -> None:
         finally:
             loop.close()
 
-    with pytest.raises(SchemaError, match="upgrade"):
+    with pytest.raises(cq.SchemaError, match="upgrade"):
         opened(check_schema=True)
     opened(check_schema=False)
     engine = create_engine(db_url)

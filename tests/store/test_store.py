@@ -11,112 +11,95 @@ from builders import BASE, status, submit
 from sqlalchemy import URL, Engine, create_engine, inspect
 from sqlalchemy.schema import CreateSchema, DropSchema
 
-from cronoq_store import (
-    ById,
-    ByKey,
-    Dep,
-    Fenced,
-    InvalidValue,
-    RecurringNext,
-    RecurringSpec,
-    RecurringUpsert,
-    SqlStore,
-    StoreConfig,
-    StoreError,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-    enqueue_many,
-    migrate,
-)
+import cronoq_store as cq
+from cronoq_store import migrate
 
 
-def test_commit_recover_query(store: SqlStore) -> None:
+def test_commit_recover_query(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     assert epoch == 1
-    sched = RecurringSpec(name="nightly", template=TaskSpec(payload=b"t"), cron="0 3 * * *")
+    sched = cq.RecurringSpec(name="nightly", template=cq.TaskSpec(payload=b"t"), cron="0 3 * * *")
     store.commit(
         epoch,
         BASE,
         [
             submit(1, key="a"),
-            submit(2, deps=(Dep(target=ById(id=TaskId(1))),)),
-            status(1, TaskStatus.RUNNING, "started"),
-            status(1, TaskStatus.SUCCEEDED),
+            submit(2, deps=(cq.Dep(target=cq.ById(id=cq.TaskId(1))),)),
+            status(1, cq.TaskStatus.RUNNING, "started"),
+            status(1, cq.TaskStatus.SUCCEEDED),
             submit(3, key="a"),
-            RecurringUpsert(spec=sched),
-            RecurringNext(name="nightly", next=500, last=TaskId(3)),
+            cq.RecurringUpsert(spec=sched),
+            cq.RecurringNext(name="nightly", next=500, last=cq.TaskId(3)),
         ],
-        outputs=[(TaskId(1), b"out")],
+        outputs=[(cq.TaskId(1), b"out")],
     )
     rec = store.recover(BASE)
     assert rec.next_id == 4
     assert [t.id for t in rec.tasks] == [2, 3]
-    assert [(t.id, t.status) for t in rec.terminal] == [(1, TaskStatus.SUCCEEDED)]
+    assert [(t.id, t.status) for t in rec.terminal] == [(1, cq.TaskStatus.SUCCEEDED)]
     assert rec.recurring[0].spec == sched
     assert (rec.recurring[0].next, rec.recurring[0].last) == (500, 3)
-    one = store.get_task(ById(id=TaskId(1)))
+    one = store.get_task(cq.ById(id=cq.TaskId(1)))
     assert one is not None and one.message == "started" and one.output == b"out"
-    newest = store.get_task(ByKey(key="a"))
+    newest = store.get_task(cq.ByKey(key="a"))
     assert newest is not None and newest.id == 3
-    assert store.load_output(TaskId(1)) == b"out"
+    assert store.load_output(cq.TaskId(1)) == b"out"
     assert [r.id for r in store.list_finished()] == [1]
 
 
-def test_duplicate_live_key_writes_nothing(store: SqlStore) -> None:
+def test_duplicate_live_key_writes_nothing(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1, key="k")])
-    with pytest.raises(StoreError):
+    with pytest.raises(cq.StoreError):
         store.commit(epoch, BASE, [submit(2), submit(3, key="k")])
-    assert store.get_task(ById(id=TaskId(2))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(2))) is None
 
 
-def test_over_long_key_refused(store: SqlStore) -> None:
+def test_over_long_key_refused(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
-    with pytest.raises(InvalidValue, match=r"TaskSpec\.key"):
+    with pytest.raises(cq.InvalidValue, match=r"TaskSpec\.key"):
         store.commit(epoch, BASE, [submit(1), submit(2, key="x" * 513)])
-    assert store.get_task(ById(id=TaskId(1))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
 
 
-def test_fenced_after_takeover(db_url: URL, store: SqlStore) -> None:
+def test_fenced_after_takeover(db_url: URL, store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.release_leadership()
-    with SqlStore.open(db_url) as other:
+    with cq.SqlStore.open(db_url) as other:
         assert other.acquire_leadership() == epoch + 1
-        with pytest.raises(Fenced):
+        with pytest.raises(cq.Fenced):
             store.commit(epoch, BASE, [submit(1)])
         other.release_leadership()
-    assert store.get_task(ById(id=TaskId(1))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
 
 
-def test_prune(store: SqlStore) -> None:
+def test_prune(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1), submit(2, key="k")])
     store.commit(
         epoch,
         BASE,
         [
-            status(1, TaskStatus.SUCCEEDED),
-            status(2, TaskStatus.FAILED),
-            submit(3, deps=(Dep(target=ByKey(key="k"), on="finish"),)),
+            status(1, cq.TaskStatus.SUCCEEDED),
+            status(2, cq.TaskStatus.FAILED),
+            submit(3, deps=(cq.Dep(target=cq.ByKey(key="k"), on="finish"),)),
         ],
     )
     # StatusChanged.at is in BASE time, far in the past: both are old enough.
     assert store.prune(timedelta(seconds=1)) == 1
-    assert store.get_task(ById(id=TaskId(1))) is None
-    assert store.get_task(ById(id=TaskId(2))) is not None
+    assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(2))) is not None
 
 
-def test_quarantine_damaged_rows(store: SqlStore) -> None:
+def test_quarantine_damaged_rows(store: cq.SqlStore) -> None:
     from sqlalchemy import update
 
     from cronoq_store.schema import recurring, tasks
 
     epoch = store.acquire_leadership()
-    sched = RecurringSpec(name="every", template=TaskSpec(payload=b"t"), interval_ns=10**9)
+    sched = cq.RecurringSpec(name="every", template=cq.TaskSpec(payload=b"t"), interval_ns=10**9)
     store.commit(
-        epoch, BASE, [submit(1), submit(2, key="bad"), submit(3), RecurringUpsert(spec=sched)]
+        epoch, BASE, [submit(1), submit(2, key="bad"), submit(3), cq.RecurringUpsert(spec=sched)]
     )
     with store.engine.begin() as conn:
         conn.execute(update(tasks).where(tasks.c.id == 2).values(deps='[{"id": "x"'))
@@ -124,10 +107,10 @@ def test_quarantine_damaged_rows(store: SqlStore) -> None:
     rec = store.recover(BASE)
     assert [t.id for t in rec.tasks] == [1, 3]
     assert [t.spec.payload for t in rec.tasks] == [b"p1", b"p3"]
-    assert [(t.id, t.key, t.status) for t in rec.terminal] == [(2, "bad", TaskStatus.FAILED)]
+    assert [(t.id, t.key, t.status) for t in rec.terminal] == [(2, "bad", cq.TaskStatus.FAILED)]
     assert rec.recurring == []
-    damaged = store.get_task(ById(id=TaskId(2)))
-    assert damaged is not None and damaged.status is TaskStatus.FAILED
+    damaged = store.get_task(cq.ById(id=cq.TaskId(2)))
+    assert damaged is not None and damaged.status is cq.TaskStatus.FAILED
     assert damaged.message is not None and damaged.message.startswith("corrupt task row")
     with store.engine.connect() as conn:
         assert conn.execute(recurring.select()).one().spec == "{not json"
@@ -135,18 +118,18 @@ def test_quarantine_damaged_rows(store: SqlStore) -> None:
     store.commit(epoch, BASE, [submit(4, key="bad")])
 
 
-def test_list_finished_pages_each_once(store: SqlStore) -> None:
+def test_list_finished_pages_each_once(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     ids = range(1, 26)
     store.commit(
         epoch,
         BASE,
         [
-            Submitted(
-                id=TaskId(i),
+            cq.Submitted(
+                id=cq.TaskId(i),
                 seq=i,
                 arrival=i,
-                spec=TaskSpec(payload=b"", pool="a" if i % 2 else "b"),
+                spec=cq.TaskSpec(payload=b"", pool="a" if i % 2 else "b"),
             )
             for i in ids
         ],
@@ -154,7 +137,11 @@ def test_list_finished_pages_each_once(store: SqlStore) -> None:
     store.commit(
         epoch,
         BASE,
-        [status(i, TaskStatus.SUCCEEDED if i % 3 else TaskStatus.FAILED) for i in ids if i != 25],
+        [
+            status(i, cq.TaskStatus.SUCCEEDED if i % 3 else cq.TaskStatus.FAILED)
+            for i in ids
+            if i != 25
+        ],
     )
     seen: list[int] = []
     after = None
@@ -162,39 +149,43 @@ def test_list_finished_pages_each_once(store: SqlStore) -> None:
         seen += [r.id for r in page]
         after = page[-1].id
     assert seen == list(range(1, 25))
-    only = store.list_finished(pools=["a"], statuses=[TaskStatus.FAILED], limit=100)
+    only = store.list_finished(pools=["a"], statuses=[cq.TaskStatus.FAILED], limit=100)
     assert [r.id for r in only] == [i for i in ids if i % 2 and not i % 3 and i != 25]
-    assert store.load_output(TaskId(3)) is None  # failed: no output
-    assert store.load_output(TaskId(25)) is None  # live
+    assert store.load_output(cq.TaskId(3)) is None  # failed: no output
+    assert store.load_output(cq.TaskId(25)) is None  # live
 
 
-def test_strings_are_cleaned(store: SqlStore) -> None:
+def test_strings_are_cleaned(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.commit(
         epoch,
         BASE,
         [
-            Submitted(
-                id=TaskId(1),
+            cq.Submitted(
+                id=cq.TaskId(1),
                 seq=1,
                 arrival=1,
-                spec=TaskSpec(payload=b"\x00", kind="a\x00b", key="k\ud800", labels={"x": "\x00"}),
+                spec=cq.TaskSpec(
+                    payload=b"\x00", kind="a\x00b", key="k\ud800", labels={"x": "\x00"}
+                ),
             ),
-            status(1, TaskStatus.RUNNING, "m\x00"),
+            status(1, cq.TaskStatus.RUNNING, "m\x00"),
         ],
     )
-    got = store.get_task(ByKey(key="k\ud800"))
+    got = store.get_task(cq.ByKey(key="k\ud800"))
     assert got is not None
     assert (got.kind, got.key, got.message) == ("a\ufffdb", "k\ufffd", "m\ufffd")
     [task] = store.recover(BASE).tasks
     assert task.spec.labels == {"x": "\ufffd"} and task.spec.payload == b"\x00"
 
 
-def test_16_mib_payload_round_trips(store: SqlStore) -> None:
+def test_16_mib_payload_round_trips(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     payload = bytes(range(256)) * (16 * 1024 * 1024 // 256)
     store.commit(
-        epoch, BASE, [Submitted(id=TaskId(1), seq=1, arrival=1, spec=TaskSpec(payload=payload))]
+        epoch,
+        BASE,
+        [cq.Submitted(id=cq.TaskId(1), seq=1, arrival=1, spec=cq.TaskSpec(payload=payload))],
     )
     [task] = store.recover(BASE).tasks
     assert task.spec.payload == payload
@@ -202,11 +193,11 @@ def test_16_mib_payload_round_trips(store: SqlStore) -> None:
 
 def test_invalid_sqlite_paths_refused() -> None:
     for path in ("", ":memory:", ":x", "file:x.db", "FILE:x.db"):
-        with pytest.raises(InvalidValue):
-            SqlStore.open(path)
+        with pytest.raises(cq.InvalidValue):
+            cq.SqlStore.open(path)
 
 
-def test_dependency_rows_live_only_while_their_task_does(store: SqlStore) -> None:
+def test_dependency_rows_live_only_while_their_task_does(store: cq.SqlStore) -> None:
     from sqlalchemy import func, select
 
     from cronoq_store.schema import task_deps
@@ -216,54 +207,54 @@ def test_dependency_rows_live_only_while_their_task_does(store: SqlStore) -> Non
             return int(conn.execute(select(func.count()).select_from(task_deps)).scalar_one())
 
     epoch = store.acquire_leadership()
-    on_1 = (Dep(target=ById(id=TaskId(1))), Dep(target=ByKey(key="k"), on="finish"))
+    on_1 = (cq.Dep(target=cq.ById(id=cq.TaskId(1))), cq.Dep(target=cq.ByKey(key="k"), on="finish"))
     store.commit(epoch, BASE, [submit(1, key="k"), submit(2, deps=on_1), submit(3, deps=on_1)])
     assert dep_rows() == 4
-    store.commit(epoch, BASE, [status(2, TaskStatus.CANCELLED)])
+    store.commit(epoch, BASE, [status(2, cq.TaskStatus.CANCELLED)])
     assert dep_rows() == 2
     # Inserted and finished within one batch: no rows at all.
-    store.commit(epoch, BASE, [submit(4, deps=on_1), status(4, TaskStatus.SKIPPED)])
+    store.commit(epoch, BASE, [submit(4, deps=on_1), status(4, cq.TaskStatus.SKIPPED)])
     assert dep_rows() == 2
 
 
-def test_key_released_earlier_in_the_batch_is_reusable(store: SqlStore) -> None:
+def test_key_released_earlier_in_the_batch_is_reusable(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1, key="k")])
-    store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED), submit(2, key="k")])
+    store.commit(epoch, BASE, [status(1, cq.TaskStatus.SUCCEEDED), submit(2, key="k")])
     # Within one batch too: inserted, finished and its key reused.
-    store.commit(epoch, BASE, [status(2, TaskStatus.FAILED), submit(3, key="k")])
-    newest = store.get_task(ByKey(key="k"))
+    store.commit(epoch, BASE, [status(2, cq.TaskStatus.FAILED), submit(3, key="k")])
+    newest = store.get_task(cq.ByKey(key="k"))
     assert newest is not None and newest.id == 3
     # Still exactly one live holder of the key.
-    with pytest.raises(StoreError):
+    with pytest.raises(cq.StoreError):
         store.commit(epoch, BASE, [submit(4, key="k")])
     assert [t.id for t in store.recover(BASE).tasks] == [3]
 
 
-def test_key_released_in_the_batch_is_reusable_by_a_bulk_insert(store: SqlStore) -> None:
+def test_key_released_in_the_batch_is_reusable_by_a_bulk_insert(store: cq.SqlStore) -> None:
     """More than one new task go in one bulk statement (COPY on PostgreSQL), after the
     batch's transitions of stored tasks, whose released keys they may take."""
     epoch = store.acquire_leadership()
     store.commit(epoch, BASE, [submit(1, key="k"), submit(2, key="j")])
-    finished = [status(1, TaskStatus.SUCCEEDED), status(2, TaskStatus.FAILED)]
+    finished = [status(1, cq.TaskStatus.SUCCEEDED), status(2, cq.TaskStatus.FAILED)]
     store.commit(epoch, BASE, [*finished, submit(3, key="k"), submit(4, key="j"), submit(5)])
     assert [t.id for t in store.recover(BASE).tasks] == [3, 4, 5]
-    newest = store.get_task(ByKey(key="k"))
+    newest = store.get_task(cq.ByKey(key="k"))
     assert newest is not None and newest.id == 3
 
 
-def test_over_long_pool_refused(store: SqlStore) -> None:
+def test_over_long_pool_refused(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
-    long_pool = Submitted(
-        id=TaskId(2), seq=2, arrival=2, spec=TaskSpec(payload=b"", pool="p" * 129)
+    long_pool = cq.Submitted(
+        id=cq.TaskId(2), seq=2, arrival=2, spec=cq.TaskSpec(payload=b"", pool="p" * 129)
     )
-    with pytest.raises(InvalidValue, match=r"pool"):
+    with pytest.raises(cq.InvalidValue, match=r"pool"):
         store.commit(epoch, BASE, [submit(1), long_pool])
-    assert store.get_task(ById(id=TaskId(1))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(1))) is None
 
 
 def test_prune_goes_in_bounded_batches_and_keeps_dependencies(
-    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+    store: cq.SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sqlalchemy import event
 
@@ -275,10 +266,10 @@ def test_prune_goes_in_bounded_batches_and_keeps_dependencies(
     store.commit(
         epoch,
         BASE,
-        [status(i, TaskStatus.SUCCEEDED) for i in range(1, n + 1)]
+        [status(i, cq.TaskStatus.SUCCEEDED) for i in range(1, n + 1)]
         + [
-            submit(n + 1, deps=(Dep(target=ById(id=TaskId(7))),)),
-            submit(n + 2, deps=(Dep(target=ByKey(key="k9"), on="finish"),)),
+            submit(n + 1, deps=(cq.Dep(target=cq.ById(id=cq.TaskId(7))),)),
+            submit(n + 2, deps=(cq.Dep(target=cq.ByKey(key="k9"), on="finish"),)),
         ],
     )
     monkeypatch.setattr(prune, "PRUNE_BATCH", 100)
@@ -300,15 +291,15 @@ def test_prune_goes_in_bounded_batches_and_keeps_dependencies(
     assert store.prune(timedelta(seconds=1)) == 0
 
 
-def test_a_pruned_task_zero_is_never_handed_out_again(store: SqlStore) -> None:
+def test_a_pruned_task_zero_is_never_handed_out_again(store: cq.SqlStore) -> None:
     epoch = store.acquire_leadership()
     assert store.recover(BASE).next_id == 0  # a fresh store starts at 0
     store.commit(
         epoch,
         BASE,
         [
-            Submitted(id=TaskId(0), seq=0, arrival=0, spec=TaskSpec(payload=b"")),
-            status(0, TaskStatus.SUCCEEDED),
+            cq.Submitted(id=cq.TaskId(0), seq=0, arrival=0, spec=cq.TaskSpec(payload=b"")),
+            status(0, cq.TaskStatus.SUCCEEDED),
         ],
     )
     assert store.recover(BASE).next_id == 1
@@ -339,7 +330,7 @@ def test_recovery_does_not_hold_the_sqlite_write_lock(
                 other.close()
         return decode(*args, **kwargs)  # type: ignore[arg-type]
 
-    with SqlStore.open(path) as store:
+    with cq.SqlStore.open(path) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [submit(i) for i in range(1, 4)])
         monkeypatch.setattr(codec, "live_task_from_row", decode_while_another_writes)
@@ -371,13 +362,13 @@ def test_unusual_schema_names(db_url: URL, dialect: str) -> None:
             if dialect == "mysql":
                 with admin.begin() as conn:
                     conn.execute(CreateSchema(name))
-            with SqlStore.open(db_url, StoreConfig(schema=name)) as store:
+            with cq.SqlStore.open(db_url, cq.StoreConfig(schema=name)) as store:
                 epoch = store.acquire_leadership()
                 store.commit(epoch, BASE, [submit(1, key="one")])
                 store.commit(epoch, BASE, [submit(i) for i in (2, 3, 4)])
                 assert [t.id for t in store.recover(BASE).tasks] == [1, 2, 3, 4], name
                 with admin.begin() as conn:  # several rows: one multi-row statement
-                    ids = enqueue_many(conn, [TaskSpec(payload=b"a")] * 3, schema=name)
+                    ids = cq.enqueue_many(conn, [cq.TaskSpec(payload=b"a")] * 3, schema=name)
                 assert [i.inbox_id for i in store.read_inbox()] == ids, name
             assert "cronoq_tasks" in inspect(admin).get_table_names(schema=name)
         assert "cronoq_tasks" not in inspect(admin).get_table_names()
@@ -394,20 +385,20 @@ def test_unusual_schema_names(db_url: URL, dialect: str) -> None:
     ["a.b", "cronoq.", "", " lead", "trail ", "nul\x00", "tab\tin", "[b]", "x" * 64, "é" * 32],
 )
 def test_unusable_schema_names_are_refused(name: str) -> None:
-    with pytest.raises(InvalidValue, match=r"StoreConfig\.schema"):
-        StoreConfig(schema=name)
+    with pytest.raises(cq.InvalidValue, match=r"StoreConfig\.schema"):
+        cq.StoreConfig(schema=name)
 
 
 def test_unusable_schema_name_touches_nothing(engine: Engine, dialect: str) -> None:
     """Refused before any DDL, also when `migrate.upgrade` is called directly."""
-    with pytest.raises(InvalidValue, match="schema"):
+    with pytest.raises(cq.InvalidValue, match="schema"):
         migrate.upgrade(engine, schema="cronoq.tasks")
     assert inspect(engine).get_table_names() == []
     if dialect == "postgresql":
         assert not {"cronoq", "cronoq.tasks"} & set(inspect(engine).get_schema_names())
 
 
-def test_a_replayed_single_submission_is_ignored_whole(store: SqlStore) -> None:
+def test_a_replayed_single_submission_is_ignored_whole(store: cq.SqlStore) -> None:
     """A commit of one task already stored changes nothing and raises nothing: not when its
     key is now held by another live task, not its dependency rows after it finished, not the
     transitions folded into it. (One new task takes the dialect's insert-or-ignore path, more
@@ -421,25 +412,25 @@ def test_a_replayed_single_submission_is_ignored_whole(store: SqlStore) -> None:
             return int(conn.execute(select(func.count()).select_from(task_deps)).scalar_one())
 
     epoch = store.acquire_leadership()
-    on_9 = (Dep(target=ById(id=TaskId(9))),)
+    on_9 = (cq.Dep(target=cq.ById(id=cq.TaskId(9))),)
     store.commit(epoch, BASE, [submit(1, key="k", deps=on_9)])
     assert dep_rows() == 1
-    store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)])
+    store.commit(epoch, BASE, [status(1, cq.TaskStatus.SUCCEEDED)])
     store.commit(epoch, BASE, [submit(2, key="k")])  # the key, released, is now task 2's
     assert dep_rows() == 0
     for replay in (
         [submit(1, key="k", deps=on_9)],
-        [submit(1, key="k", deps=on_9), status(1, TaskStatus.RUNNING)],
+        [submit(1, key="k", deps=on_9), status(1, cq.TaskStatus.RUNNING)],
         [submit(1, key="k", deps=on_9), submit(2, key="k")],
     ):
         store.commit(epoch, BASE, replay)
-        one = store.get_task(ById(id=TaskId(1)))
-        assert one is not None and one.status is TaskStatus.SUCCEEDED
+        one = store.get_task(cq.ById(id=cq.TaskId(1)))
+        assert one is not None and one.status is cq.TaskStatus.SUCCEEDED
         assert dep_rows() == 0
-    newest = store.get_task(ByKey(key="k"))
+    newest = store.get_task(cq.ByKey(key="k"))
     assert newest is not None and newest.id == 2
     assert [t.id for t in store.recover(BASE).tasks] == [2]
     # A new task whose key is held is still refused on the single-row path.
-    with pytest.raises(StoreError):
+    with pytest.raises(cq.StoreError):
         store.commit(epoch, BASE, [submit(3, key="k")])
-    assert store.get_task(ById(id=TaskId(3))) is None
+    assert store.get_task(cq.ById(id=cq.TaskId(3))) is None

@@ -22,29 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import URL, Connection, Table, delete, select, update
 
-from cronoq_store import (
-    ById,
-    ByKey,
-    Dep,
-    Mutation,
-    Priority,
-    Recovered,
-    RecoveredRecurring,
-    RecoveredTask,
-    RecoveredTerminal,
-    RecurringNext,
-    RecurringRemove,
-    RecurringSpec,
-    RecurringUpsert,
-    RetryPolicy,
-    SqlStore,
-    StatusChanged,
-    StoreConfig,
-    Submitted,
-    TaskId,
-    TaskSpec,
-    TaskStatus,
-)
+import cronoq_store as cq
 from cronoq_store.schema import TABLES, leader, recurring, task_deps, tasks
 
 QUARTER = 15 * 60 * 1_000_000_000
@@ -82,7 +60,7 @@ class Clock:
 class Leading:
     """A store that leads under `epoch`, on `clock`."""
 
-    store: SqlStore
+    store: cq.SqlStore
     epoch: int
     clock: Clock
 
@@ -91,9 +69,9 @@ class Leading:
 def leading(db_url: URL, monkeypatch: pytest.MonkeyPatch) -> Iterator[Leading]:
     """A leading store whose `_now` is the test's clock (queued tasks are stamped with it)."""
     clock = Clock()
-    monkeypatch.setattr(SqlStore, "_now", staticmethod(lambda: clock.unix_ns))
-    config = StoreConfig(retention=RETENTION, full_sync=False)
-    with SqlStore.open(db_url, config) as store:
+    monkeypatch.setattr(cq.SqlStore, "_now", staticmethod(lambda: clock.unix_ns))
+    config = cq.StoreConfig(retention=RETENTION, full_sync=False)
+    with cq.SqlStore.open(db_url, config) as store:
         yield Leading(store=store, epoch=store.acquire_leadership(), clock=clock)
         store.release_leadership()  # which returns the connection its commits kept
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
@@ -148,7 +126,7 @@ def pinned(rows: Dump) -> dict[str, list[tuple[Any, ...]]]:
 class Step:
     """One mutation, and the output it carries (only a transition to succeeded has one)."""
 
-    mutation: Mutation
+    mutation: cq.Mutation
     output: bytes | None = None
 
 
@@ -157,34 +135,34 @@ def commit(lead: Leading, steps: Sequence[Step]) -> None:
     outputs = [
         (s.mutation.id, s.output)
         for s in steps
-        if isinstance(s.mutation, StatusChanged) and s.output is not None
+        if isinstance(s.mutation, cq.StatusChanged) and s.output is not None
     ]
     lead.store.commit(lead.epoch, BASE, [s.mutation for s in steps], outputs)
 
 
-NEXT_STATUS: dict[TaskStatus, tuple[TaskStatus, ...]] = {
-    TaskStatus.QUEUED: (
-        TaskStatus.WAITING,
-        TaskStatus.RUNNING,
-        TaskStatus.CANCELLED,
-        TaskStatus.EXPIRED,
-        TaskStatus.SKIPPED,
+NEXT_STATUS: dict[cq.TaskStatus, tuple[cq.TaskStatus, ...]] = {
+    cq.TaskStatus.QUEUED: (
+        cq.TaskStatus.WAITING,
+        cq.TaskStatus.RUNNING,
+        cq.TaskStatus.CANCELLED,
+        cq.TaskStatus.EXPIRED,
+        cq.TaskStatus.SKIPPED,
     ),
-    TaskStatus.WAITING: (
-        TaskStatus.RUNNING,
-        TaskStatus.CANCELLED,
-        TaskStatus.EXPIRED,
-        TaskStatus.SKIPPED,
+    cq.TaskStatus.WAITING: (
+        cq.TaskStatus.RUNNING,
+        cq.TaskStatus.CANCELLED,
+        cq.TaskStatus.EXPIRED,
+        cq.TaskStatus.SKIPPED,
     ),
-    TaskStatus.RUNNING: (
-        TaskStatus.SUCCEEDED,
-        TaskStatus.SUCCEEDED,  # the common outcome, twice as likely
-        TaskStatus.FAILED,
-        TaskStatus.RETRYING,
-        TaskStatus.CANCELLED,
-        TaskStatus.RUNNING,  # a heartbeat with a progress message
+    cq.TaskStatus.RUNNING: (
+        cq.TaskStatus.SUCCEEDED,
+        cq.TaskStatus.SUCCEEDED,  # the common outcome, twice as likely
+        cq.TaskStatus.FAILED,
+        cq.TaskStatus.RETRYING,
+        cq.TaskStatus.CANCELLED,
+        cq.TaskStatus.RUNNING,  # a heartbeat with a progress message
     ),
-    TaskStatus.RETRYING: (TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.CANCELLED),
+    cq.TaskStatus.RETRYING: (cq.TaskStatus.RUNNING, cq.TaskStatus.FAILED, cq.TaskStatus.CANCELLED),
 }
 """Where a live task may go next."""
 
@@ -208,7 +186,7 @@ class StreamSoFar:
     """What the stream being drawn has done: the state its next mutation must respect."""
 
     next_id: int
-    status: dict[int, TaskStatus] = field(default_factory=dict)
+    status: dict[int, cq.TaskStatus] = field(default_factory=dict)
     attempt: dict[int, int] = field(default_factory=dict)
     keys: dict[int, str | None] = field(default_factory=dict)
     schedules: set[str] = field(default_factory=set)
@@ -221,16 +199,16 @@ class StreamSoFar:
         return [k for k in KEYS if k not in taken]
 
 
-def task_specs(draw: st.DrawFn, key: str | None, deps: tuple[Dep, ...]) -> TaskSpec:
+def task_specs(draw: st.DrawFn, key: str | None, deps: tuple[cq.Dep, ...]) -> cq.TaskSpec:
     """A spec touching every column kind (JSON, blob, optional times), kept small."""
-    return TaskSpec(
+    return cq.TaskSpec(
         payload=draw(st.binary(max_size=8)),
         kind=draw(st.sampled_from(["", "email"])),
         pool=draw(st.sampled_from(["default", "gpu"])),
-        priority=draw(st.sampled_from(Priority)),
+        priority=draw(st.sampled_from(cq.Priority)),
         key=key,
         deadline=draw(st.none() | times),
-        retry=draw(st.none() | st.just(RetryPolicy(max_attempts=5, jitter=0.25))),
+        retry=draw(st.none() | st.just(cq.RetryPolicy(max_attempts=5, jitter=0.25))),
         deps=deps,
         resources=draw(st.dictionaries(st.sampled_from(["cpu", "mem"]), st.integers(0, 4))),
         tags=draw(st.frozensets(st.sampled_from(["x", "y"]))),
@@ -244,29 +222,31 @@ def submit(draw: st.DrawFn, s: StreamSoFar, seq: int) -> Step:
     task_id, s.next_id = s.next_id, s.next_id + draw(st.integers(1, 3))
     key = draw(st.none() | st.sampled_from(s.free_keys())) if s.free_keys() else None
     earlier_keys = sorted({k for k in s.keys.values() if k is not None})
-    targets = st.sampled_from([ById(id=TaskId(i)) for i in s.status]) if s.status else st.nothing()
+    targets = (
+        st.sampled_from([cq.ById(id=cq.TaskId(i)) for i in s.status]) if s.status else st.nothing()
+    )
     if earlier_keys:
-        targets = targets | st.sampled_from([ByKey(key=k) for k in earlier_keys])
+        targets = targets | st.sampled_from([cq.ByKey(key=k) for k in earlier_keys])
     on = st.sampled_from(["success", "finish"])
     deps = tuple(
-        draw(st.lists(st.builds(Dep, target=targets, on=on), max_size=3 if s.status else 0))
+        draw(st.lists(st.builds(cq.Dep, target=targets, on=on), max_size=3 if s.status else 0))
     )
-    s.status[task_id], s.attempt[task_id], s.keys[task_id] = TaskStatus.QUEUED, 0, key
+    s.status[task_id], s.attempt[task_id], s.keys[task_id] = cq.TaskStatus.QUEUED, 0, key
     spec = task_specs(draw, key, deps)
-    return Step(Submitted(id=TaskId(task_id), seq=seq, arrival=draw(times), spec=spec))
+    return Step(cq.Submitted(id=cq.TaskId(task_id), seq=seq, arrival=draw(times), spec=spec))
 
 
 def transition(draw: st.DrawFn, s: StreamSoFar) -> Step:
     """A live task moves on; starting to run counts an attempt; success may carry an output."""
     task_id = draw(st.sampled_from(s.live()))
     status = draw(st.sampled_from(NEXT_STATUS[s.status[task_id]]))
-    if status is TaskStatus.RUNNING and s.status[task_id] is not TaskStatus.RUNNING:
+    if status is cq.TaskStatus.RUNNING and s.status[task_id] is not cq.TaskStatus.RUNNING:
         s.attempt[task_id] += 1
     s.status[task_id] = status
-    succeeded = status is TaskStatus.SUCCEEDED
+    succeeded = status is cq.TaskStatus.SUCCEEDED
     output = draw(st.binary(max_size=8) | st.none()) if succeeded else None
-    change = StatusChanged(
-        id=TaskId(task_id),
+    change = cq.StatusChanged(
+        id=cq.TaskId(task_id),
         status=status,
         attempt=s.attempt[task_id],
         at=draw(times),
@@ -275,13 +255,13 @@ def transition(draw: st.DrawFn, s: StreamSoFar) -> Step:
     return Step(change, output)
 
 
-def schedule_specs(name: str) -> st.SearchStrategy[RecurringSpec]:
+def schedule_specs(name: str) -> st.SearchStrategy[cq.RecurringSpec]:
     """A cron or an interval schedule named `name`."""
     return st.builds(
-        RecurringSpec,
+        cq.RecurringSpec,
         name=st.just(name),
         template=st.builds(
-            TaskSpec,
+            cq.TaskSpec,
             payload=st.binary(max_size=4),
             kind=st.just("report"),
             key=st.none() | st.just(f"{name}-run"),
@@ -292,9 +272,9 @@ def schedule_specs(name: str) -> st.SearchStrategy[RecurringSpec]:
         misfire=st.sampled_from(["skip", "run_once", "run_all"]),
         overlap=st.sampled_from(["allow", "skip"]),
     ) | st.builds(
-        RecurringSpec,
+        cq.RecurringSpec,
         name=st.just(name),
-        template=st.builds(TaskSpec, payload=st.binary(max_size=4)),
+        template=st.builds(cq.TaskSpec, payload=st.binary(max_size=4)),
         interval_ns=st.sampled_from([QUARTER, 3 * QUARTER]),
     )
 
@@ -304,14 +284,14 @@ def schedule_change(draw: st.DrawFn, s: StreamSoFar) -> Step:
     name = draw(st.sampled_from(SCHEDULES))
     if name not in s.schedules or draw(st.booleans()):
         s.schedules.add(name)
-        return Step(RecurringUpsert(spec=draw(schedule_specs(name))))
+        return Step(cq.RecurringUpsert(spec=draw(schedule_specs(name))))
     if draw(st.integers(0, 3)) == 0:
         s.schedules.discard(name)
-        return Step(RecurringRemove(name=name))
+        return Step(cq.RecurringRemove(name=name))
     last = draw(st.none() | st.sampled_from(sorted(s.status))) if s.status else None
     return Step(
-        RecurringNext(
-            name=name, next=draw(st.none() | times), last=None if last is None else TaskId(last)
+        cq.RecurringNext(
+            name=name, next=draw(st.none() | times), last=None if last is None else cq.TaskId(last)
         )
     )
 
@@ -334,8 +314,8 @@ def streams(draw: st.DrawFn, max_steps: int = 16, drain: bool = False) -> list[S
         else:
             steps.append(schedule_change(draw, s))
     for i in s.live() if drain else []:
-        cancel = StatusChanged(
-            id=TaskId(i), status=TaskStatus.CANCELLED, attempt=s.attempt[i], at=draw(times)
+        cancel = cq.StatusChanged(
+            id=cq.TaskId(i), status=cq.TaskStatus.CANCELLED, attempt=s.attempt[i], at=draw(times)
         )
         steps.append(Step(cancel))
     return steps
@@ -368,8 +348,8 @@ def clean(text: str | None) -> str | None:
 class ModelTask:
     """A task as the rules say it stands."""
 
-    submitted: Submitted
-    status: TaskStatus = TaskStatus.QUEUED
+    submitted: cq.Submitted
+    status: cq.TaskStatus = cq.TaskStatus.QUEUED
     attempt: int = 0
     updated: int = 0
     """Unix ns: the time of the last transition, or the store's clock when submitted."""
@@ -382,28 +362,28 @@ class Model:
     """What the store should hold after a stream, and what recovery should return from it."""
 
     tasks: dict[int, ModelTask] = field(default_factory=dict)
-    schedules: dict[str, RecoveredRecurring] = field(default_factory=dict)
+    schedules: dict[str, cq.RecoveredRecurring] = field(default_factory=dict)
 
     def apply(self, step: Step, now_unix_ns: int) -> None:
         m = step.mutation
-        if isinstance(m, Submitted):
+        if isinstance(m, cq.Submitted):
             self.tasks[m.id] = ModelTask(submitted=m, updated=now_unix_ns)
-        elif isinstance(m, StatusChanged):
+        elif isinstance(m, cq.StatusChanged):
             task = self.tasks[m.id]
             task.status, task.attempt, task.updated = m.status, m.attempt, BASE.to_unix(m.at)
             if m.message is not None:  # a message carries forward until a later one
                 task.message = clean(m.message)
             if step.output is not None:
                 task.output = step.output
-        elif isinstance(m, RecurringUpsert):  # next/last stay as they were
+        elif isinstance(m, cq.RecurringUpsert):  # next/last stay as they were
             old = self.schedules.get(m.spec.name)
-            self.schedules[m.spec.name] = RecoveredRecurring(
+            self.schedules[m.spec.name] = cq.RecoveredRecurring(
                 spec=m.spec,
                 next=None if old is None else old.next,
                 last=None if old is None else old.last,
             )
-        elif isinstance(m, RecurringNext):
-            self.schedules[m.name] = RecoveredRecurring(
+        elif isinstance(m, cq.RecurringNext):
+            self.schedules[m.name] = cq.RecoveredRecurring(
                 spec=self.schedules[m.name].spec, next=m.next, last=m.last
             )
         else:
@@ -422,8 +402,8 @@ class Model:
     def needed(self, task_id: int, task: ModelTask) -> bool:
         """Whether a live task depends on this one, by id or by key."""
         targets = [d.target for t in self.live().values() for d in t.submitted.spec.deps]
-        return ById(id=TaskId(task_id)) in targets or (
-            task.submitted.spec.key is not None and ByKey(key=task.submitted.spec.key) in targets
+        return cq.ById(id=cq.TaskId(task_id)) in targets or (
+            task.submitted.spec.key is not None and cq.ByKey(key=task.submitted.spec.key) in targets
         )
 
     def rows(self) -> dict[str, list[tuple[Any, ...]]]:
@@ -446,7 +426,7 @@ class Model:
             "next_id": [(max([-1, *self.tasks]) + 1,)],
         }
 
-    def recovered(self, now_unix_ns: int) -> Recovered:
+    def recovered(self, now_unix_ns: int) -> cq.Recovered:
         """What `recover` returns at `now_unix_ns`, as SPEC.md states it."""
         cutoff = now_unix_ns - RETENTION // timedelta(microseconds=1) * 1000
         finished = sorted(
@@ -454,11 +434,11 @@ class Model:
             for i, t in self.tasks.items()
             if t.status.is_terminal and (t.updated >= cutoff or self.needed(i, t))
         )
-        return Recovered(
-            next_id=TaskId(max([0, *self.tasks]) + 1 if self.tasks else 0),
+        return cq.Recovered(
+            next_id=cq.TaskId(max([0, *self.tasks]) + 1 if self.tasks else 0),
             tasks=[
-                RecoveredTask(
-                    id=TaskId(i),
+                cq.RecoveredTask(
+                    id=cq.TaskId(i),
                     seq=t.submitted.seq,
                     arrival=t.submitted.arrival,
                     spec=t.submitted.spec,
@@ -467,8 +447,8 @@ class Model:
                 for i, t in self.live().items()
             ],
             terminal=[
-                RecoveredTerminal(
-                    id=TaskId(i),
+                cq.RecoveredTerminal(
+                    id=cq.TaskId(i),
                     key=t.submitted.spec.key,
                     status=t.status,
                     at=BASE.from_unix(updated),

@@ -1,0 +1,212 @@
+"""A PostgreSQL commit in one flight (issue 41) writes what the step-by-step commit wrote: a
+revival restores its dependency rows and live key (the guard fails the optimistic flight and
+the commit runs again), a replayed batch of arrays changes no stored row and adds no
+dependency row twice, and a fenced commit writes nothing. The same tests on every dialect."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+from builders import BASE, status
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import URL, Engine, create_engine, select, text, update
+
+from cronoq_store import (
+    ById,
+    ByKey,
+    Dep,
+    Fenced,
+    InboxTaken,
+    RecurringNext,
+    RecurringRemove,
+    RecurringSpec,
+    RecurringUpsert,
+    SqlStore,
+    Submitted,
+    TaskId,
+    TaskSpec,
+    TaskStatus,
+)
+from cronoq_store.bench.proxy import proxied_url
+from cronoq_store.face import transactions
+from cronoq_store.inbox import enqueue
+from cronoq_store.repository.commit import array_text
+from cronoq_store.schema import leader, task_deps, tasks
+
+
+def _submit(i: int, deps: tuple[Dep, ...] = ()) -> Submitted:
+    return Submitted(
+        id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=f"k{i}", deps=deps)
+    )
+
+
+def _tasks(engine: Engine) -> dict[int, tuple[Any, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(tasks.c.id, tasks.c.status, tasks.c.live_key)).all()
+    return {r.id: (r.status, r.live_key) for r in rows}
+
+
+def _deps(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(task_deps).order_by(task_deps.c.task_id, task_deps.c.ordinal))
+        return [tuple(r) for r in rows]
+
+
+def test_a_revival_restores_dependency_rows_and_live_key(
+    db_url: URL, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live transition of a finished task, beside a live task's and a new task's: the
+    guarded flight fails on it (PostgreSQL), and the commit run again restores its
+    dependency rows and its live key, and writes the rest once."""
+    again: list[int] = []
+    real = transactions._revived_again
+
+    def counted(*args: Any) -> None:
+        again.append(1)
+        real(*args)
+
+    monkeypatch.setattr(transactions, "_revived_again", counted)
+    deps = (Dep(target=ById(id=TaskId(50))), Dep(target=ByKey(key="other")))
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1, deps), _submit(2)])
+        before = _deps(store.engine)
+        assert [d[0] for d in before] == [1, 1]
+        store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)], [(TaskId(1), b"out")])
+        assert _deps(store.engine) == []
+        assert _tasks(store.engine)[1] == ("succeeded", None)
+        store.commit(
+            epoch,
+            BASE,
+            [status(1, TaskStatus.RUNNING), status(2, TaskStatus.RUNNING), _submit(3)],
+        )
+        assert _tasks(store.engine) == {
+            1: ("running", "k1"),
+            2: ("running", "k2"),
+            3: ("queued", "k3"),
+        }
+        assert _deps(store.engine) == before
+        assert again == ([1] if dialect == "postgresql" else [])
+        store.release_leadership()
+
+
+@pytest.mark.parametrize("stored_every", [1, 3, 7])
+def test_a_replayed_batch_of_100_changes_no_stored_row(db_url: URL, stored_every: int) -> None:
+    """100 submissions with dependencies, some stored already (and moved on since): the
+    replay inserts the others with their dependency rows, and leaves the stored ones and
+    their dependency rows as they were, none twice."""
+    deps = (Dep(target=ById(id=TaskId(1000))), Dep(target=ByKey(key="x")))
+    batch = [_submit(i, deps) for i in range(100)]
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        first = [m for m in batch if m.id % stored_every == 0]
+        store.commit(epoch, BASE, first)
+        store.commit(epoch, BASE, [status(m.id, TaskStatus.RUNNING) for m in first])
+        stored = _tasks(store.engine)
+        store.commit(epoch, BASE, batch)
+        after = _tasks(store.engine)
+        assert {i: after[i] for i in stored} == stored
+        assert {i: v for i, v in after.items() if i not in stored} == {
+            i: ("queued", f"k{i}") for i in range(100) if i not in stored
+        }
+        assert len(after) == 100
+        rows = _deps(store.engine)
+        assert len(rows) == len({(r[0], r[1]) for r in rows}) == 200
+        store.commit(epoch, BASE, batch)  # once more: nothing changes
+        assert _tasks(store.engine) == after
+        assert _deps(store.engine) == rows
+        store.release_leadership()
+
+
+def test_a_fenced_commit_writes_nothing(db_url: URL) -> None:
+    """Another instance took the lease: a commit of transitions, a revival and 100 new tasks
+    raises `Fenced`, and nothing of it is written."""
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1), _submit(2)])
+        store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)])
+        before, deps_before = _tasks(store.engine), _deps(store.engine)
+        with store.engine.begin() as conn:
+            conn.execute(update(leader).values(epoch=leader.c.epoch + 1, holder="someone else"))
+        batch = [status(1, TaskStatus.RUNNING), status(2, TaskStatus.RUNNING)]
+        batch += [_submit(i, (Dep(target=ById(id=TaskId(1))),)) for i in range(10, 110)]
+        with pytest.raises(Fenced):
+            store.commit(epoch, BASE, batch)
+        assert _tasks(store.engine) == before
+        assert _deps(store.engine) == deps_before
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM cronoq_tasks")).scalar_one() == 2
+
+
+def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> None:
+    """New tasks with dependency rows, live and finishing transitions, an output, inbox rows
+    taken and schedules added, replaced, moved on and removed: all written, and on
+    PostgreSQL (counted by the proxy) in one round trip, COMMIT included."""
+    first = RecurringSpec(name="a", template=TaskSpec(payload=b"t"), cron="0 3 * * *")
+    second = RecurringSpec(name="a", template=TaskSpec(payload=b"u"), interval_ns=10**9)
+    gone = RecurringSpec(name="gone", template=TaskSpec(payload=b"g"), cron="0 4 * * *")
+    with contextlib.ExitStack() as stack:
+        url, proxy = db_url, None
+        if dialect == "postgresql":
+            url, proxy = stack.enter_context(proxied_url(db_url, delay=0))
+        store = stack.enter_context(SqlStore.open(url))
+        with store.engine.begin() as conn:
+            taken = [enqueue(conn, TaskSpec(payload=b"i")) for _ in range(3)]
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1), _submit(2), RecurringUpsert(spec=gone)])
+        store.commit(epoch, BASE, [status(1, TaskStatus.RUNNING)])  # statements prepared
+        batch: list[Any] = [
+            status(1, TaskStatus.SUCCEEDED),
+            status(2, TaskStatus.RUNNING),
+            *(_submit(i, (Dep(target=ById(id=TaskId(2))),)) for i in (3, 4, 5)),
+            *(InboxTaken(inbox_id=i) for i in taken),
+            RecurringUpsert(spec=first),
+            RecurringUpsert(spec=second),
+            RecurringNext(name="a", next=500, last=TaskId(3)),
+            RecurringRemove(name="gone"),
+        ]
+        before = proxy.count if proxy is not None else 0
+        store.commit(epoch, BASE, batch, [(TaskId(1), b"out")])
+        if proxy is not None:
+            assert proxy.count - before == 1
+        rec = store.recover(BASE)
+        assert [t.id for t in rec.tasks] == [2, 3, 4, 5]
+        assert _tasks(store.engine)[1] == ("succeeded", None)
+        assert [(r.spec, r.next, r.last) for r in rec.recurring] == [(second, 500, 3)]
+        assert store.load_output(TaskId(1)) == b"out"
+        assert [d[:2] for d in _deps(store.engine)] == [(3, 0), (4, 0), (5, 0)]
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM cronoq_inbox")).scalar_one() == 0
+        store.release_leadership()
+
+
+def test_arrays_in_their_text_form_read_back_as_sent(db_url: URL, dialect: str) -> None:
+    """`array_text` (the arrays of a flight's new tasks): any text (quotes, backslashes,
+    braces, commas, "NULL"), bytes, integers, booleans and NULLs come back from the server's
+    cast as they were."""
+    if dialect != "postgresql":
+        pytest.skip("PostgreSQL's array text form")
+    text_values = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]))
+    engine = create_engine(db_url)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.none() | text_values),
+        st.lists(st.none() | st.binary()),
+        st.lists(st.none() | st.integers(-(2**63), 2**63 - 1)),
+        st.lists(st.none() | st.booleans()),
+    )
+    def read_back(texts: list[Any], blobs: list[Any], ints: list[Any], bools: list[Any]) -> None:
+        sent = [array_text(v) for v in (texts, blobs, ints, bools)]
+        stmt = "SELECT %s::text[], %s::bytea[], %s::bigint[], %s::boolean[]"
+        row = conn.exec_driver_sql(stmt, tuple(sent)).one()
+        assert [list(v) for v in row] == [texts, blobs, ints, bools]
+
+    try:
+        with engine.connect() as conn:
+            read_back()
+    finally:
+        engine.dispose()

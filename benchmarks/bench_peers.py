@@ -1,7 +1,8 @@
 """cronoq's app side beside the job systems a user could pick instead, on one PostgreSQL server.
 
 One client, about 100-byte jobs, durable commits, each system in a fresh database of its own;
-jobs/s for one job per transaction and for 1,000 jobs per call, 3 repeats in alternating order,
+jobs/s for one job per transaction and for 1,000 jobs per call (each shape run once untimed
+first: what a running app pays, not a first call's compiling), 3 repeats in alternating order,
 median; beside each rate the CPU per job (µs) of the client process and of the database's
 server backends (their /proc/PID/stat before and after each timed part: the server runs on this
 machine). The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
@@ -9,13 +10,18 @@ machine). The peers are installed outside the repository (see benchmarks/README.
     python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json] [--rtt MS]
 
 With `--rtt MS` every system reaches the server through a latency proxy of its own
-(`cronoq_store.bench.proxy`) that adds MS milliseconds of round trip (MS / 2 each way).
+(`cronoq_store.bench.proxy`, in a process of its own, so its CPU is no system's) that adds MS
+milliseconds of round trip (MS / 2 each way).
 
-- cronoq: `enqueue` in the app's transaction / `enqueue_many` of 1,000 (this interpreter);
+- cronoq: `enqueue` / `enqueue_many` of 1,000 given the `Engine` (no transaction of the app's,
+  as a peer's call: one autocommit statement), and the same in the app's own transaction
+  (begin, enqueue, commit), both in this interpreter;
 - cronoq's leader: `SqlStore.commit` of one new task / of 1,000 (no keys, no deps);
 - procrastinate: `defer` / `batch_defer` (the peers' virtualenv, `PEERS/venv`);
 - graphile-worker: `addJob` / `addJobs`; pg-boss: `send` / `insert` (node, `PEERS/node_modules`);
-- raw psycopg: INSERT + COMMIT / COPY of an inbox-shaped row (this interpreter).
+- raw psycopg: INSERT + COMMIT of a four-column row / COPY of the inbox's own rows (the rows
+  `enqueue_many` writes, encoded in the loop as a hand-written client would), one
+  transaction per 1,000 (this interpreter).
 
 Figures only: nothing here asserts a time.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +69,7 @@ with app.open():
     app.schema_manager.apply_schema()
     data = "x" * 100
     job.defer(payload=data)
+    job.batch_defer(*[{"payload": data}] * 1000)
     with Part(dsn, single) as one:
         for _ in range(single):
             job.defer(payload=data)
@@ -109,6 +117,7 @@ async function graphile() {
   const utils = await makeWorkerUtils({ connectionString: dsn });
   await utils.migrate();
   await utils.addJob("job", data);
+  await utils.addJobs(Array.from({ length: 1000 }, () => ({ identifier: "job", payload })));
   const one = await part(single, async () => {
     for (let i = 0; i < single; i++) await utils.addJob("job", data);
   });
@@ -126,6 +135,7 @@ async function pgboss() {
   await boss.start();
   await boss.createQueue("job");
   await boss.send("job", data);
+  await boss.insert(Array.from({ length: 1000 }, () => ({ name: "job", data })));
   const one = await part(single, async () => {
     for (let i = 0; i < single; i++) await boss.send("job", data);
   });
@@ -154,10 +164,8 @@ def database() -> Iterator[str]:
         if not RTT_MS:
             yield url.render_as_string(hide_password=False)
             return
-        from cronoq_store.bench.proxy import Proxy  # every system's connections go through it
-
-        with Proxy((url.host or "127.0.0.1", url.port or 5432), delay=RTT_MS / 2000) as proxy:
-            routed = url.set(host="127.0.0.1", port=proxy.port)
+        with proxy(f"{url.host or '127.0.0.1'}:{url.port or 5432}") as port:
+            routed = url.set(host="127.0.0.1", port=port)
             yield routed.render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
@@ -165,26 +173,67 @@ def database() -> Iterator[str]:
         admin.dispose()
 
 
+@contextmanager
+def proxy(target: str) -> Iterator[int]:
+    """A latency proxy (`cronoq_store.bench.proxy`) adding `RTT_MS` in front of `target`,
+    in a process of its own: in this one its CPU would count as the client's for the
+    systems measured here (cronoq, raw psycopg) and for no other. Yields its port."""
+    command = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "cronoq_store.bench.proxy"]
+    command += ["--target", target]
+    command += ["--delay-ms", str(RTT_MS / 2)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield int(process.stdout.readline().rsplit(":", 1)[1])
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+
+
 def _dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def cronoq(url: str) -> Figures:
+    """`enqueue` / `enqueue_many` given the app's `Engine`: each call its own transaction, as
+    a peer's `addJob` / `send` is (on PostgreSQL one autocommit statement)."""
     from cronoq_store import SqlStore, TaskSpec, enqueue, enqueue_many
 
     SqlStore.open(url).close()  # migrate
     engine = create_engine(url)
     spec = TaskSpec(payload=PAYLOAD, kind="job")
+    specs = [spec] * 1000
+    enqueue(engine, spec)
+    enqueue_many(engine, specs)
+    with Part(_dsn(url), SINGLE) as one:
+        for _ in range(SINGLE):
+            enqueue(engine, spec)
+    with Part(_dsn(url), BATCHES * 1000) as many:
+        for _ in range(BATCHES):
+            enqueue_many(engine, specs)
+    engine.dispose()
+    return figures(one, many)
+
+
+def cronoq_in_transaction(url: str) -> Figures:
+    """`enqueue` / `enqueue_many` in the app's own transaction on an open `Connection`:
+    begin, enqueue, commit (the app's BEGIN rides with the enqueue's INSERT)."""
+    from cronoq_store import SqlStore, TaskSpec, enqueue, enqueue_many
+
+    SqlStore.open(url).close()  # migrate
+    engine = create_engine(url)
+    spec = TaskSpec(payload=PAYLOAD, kind="job")
+    specs = [spec] * 1000
     with engine.connect() as conn:
         conn.begin()
         enqueue(conn, spec)
+        enqueue_many(conn, specs)
         conn.commit()
         with Part(_dsn(url), SINGLE) as one:
             for _ in range(SINGLE):
                 conn.begin()
                 enqueue(conn, spec)
                 conn.commit()
-        specs = [spec] * 1000
         with Part(_dsn(url), BATCHES * 1000) as many:
             for _ in range(BATCHES):
                 conn.begin()
@@ -201,7 +250,7 @@ def leader(url: str) -> Figures:
 
     base = TimeBase(unix_ns=time.time_ns())
     spec = TaskSpec(payload=PAYLOAD, kind="job")
-    ids = iter(range(1, 2 + SINGLE + BATCHES * 1000))
+    ids = iter(range(1, 1002 + SINGLE + BATCHES * 1000))
 
     def submitted(count: int) -> list[Submitted]:
         return [
@@ -212,6 +261,7 @@ def leader(url: str) -> Figures:
     with SqlStore.open(url) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, base, submitted(1))
+        store.commit(epoch, base, submitted(1000))
         singles = [submitted(1) for _ in range(SINGLE)]
         with Part(_dsn(url), SINGLE) as one:
             for batch in singles:
@@ -225,13 +275,25 @@ def leader(url: str) -> Figures:
 
 
 def raw(url: str) -> Figures:
+    """A hand-written psycopg client: INSERT + COMMIT of a small row; COPY of the rows
+    `enqueue_many` writes into the inbox (its columns, each row encoded in the loop), one
+    transaction per 1,000: the driver's floor for the same work."""
     import psycopg
 
+    from cronoq_store import SqlStore, TaskSpec
+    from cronoq_store.bench.inbox import _COLUMNS, _raw_row
+
+    SqlStore.open(url).close()  # the inbox table
+    spec = TaskSpec(payload=PAYLOAD, kind="job")
+    copy_sql = f"COPY cronoq_inbox ({', '.join(_COLUMNS)}) FROM STDIN"
     with psycopg.connect(_dsn(url)) as conn:
         conn.execute(
             "CREATE TABLE jobs (id bigserial PRIMARY KEY, enqueued_unix_ns bigint NOT NULL, "
             "kind text NOT NULL, payload bytea NOT NULL, tags text NOT NULL)"
         )
+        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            for _ in range(1000):
+                copy.write_row(_raw_row(spec))
         conn.commit()
         sql = "INSERT INTO jobs (enqueued_unix_ns, kind, payload, tags) VALUES (%s, %s, %s, %s)"
         with Part(_dsn(url), SINGLE) as one:
@@ -240,10 +302,9 @@ def raw(url: str) -> Figures:
                 conn.commit()
         with Part(_dsn(url), BATCHES * 1000) as many:
             for _ in range(BATCHES):
-                copy_sql = "COPY jobs (enqueued_unix_ns, kind, payload, tags) FROM STDIN"
                 with conn.cursor() as cur, cur.copy(copy_sql) as copy:
                     for _ in range(1000):
-                        copy.write_row((time.time_ns(), "job", PAYLOAD, "[]"))
+                        copy.write_row(_raw_row(spec))
                 conn.commit()
     return figures(one, many)
 
@@ -273,14 +334,15 @@ def systems(peers: Path) -> dict[str, Callable[[str], Figures]]:
         )
 
     return {
-        "cronoq enqueue / enqueue_many": cronoq,
+        "cronoq enqueue / enqueue_many, given the Engine": cronoq,
+        "cronoq enqueue / enqueue_many in the app's transaction": cronoq_in_transaction,
         "cronoq leader commit, batch 1 / batch 1000": leader,
         "procrastinate defer / batch_defer": lambda url: external(
             [python, "procrastinate_bench.py", _dsn(url), *counts], scratch, {}
         ),
         "graphile-worker addJob / addJobs": node("graphile"),
         "pg-boss send / insert": node("pgboss"),
-        "raw psycopg INSERT + COMMIT / COPY": raw,
+        "raw psycopg INSERT + COMMIT / COPY of the inbox's rows": raw,
     }
 
 

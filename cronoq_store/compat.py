@@ -19,7 +19,7 @@ from typing import Any, cast
 from sqlalchemy import Column, Connection
 from sqlalchemy import exc as sa_exc
 
-__all__ = ["TESTED_ON", "copy_column", "driver_error", "logs_statements"]
+__all__ = ["TESTED_ON", "copy_column", "driver_error", "logs_statements", "transaction_listeners"]
 
 TESTED_ON = ("2.0.30", "2.1.9")
 """The SQLAlchemy versions this module is tested on: pyproject's floor and the newest."""
@@ -32,6 +32,28 @@ def logs_statements(conn: Connection) -> bool:
     """
     logger: Any = conn.engine.logger
     return bool(logger.isEnabledFor(logging.INFO))
+
+
+def transaction_listeners(conn: Connection) -> tuple[list[Any], bool] | None:
+    """The listeners of `conn`'s `begin` event, and whether anything listens to its `commit`
+    or `rollback`; None when that cannot be told (listeners on the connection itself, or an
+    engine whose dispatch is joined to another's: an `execution_options` copy). SQLAlchemy's
+    event dispatch (`Engine.dispatch`, its `listeners` and `parent_listeners`) is read as
+    its own `Connection._has_events` test reads it; not documented."""
+    if conn._has_events:
+        return None
+    d: Any = conn.engine.dispatch
+    try:
+        begin = [*d.begin.parent_listeners, *d.begin.listeners]
+        ends = bool(
+            d.commit.parent_listeners
+            or d.commit.listeners
+            or d.rollback.parent_listeners
+            or d.rollback.listeners
+        )
+    except AttributeError:
+        return None
+    return begin, ends
 
 
 def driver_error(

@@ -531,6 +531,15 @@ def probe(conn: Connection, *, holder: str) -> None:
     execution.run_stmt(conn, remove, {"b_name": name})
 
 
+class _Diagnosis(NamedTuple):
+    """The leader row as `diagnosis_stmt` reads it."""
+
+    epoch: int
+    holder: str | None
+    commit_seq: int
+    floor: int
+
+
 def diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
     """Why our fence or renewal matched nothing: return when another instance took the lease
     (fenced, as designed); raise `LeaderRowMissing` when the row is gone, `DatabaseBehind`
@@ -541,9 +550,12 @@ def diagnose(conn: Connection, *, epoch: int, holder: str, acked: int) -> None:
     range, which wraps), either of which no takeover produces (epochs rise by one per take): our
     own take was lost with the tail.
     """
-    row = conn.execute(diagnosis_stmt()).one_or_none()
-    if row is None:
+    # On the cursor, not SQLAlchemy's execution: inside a commit's transaction too, which may
+    # be the driver's own (`face.transactions`), where SQLAlchemy would begin another.
+    ran = execution.run_stmt(conn, diagnosis_stmt())
+    if not ran.rows:
         raise LeaderRowMissing()
+    row = _Diagnosis(*ran.rows[0])
     if int(row.floor) > builds.BUILD:
         raise BuildTooOld(builds.refusal(int(row.floor)), floor=int(row.floor))
     missing = acked - int(row.commit_seq)
@@ -606,10 +618,12 @@ def fence(
     ttl_ns: int,
     seq: int,
     acked: int,
+    flight: execution.Flight | None = None,
 ) -> bool:
     """Run the fence check, raising the high-water to `next_id` and the commit sequence to
     `seq`; False when we do not lead (`LeaderRowMissing` when nobody can: the row is gone;
-    `DatabaseBehind` when it lost commits we `acked`)."""
+    `DatabaseBehind` when it lost commits we `acked`). `flight`: the commit's, not pipelined
+    (its statements run as they are added), which runs it."""
     params = {
         "b_epoch": epoch,
         "b_holder": holder,
@@ -618,7 +632,10 @@ def fence(
         "b_seq": seq,
         "b_acked": acked,
     }
-    result = execution.run_stmt(conn, fence_stmt(), params)
+    if flight is None:
+        result = execution.run_stmt(conn, fence_stmt(), params)
+    else:
+        result = flight.send()[flight.add(fence_stmt(), params)]
     if result.rowcount == 1:
         return True
     diagnose(conn, epoch=epoch, holder=holder, acked=acked)

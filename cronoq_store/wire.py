@@ -11,7 +11,8 @@ its `Transformer` (the types it would send), the results loaded by the same `Tra
 and errors raised as psycopg's exceptions. A statement with parameters is prepared on a
 connection's first use of it where the store owns the connection (`prepare_on`), and goes
 unnamed elsewhere (an app's engine, a transaction pooler). The SQL is psycopg's (`%(name)s`
-or `%s` placeholders, `%%`), as SQLAlchemy compiles it for psycopg.
+or `%s` placeholders, `%%`; `%(name)b` sends one in binary, as psycopg does), as SQLAlchemy
+compiles it for psycopg.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Final
 from psycopg import errors, pq
 from psycopg.adapt import PyFormat, Transformer
 
-_PLACEHOLDER: Final = re.compile(r"%\((\w+)\)s|%s|%%|%")
+_PLACEHOLDER: Final = re.compile(r"%\((\w+)\)([sb])|%s|%%|%")
 _BUSY: Final = 1  # PQflush: data is left to send
 _NO_SUCH_STATEMENT: Final = "26000"  # invalid_sql_statement_name
 
@@ -36,14 +37,17 @@ class Unsupported(Exception):
 
 
 class _Query:
-    """A statement's SQL with `$n` placeholders, and its parameters' names in that order
-    (None for positional ones)."""
+    """A statement's SQL with `$n` placeholders, its parameters' names in that order (None
+    for positional ones), and the format each is sent in (`%(name)b`: binary, as psycopg)."""
 
-    __slots__ = ("names", "sql")
+    __slots__ = ("formats", "names", "sql")
 
-    def __init__(self, sql: bytes, names: tuple[str, ...] | None) -> None:
+    def __init__(
+        self, sql: bytes, names: tuple[str, ...] | None, binary: frozenset[str] = frozenset()
+    ) -> None:
         self.sql = sql
         self.names = names
+        self.formats = [PyFormat.BINARY if n in binary else PyFormat.AUTO for n in names or ()]
 
 
 _QUERIES: dict[str, _Query] = {}
@@ -55,6 +59,7 @@ def _query(sql: str) -> _Query:
     if hit is not None:
         return hit
     names: list[str] = []
+    binary: set[str] = set()
     positional = 0
 
     def number(match: re.Match[str]) -> str:
@@ -70,6 +75,8 @@ def _query(sql: str) -> _Query:
         name = match.group(1)
         if name not in names:
             names.append(name)
+        if match.group(2) == "b":
+            binary.add(name)
         return f"${names.index(name) + 1}"
 
     converted = _PLACEHOLDER.sub(number, sql)
@@ -77,7 +84,9 @@ def _query(sql: str) -> _Query:
         raise Unsupported(f"mixed placeholders in {sql!r}")
     if len(_QUERIES) >= _QUERIES_MAX:  # the store's statements are a few dozen
         _QUERIES.clear()
-    hit = _QUERIES[sql] = _Query(converted.encode(), tuple(names) if names else None)
+    hit = _QUERIES[sql] = _Query(
+        converted.encode(), tuple(names) if names else None, frozenset(binary)
+    )
     return hit
 
 
@@ -182,7 +191,8 @@ def _run(
         query = _query(sql) if params is not None else _Query(sql.encode(), None)
         for row in params if many else [params]:
             values = _values(query, row)
-            dumped = tx.dump_sequence(values, [PyFormat.AUTO] * len(values))
+            formats = query.formats or [PyFormat.AUTO] * len(values)
+            dumped = tx.dump_sequence(values, formats)
             send = _Send(index, many, query.sql, dumped, tx)
             if prepared is not None and params is not None:  # BEGIN, COMMIT: nothing to plan
                 send.name = prepared.get(send.key)

@@ -32,8 +32,11 @@ from .mysql import FAILED_ERRNO as FAILED_ERRNO
 from .mysql import FailsUnlessOne as FailsUnlessOne
 from .mysql import MySQLImpl as MySQLImpl
 from .postgresql import PostgresqlImpl as PostgresqlImpl
+from .sessions import COMMITTED as COMMITTED
 from .sessions import IDLE_INFO as IDLE_INFO
 from .sessions import READ_ONLY as READ_ONLY
+from .sessions import STORE_BEGIN as STORE_BEGIN
+from .sessions import Line as Line
 from .sessions import bound as bound
 from .sessions import bound_idle as bound_idle
 from .sessions import committed as committed
@@ -41,6 +44,7 @@ from .sessions import configure_sqlite as configure_sqlite
 from .sessions import idle_bound_supported as idle_bound_supported
 from .sessions import interrupter as interrupter
 from .sessions import interrupter_of as interrupter_of
+from .sessions import line_of as line_of
 from .sessions import net_options as net_options
 from .sessions import pool_options as pool_options
 from .sessions import reset_after_commit as reset_after_commit

@@ -16,21 +16,36 @@ from sqlalchemy import Connection, Delete, Insert, Select, Update
 
 from ..errors import StoreError
 
-__all__ = ["Params", "Statement", "compile_key", "driver_sql", "positional"]
+__all__ = [
+    "COMPILED",
+    "Params",
+    "Statement",
+    "compile_key",
+    "driver_sql",
+    "positional",
+    "schema_key",
+]
 
 
 Statement = Insert | Update | Delete | Select[Any]
 Params = Callable[[Mapping[str, Any]], Any]
 
-_COMPILED: dict[tuple[Any, ...], tuple[str, Params | None]] = {}
+COMPILED: dict[tuple[Any, ...], tuple[str, Params | None]] = {}
+"""`driver_sql`'s cache, by `compile_key` (statement, key set, dialect, schema): read directly
+by a caller that worked the dialect and schema out once for many statements
+(`execution.Flight`)."""
 
 
 def compile_key(conn: Connection, stmt: Any, variant: Hashable) -> tuple[Any, ...]:
     """What a statement's compiled form depends on: the statement (the object, not its id:
     a key must keep it alive), a `variant` of its parameters, the dialect and the schema."""
     translate = conn.get_execution_options().get("schema_translate_map")
-    schema = None if translate is None else tuple(sorted(translate.items(), key=repr))
-    return (stmt, variant, conn.dialect, schema)
+    return (stmt, variant, conn.dialect, None if translate is None else schema_key(translate))
+
+
+def schema_key(translate: Mapping[Any, Any]) -> tuple[Any, ...]:
+    """A `schema_translate_map` as part of a compile cache's key."""
+    return tuple(sorted(translate.items(), key=repr))
 
 
 def driver_sql(
@@ -44,8 +59,9 @@ def driver_sql(
     bytes, bool, None) need no bind processing on any supported driver.
     """
     translate = conn.get_execution_options().get("schema_translate_map")
-    cache_key = compile_key(conn, stmt, keys)
-    hit = _COMPILED.get(cache_key)
+    schema = None if translate is None else schema_key(translate)
+    cache_key = (stmt, keys, conn.dialect, schema)
+    hit = COMPILED.get(cache_key)
     if hit is None:
         compiled = stmt.compile(
             dialect=conn.dialect,
@@ -69,15 +85,19 @@ def driver_sql(
             getter = positional(tuple(order))
         if own:
             getter = _filled(own, getter)
-        hit = _COMPILED[cache_key] = (str(compiled), getter)
+        hit = COMPILED[cache_key] = (str(compiled), getter)
     return hit
 
 
 def _filled(own: Mapping[str, Any], then: Params | None) -> Params:
     """`then` applied to a mapping with the statement's own binds filled in."""
 
+    binds = tuple(own.items())
+
     def params(row: Mapping[str, Any]) -> Any:
-        full = {n: b.callable() if b.callable is not None else b.value for n, b in own.items()}
+        full: dict[str, Any] = {}
+        for n, b in binds:
+            full[n] = b.callable() if b.callable is not None else b.value
         full.update(row)
         return full if then is None else then(full)
 

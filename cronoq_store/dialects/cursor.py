@@ -32,6 +32,7 @@ __all__ = [
     "observed",
     "run",
     "run_many",
+    "run_on",
     "run_stmt",
 ]
 
@@ -58,42 +59,63 @@ that its listeners see every one (and PostgreSQL inserts with executemany, not C
 `create_engine`. Off by default: the store then runs them on the DB-API cursor."""
 
 
-def observed(conn: Connection) -> bool:
+def observed(conn: Connection, options: Mapping[str, Any] | None = None) -> bool:
     """Whether `conn`'s statements run through SQLAlchemy's execution: asked for (`OBSERVED`),
     SQLAlchemy's statement log on (`compat.logs_statements`: `echo`, or the logger at INFO),
     or an async driver (whose cursor only SQLAlchemy drives). Listeners do not count: an
-    instrumented engine keeps the fast path (the module docstring).
+    instrumented engine keeps the fast path (the module docstring). `options`: `conn`'s
+    execution options, when the caller has read them already.
     """
-    return bool(
-        conn.dialect.is_async
-        or conn.get_execution_options().get(OBSERVED)
-        or compat.logs_statements(conn)
-    )
+    if options is None:
+        options = conn.get_execution_options()
+    return bool(conn.dialect.is_async or options.get(OBSERVED) or compat.logs_statements(conn))
 
 
 def run(
-    conn: Connection, sql: str, params: Any = None, *, many: bool = False, last: bool = False
+    conn: Connection,
+    sql: str,
+    params: Any = None,
+    *,
+    many: bool = False,
+    last: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> Ran:
     """Run driver SQL in `conn`'s transaction: on its DB-API cursor, or through
     `exec_driver_sql` when `observed`. `many`: `params` is a list, run as the driver's
-    executemany. `last`: keep the driver's `lastrowid` (not every driver has one).
+    executemany. `last`: keep the driver's `lastrowid` (not every driver has one). `options`:
+    `conn`'s execution options, when the caller has read them already (`observed`).
 
     A driver error leaves as SQLAlchemy's `DBAPIError` either way (parameters hidden: they are
     task data), and a lost connection is invalidated as SQLAlchemy would (`compat.driver_error`).
     """
-    if observed(conn):
+    if observed(conn, options):
         result = conn.exec_driver_sql(sql, params)
         rows = result.all() if result.returns_rows else []
         return Ran(counted(result.rowcount), rows, result.lastrowid if last else None)
-    dbapi_conn: Any = conn.connection.dbapi_connection
+    return run_on(conn, conn.connection.dbapi_connection, sql, params, many, last)
+
+
+def run_on(
+    conn: Connection, dbapi_conn: Any, sql: str, params: Any, many: bool = False, last: bool = False
+) -> Ran:
+    """`run` on the DB-API connection `dbapi_conn` (`conn`'s), for a caller that decided once
+    it is not `observed` (`execution.Flight`, for all of its statements).
+
+    An executemany of one row runs as an execute, which psycopg sends as it is, where it
+    wraps an executemany in a pipeline of its own (60 µs of CPU)."""
     cursor = dbapi_conn.cursor()
     try:
         if params is None:
             cursor.execute(sql)
+        elif not many:
+            cursor.execute(sql, params)
+        elif len(params) == 1:
+            cursor.execute(sql, params[0])
         else:
-            _executed(cursor, sql, params, many)
+            cursor.executemany(sql, params)
         rows = cursor.fetchall() if cursor.description is not None else []
-        return Ran(counted(cursor.rowcount), rows, cursor.lastrowid if last else None)
+        count = cursor.rowcount
+        return Ran(None if count < 0 else count, rows, cursor.lastrowid if last else None)
     except conn.dialect.loaded_dbapi.Error as exc:
         raise compat.driver_error(conn, exc, sql, cursor=cursor, many=many) from exc
     finally:
@@ -122,15 +144,3 @@ def run_many(conn: Connection, stmt: Statement, rows: Sequence[Mapping[str, Any]
     """Run `stmt` once per row (all rows share one key set) as one driver executemany."""
     sql, getter = driver_sql(conn, stmt, tuple(rows[0]))
     return run(conn, sql, rows if getter is None else [getter(r) for r in rows], many=True)
-
-
-def _executed(cursor: Any, sql: str, params: Any, many: bool) -> Any:
-    """`cursor` having run `sql`: an executemany of one row as an execute, which psycopg
-    sends as it is, where it wraps an executemany in a pipeline of its own (60 µs of CPU)."""
-    if many and len(params) == 1:
-        cursor.execute(sql, params[0])
-    elif many:
-        cursor.executemany(sql, params)
-    else:
-        cursor.execute(sql, params)
-    return cursor

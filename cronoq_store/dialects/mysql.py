@@ -117,7 +117,7 @@ class MySQLImpl(DefaultImpl):
                 if params is None:
                     rendered = [sql]
                 elif many:
-                    rendered = [cursor.mogrify(sql, p) for p in params]
+                    rendered = _many(cursor, sql, params)
                 else:
                     rendered = [cursor.mogrify(sql, params)]
                 texts.extend(rendered)
@@ -299,8 +299,32 @@ BATCH_CHARS: Final = 4 << 20
 MariaDB's default `max_allowed_packet`, room for a take's probe (`lease.probe`: 1 MiB, sent
 as 2 MiB of hex) and the statements around it."""
 
+_INSERT_VALUES: Final[Any] = importlib.import_module("pymysql.cursors").RE_INSERT_VALUES
+"""PyMySQL's own pattern of an INSERT ... VALUES it sends many rows of in one statement."""
+
 _MULTI_STATEMENTS: Final = 1 << 16
 """PyMySQL's `CLIENT.MULTI_STATEMENTS`."""
+
+
+def _many(cursor: Any, sql: str, rows: Sequence[Any]) -> list[str]:
+    """An executemany's statements: an INSERT ... VALUES as multi-row INSERTs of at most
+    about `BATCH_CHARS` each (as PyMySQL's `executemany` sends it), else one per row."""
+    match = _INSERT_VALUES.match(sql) if len(rows) > 1 else None
+    if match is None:
+        return [cursor.mogrify(sql, row) for row in rows]
+    prefix, values, postfix = match.group(1) % (), match.group(2).rstrip(), match.group(3) or ""
+    statements: list[str] = []
+    part: list[str] = []
+    size = 0
+    for row in rows:
+        one = cursor.mogrify(values, row)
+        if part and size + len(one) > BATCH_CHARS:
+            statements.append(prefix + ",".join(part) + postfix)
+            part, size = [], 0
+        part.append(one)
+        size += len(one) + 1
+    statements.append(prefix + ",".join(part) + postfix)
+    return statements
 
 
 def _packets(texts: Sequence[str]) -> list[str]:

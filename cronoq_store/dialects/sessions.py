@@ -24,6 +24,11 @@ from .sqlite import SQLITE_TRANSIENT
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
 
 
+STORE_BEGIN: Final = "_cronoq_store_begin"
+"""The attribute that marks the store's own `begin` listener (`configure_sqlite`), holding the
+statement it begins a writing transaction with: a commit may send it itself
+(`face.transactions.commit`, past SQLAlchemy's transaction)."""
+
 READ_ONLY: Final = "cronoq_read_only"
 """Execution option marking a transaction that only reads (SQLite begins it deferred)."""
 
@@ -68,8 +73,13 @@ def configure_sqlite(
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
         # Reads (marked READ_ONLY) start deferred: under WAL they never wait for the writer.
-        reads = read_only or conn.get_execution_options().get(READ_ONLY, False)
-        run(conn, "BEGIN" if reads else "BEGIN IMMEDIATE")
+        options = conn.get_execution_options()
+        reads = read_only or options.get(READ_ONLY, False)
+        run(conn, "BEGIN" if reads else "BEGIN IMMEDIATE", options=options)
+
+    # What it begins a commit's (a writing) transaction with, for a commit that begins its own
+    # (`face.transactions`, past SQLAlchemy's transaction).
+    setattr(_begin, STORE_BEGIN, "BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _wal(cursor: sqlite3.Cursor, busy_timeout: timedelta) -> None:
@@ -95,8 +105,9 @@ def _wal(cursor: sqlite3.Cursor, busy_timeout: timedelta) -> None:
 
 # The pool's reset of a connection coming back to it.
 
-_COMMITTED: Final = "cronoq_committed"
-"""In a pooled connection's `info`: the store's transaction on it ended in a COMMIT."""
+COMMITTED: Final = "cronoq_committed"
+"""In a pooled connection's `info`: the store's transaction on it ended in a COMMIT
+(`committed`, or set in `Line.info` directly)."""
 
 
 def _rolls_back_idle(url: URL) -> bool:
@@ -123,7 +134,7 @@ def reset_after_commit(engine: Engine) -> None:
 
     @event.listens_for(engine, "reset")
     def _reset(dbapi_connection: Any, record: Any, state: Any) -> None:
-        committed = record.info.pop(_COMMITTED, False)
+        committed = record.info.pop(COMMITTED, False)
         if committed or state.transaction_was_reset or state.terminate_only:
             return  # nothing open, or SQLAlchemy rolled it back, or it is being closed
         dbapi_connection.rollback()
@@ -131,7 +142,7 @@ def reset_after_commit(engine: Engine) -> None:
 
 def committed(conn: Connection) -> None:
     """Mark `conn` as ended by a COMMIT: nothing is left for the pool to roll back."""
-    conn.connection.info[_COMMITTED] = True
+    conn.connection.info[COMMITTED] = True
 
 
 def idle_bound_supported(dialect: Dialect) -> bool:
@@ -191,6 +202,40 @@ def bound(
 def interrupter(conn: Connection) -> Callable[[], None] | None:
     """`interrupter_of` `conn`'s driver connection."""
     return dialect_of(conn).interrupter(conn.connection.driver_connection)
+
+
+class Line:
+    """What the store works out once about one SQLAlchemy connection, for every commit run on
+    it (`line_of`): its database's class, its DB-API connection, its `info` and how another
+    thread interrupts it. A connection a leader keeps for its commits (`face.Face._keep_held`)
+    pays for these once, not per commit; one whose DB-API connection goes (invalidated) is
+    closed by its holder, never used again."""
+
+    __slots__ = ("dbapi", "impl", "info", "interrupter")
+
+    def __init__(self, conn: Connection) -> None:
+        fairy = conn.connection
+        self.impl = dialect_of(conn)
+        self.dbapi: Any = fairy.dbapi_connection
+        self.info: dict[Any, Any] = fairy.info
+        """`conn.info`, kept: once invalidated, reading `conn.info` would connect again."""
+        self.interrupter = self.impl.interrupter(fairy.driver_connection)
+
+
+_LINE: Final = "_cronoq_line"
+"""The attribute of a SQLAlchemy `Connection` that keeps its `Line` (as `dialect_of` keeps
+its class on the dialect: read with no call)."""
+
+
+def line_of(conn: Connection) -> Line:
+    """`conn`'s `Line`, made on first use and kept on it."""
+    try:
+        line: Line = conn._cronoq_line  # type: ignore[attr-defined]
+    except AttributeError:
+        line = Line(conn)
+        with contextlib.suppress(AttributeError):  # a `Connection` without room: made anew
+            setattr(conn, _LINE, line)
+    return line
 
 
 def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:

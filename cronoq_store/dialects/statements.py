@@ -166,6 +166,7 @@ def vacuums(dialect: Dialect) -> bool:
     return dialect.name == "postgresql"
 
 
+@functools.lru_cache(maxsize=64)  # per engine's dialect: a commit's lookup makes no call
 def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:
     """An INSERT into `target` that skips a row whose primary key is stored already and
     returns the primary key of each row it inserted, or None where there is none to trust.

@@ -34,6 +34,7 @@ from sqlalchemy import exc as sa_exc
 
 from .. import compat
 from ..dialects.base import dialect_of
+from ..dialects.compiled import COMPILED, schema_key
 from ..dialects.compiled import Statement as Statement
 from ..dialects.compiled import compile_key as compile_key
 from ..dialects.compiled import driver_sql as driver_sql
@@ -45,8 +46,10 @@ from ..dialects.cursor import inserted_id as inserted_id
 from ..dialects.cursor import observed as observed
 from ..dialects.cursor import run as run
 from ..dialects.cursor import run_many as run_many
+from ..dialects.cursor import run_on as run_on
 from ..dialects.cursor import run_stmt as run_stmt
 from ..dialects.sessions import CONNECT_TIMEOUT as CONNECT_TIMEOUT
+from ..dialects.sessions import Line
 from .bulk import IN_CHUNK as IN_CHUNK
 from .bulk import SMALL_IN as SMALL_IN
 from .bulk import chunks as chunks
@@ -98,6 +101,7 @@ __all__ = [
     "run",
     "run_in",
     "run_many",
+    "run_on",
     "run_stmt",
     "still_there",
     "stream",
@@ -149,14 +153,40 @@ class Flight:
     statement can wait for that flight.
     """
 
-    __slots__ = ("_queue", "_ran", "_then", "batched", "conn", "failed", "pipelined")
+    __slots__ = (
+        "_dbapi",
+        "_queue",
+        "_ran",
+        "_then",
+        "_where",
+        "batched",
+        "conn",
+        "failed",
+        "pipelined",
+        "watched",
+    )
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, line: Line | None = None) -> None:
+        """A flight on `conn`; `line`: `conn`'s `dialects.Line`, when the caller has it (a
+        commit's), which spares working its facts out again."""
         self.conn = conn
-        self.pipelined = pipelines(conn)
-        self.batched = not self.pipelined and batches(conn)
+        # Worked out once for all of its statements: whether they are observed, and the
+        # dialect and schema their compiled forms are kept under (`driver_sql`).
+        options = conn.get_execution_options()
+        translate = options.get("schema_translate_map")
+        self._where = (conn.dialect, None if translate is None else schema_key(translate))
+        self.watched = watched = observed(conn, options)
+        """Whether its statements run through SQLAlchemy's execution (`observed`)."""
+        if line is None:
+            self.pipelined = not watched and pipelines(conn)
+            self._dbapi: Any = None if watched else conn.connection.dbapi_connection
+        else:
+            self.pipelined = line.impl.pipelined and not watched and pipelines(conn)
+            self._dbapi = None if watched else line.dbapi
+        """The DB-API connection the statements run on (`run_on`); None: through `run`."""
+        self.batched = not self.pipelined and not watched and batches(conn)
         """MariaDB: `send` sends what is queued as one multi-statement packet (the dialect's
-        `send_batch`); the COMMIT stays the transaction's end."""
+        `send_batch`), and `commit` the COMMIT in the last."""
         self._queue: list[tuple[str, Any, bool]] = []
         self._ran: list[Ran] = []
         self._then: list[Callable[[Sequence[Ran]], None]] = []
@@ -174,12 +204,16 @@ class Flight:
     def add(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Queue (or run) `stmt` once with `params`; its index in `send`'s results."""
         params = params or {}
-        sql, getter = driver_sql(self.conn, stmt, tuple(params))
+        keys = tuple(params)
+        hit = COMPILED.get((stmt, keys, *self._where))
+        sql, getter = driver_sql(self.conn, stmt, keys) if hit is None else hit
         return self._add(sql, params if getter is None else getter(params), False)
 
     def add_many(self, stmt: Statement, rows: Sequence[Mapping[str, Any]]) -> int:
         """Queue (or run) `stmt` once per row as one executemany; its index in `send`'s."""
-        sql, getter = driver_sql(self.conn, stmt, tuple(rows[0]))
+        keys = tuple(rows[0])
+        hit = COMPILED.get((stmt, keys, *self._where))
+        sql, getter = driver_sql(self.conn, stmt, keys) if hit is None else hit
         return self._add(sql, rows if getter is None else [getter(r) for r in rows], True)
 
     def add_in(self, stmt: Select[Any] | Update | Delete, ids: Sequence[Any]) -> int:
@@ -200,15 +234,24 @@ class Flight:
         what is queued: a bulk insert must not overtake the statements added before it (a
         new task takes the key a transition before it released)."""
         self.send()
+        if self._dbapi is not None and not self.pipelined and not dialect_of(self.conn).copies:
+            self.add_many(stmt, rows)  # the driver's executemany, as `insert_many` runs it
+            return
         insert_many(self.conn, stmt, rows)
 
     def _add(self, sql: str, params: Any, many: bool) -> int:
-        index = len(self._ran) + len(self._queue)
+        ran = self._ran
         if self.pipelined or self.batched:
+            index = len(ran) + len(self._queue)
             self._queue.append((sql, params, many))
-        else:
+        else:  # nothing is ever queued
+            index = len(ran)
+            dbapi = self._dbapi
             try:
-                self._ran.append(run(self.conn, sql, params, many=many))
+                if dbapi is None:
+                    ran.append(run(self.conn, sql, params, many=many))
+                else:
+                    ran.append(run_on(self.conn, dbapi, sql, params, many))
             except sa_exc.DBAPIError:
                 self.failed = index
                 raise

@@ -76,7 +76,9 @@ class Watchdog:
     _SWEEP: Final = 1024
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        """Waits and wakes on `_lock`; a plain `with self._lock` costs a commit no calls."""
         self._heap: list[tuple[float, int, Deadline]] = []
         self._order = itertools.count()
         self._settled = 0
@@ -85,7 +87,8 @@ class Watchdog:
 
     def _forked(self) -> None:
         # A forked child has none of the parent's threads: start afresh on first use.
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap = []
         self._settled = 0
         self._thread = None
@@ -93,7 +96,7 @@ class Watchdog:
     def arm(self, seconds: float, interrupt: Callable[[], None] | None) -> Deadline:
         """A deadline `seconds` from now; `interrupt` (None: nothing to call) when it passes."""
         deadline = Deadline(time.monotonic() + seconds, interrupt)
-        with self._cond:
+        with self._lock:
             earlier = not self._heap or deadline.at < self._heap[0][0]
             heapq.heappush(self._heap, (deadline.at, next(self._order), deadline))
             if self._thread is None:
@@ -108,7 +111,7 @@ class Watchdog:
     def bind(self, deadline: Deadline, interrupt: Callable[[], None] | None) -> None:
         """From now on `interrupt` stops `deadline`'s operation (its connection changed);
         called at once if the deadline passed already."""
-        with self._cond:
+        with self._lock:
             if not deadline.fired:
                 deadline.interrupt = interrupt
                 return
@@ -119,7 +122,7 @@ class Watchdog:
         """The operation ended: True if its deadline had passed first (it was interrupted,
         or is being: its connection must not be used again). Once an interrupt under way
         has returned, so that it never reaches a socket the caller closes after this. Idempotent."""
-        with self._cond:
+        with self._lock:
             if deadline.fired:
                 while deadline.interrupting:
                     self._cond.wait()
@@ -196,8 +199,9 @@ class bounded:  # lower case: used as a function, `with bounded(seconds) as dead
 
     def __exit__(self, *exc: object) -> None:
         _BOUND.reset(self._token)
-        if self.deadline is not None:
-            WATCHDOG.settle(self.deadline)
+        deadline = self.deadline
+        if deadline is not None and not deadline.settled:  # a commit settles its own
+            WATCHDOG.settle(deadline)
 
 
 def current_bound() -> Deadline | None:

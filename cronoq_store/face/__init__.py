@@ -327,11 +327,9 @@ class Face(Generic[E, K, C, H]):
             numbers = self._leadership.begin_commit(epoch)
         if numbers is None:
             raise Fenced(f"epoch {epoch} does not lead")
-        # A batch's rows are all kept until written: collector passes meanwhile find no garbage.
-        with execution.collection_paused():
-            folded = folding.fold(
-                base, self._now(), batch, self._inbox_specs, max_payload=self._max_payload
-            )
+        folded = folding.fold(
+            base, self._now(), batch, self._inbox_specs, max_payload=self._max_payload
+        )
         # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
         # that as "no id left below 2**63").
         next_id = min(max(folded.inserts, default=-1) + 1, INT64_MAX)
@@ -352,16 +350,21 @@ class Face(Generic[E, K, C, H]):
     ) -> Steps[None]:
         """`commit`: the batch folded (`_commit_plan`), then its one transaction
         (`transactions.commit`). Landed, its fence check extended the lease: a renewal. A
-        fenced one steps down; one that found the database behind records the gap first."""
+        fenced one steps down; one that found the database behind records the gap first.
+
+        The collector is paused from the fold to the COMMIT (`execution.collection_paused`):
+        a batch's rows are all kept until written, so its passes would find no garbage."""
         with self._telemetry.commit(epoch, batch):
-            c = self._commit_plan(epoch, base, batch, outputs)
+            c = None
             try:
-                yield c
-            except DatabaseBehind as exc:
-                yield from self._recording_lost(exc)
-                yield partial(self._lose, exc, about=epoch)
-                raise exc
-            except Fenced as exc:
+                with execution.collection_paused():
+                    c = self._commit_plan(epoch, base, batch, outputs)
+                    yield c
+            except (DatabaseBehind, Fenced) as exc:
+                if c is None:  # refused before any I/O: this epoch does not lead
+                    raise
+                if isinstance(exc, DatabaseBehind):
+                    yield from self._recording_lost(exc)
                 yield partial(self._lose, exc, about=epoch)
                 raise exc
             with self._lock:

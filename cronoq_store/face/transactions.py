@@ -20,7 +20,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
-from .. import dialects, execution, lease
+from .. import compat, dialects, execution, lease
 from ..config import StoreConfig
 from ..errors import Fenced, StoreError, StoreUnavailable
 from ..model import TaskId, TimeBase
@@ -188,7 +188,11 @@ first (two more)."""
 
 def commit_lock_bound(config: StoreConfig) -> timedelta:
     """How long a commit's statement may wait for a lock: a third of `lease_ttl` -
-    `lease_renew`, or `commit_timeout` if shorter.
+    `lease_renew`, or `LOCK_SHARE` of `commit_timeout` if shorter.
+
+    Under `commit_timeout`, so the server gives up a blocked statement before the deadline
+    cuts the session off: where the COMMIT rides in the flight behind it (PostgreSQL), the
+    server fails the flight and the commit is rolled back, not of unknown outcome.
 
     A commit holds the lease row from its fence check on, so a renewal that starts meanwhile
     waits for it; a commit waiting on a table lock (a migration's ALTER TABLE queued on the
@@ -200,7 +204,12 @@ def commit_lock_bound(config: StoreConfig) -> timedelta:
     the stalled commit fails with `StoreUnavailable` (rolled back: retry it). MariaDB counts
     lock waits in whole seconds (rounded down, at least 1): there, keep `lease_ttl` at
     least `lease_renew` + 3 s."""
-    return min(config.commit_timeout, (config.lease_ttl - config.lease_renew) / 3)
+    return min(config.commit_timeout * LOCK_SHARE, (config.lease_ttl - config.lease_renew) / 3)
+
+
+LOCK_SHARE: Final = 0.8
+"""The share of `commit_timeout` a commit's statement may wait for a lock
+(`commit_lock_bound`): the rest is the server's answer's way back."""
 
 
 def transaction(
@@ -370,19 +379,23 @@ def commit(
     if armed is None and tx.deadline is not None:  # not armed before connecting: arm it here
         with execution.bounded(tx.deadline.total_seconds()) as own:
             return commit(conn, c, tx, own, optimistic=optimistic)
+    line = dialects.line_of(conn)  # worked out once per connection: kept on it
     if armed is not None:
-        execution.WATCHDOG.bind(armed, dialects.interrupter(conn))
-    info = conn.info  # kept: once invalidated, `conn.info` would connect again
+        execution.WATCHDOG.bind(armed, line.interrupter)
+    info = line.info
     info.pop(execution.COMMIT_SENT, None)
     committing = False
     fence_at = -1
     guard = writing.RevivalGuard() if optimistic else None
+    flight = execution.Flight(conn, line)  # no I/O yet: how its statements run, worked out
     try:
-        with conn.begin(), execution.collection_paused():
-            flight = execution.Flight(conn)
-            first = dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, defer=True, lock=tx.lock)
-            if first is not None:
-                flight.add(*first)
+        with _opened(conn, flight, c.folded, line):  # the collector paused (`Face._committing`)
+            if line.impl.server:  # a file has nothing to bound (`dialects.bound`)
+                first = line.impl.bound(
+                    conn, idle=tx.idle, timeout=tx.timeout, idle_too=True, defer=True, lock=tx.lock
+                )
+                if first is not None:
+                    flight.add(*first)
             if flight.defers:  # pipelined, or batched (MariaDB)
                 params = {
                     "b_epoch": c.epoch,
@@ -395,7 +408,7 @@ def commit(
                 fence_at = flight.add(lease.fence_or_fail_stmt(), params)
             elif not lease.fence(
                 conn, epoch=c.epoch, holder=c.holder, next_id=c.next_id, ttl_ns=c.ttl_ns,
-                seq=c.seq, acked=c.acked,
+                seq=c.seq, acked=c.acked, flight=flight,
             ):  # fmt: skip
                 raise Fenced(lease.FENCED.format(epoch=c.epoch))
             writing.write(conn, c.base, c.folded, c.outputs, flight, guard)
@@ -405,7 +418,7 @@ def commit(
                     f"the transaction did not finish within {tx.deadline}; rolled back"
                 )
             committing = True
-        dialects.committed(conn)
+        info[dialects.COMMITTED] = True  # nothing left for the pool to roll back
     except BaseException as exc:
         if guard is not None and guard.failed(exc):
             return _revived_again(conn, c, tx, armed)
@@ -424,6 +437,78 @@ def _revived_again(conn: Connection, c: Commit, tx: Tx, armed: execution.Deadlin
     nothing written): commit the batch again, the way that restores revived tasks' rows,
     under the same deadline."""
     commit(conn, c, tx, armed, optimistic=False)
+
+
+def _opened(
+    conn: Connection, flight: execution.Flight, folded: folding.Folded, line: dialects.Line
+) -> contextlib.AbstractContextManager[Any]:
+    """The commit's transaction: SQLAlchemy's (`Connection.begin`), or, where nothing but the
+    store would see the difference, the driver's own (`_Driven`): no listener of the engine's
+    but the store's own `begin` (`dialects.STORE_BEGIN`), no statement through SQLAlchemy's
+    execution (`Flight.watched`; a recurring schedule's `conn.execute`; an IN list of more
+    than `execution.SMALL_IN` ids), no transaction open: a small commit's case, where
+    SQLAlchemy's bookkeeping of a transaction cost a batch-1 commit 10 us of CPU."""
+    small = execution.SMALL_IN
+    if (
+        flight.watched
+        or folded.recurring
+        or len(folded.inserts) > small
+        or len(folded.updates) > small
+        or len(folded.inbox_taken) > small
+        or conn.in_transaction()
+    ):
+        return conn.begin()
+    found = compat.transaction_listeners(conn)
+    if found is None or found[1]:
+        return conn.begin()
+    begin: list[str] = []
+    for listener in found[0]:
+        sql = getattr(listener, dialects.STORE_BEGIN, None)
+        if sql is None:
+            return conn.begin()
+        begin.append(sql)
+    return _Driven(conn, begin, line.dbapi)
+
+
+class _Driven:
+    """A transaction on the DB-API connection, begun as SQLAlchemy's would be (what the store's
+    `begin` listener sends: SQLite's BEGIN IMMEDIATE; elsewhere the driver begins one itself),
+    and ended by the driver's `commit()`, or `rollback()` when the block raised (`_opened`)."""
+
+    __slots__ = ("_begin", "_conn", "_dbapi")
+
+    def __init__(self, conn: Connection, begin: list[str], dbapi: Any) -> None:
+        self._conn = conn
+        self._begin = begin
+        self._dbapi = dbapi
+
+    def __enter__(self) -> None:
+        for sql in self._begin:
+            execution.run_on(self._conn, self._dbapi, sql, None)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        conn = self._conn
+        if conn.in_transaction():  # SQLAlchemy began one after all: it ends with this one
+            if kind is None:
+                conn.commit()
+            else:
+                conn.rollback()
+        if kind is None:
+            try:
+                self._dbapi.commit()
+                return
+            except conn.dialect.loaded_dbapi.Error as error:
+                self._rollback()
+                raise compat.driver_error(conn, error, "COMMIT") from error
+        self._rollback()
+
+    def _rollback(self) -> None:
+        """Roll back, as SQLAlchemy's transaction would; a connection that cannot is lost (its
+        holder closes it), and the error that ended the block is what the caller sees."""
+        with contextlib.suppress(Exception):
+            self._dbapi.rollback()
 
 
 def _commit_error(

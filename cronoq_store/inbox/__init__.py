@@ -1,7 +1,9 @@
 """The inbox: apps enqueue task specs in their own transactions; the leader drains them.
 
 An app calls `enqueue(conn, spec)` on its own `Connection` or ORM `Session`, inside its own
-transaction: the row commits with the app's writes or not at all, and nothing here commits.
+transaction: the row commits with the app's writes or not at all, and nothing here commits;
+or on its `Engine`, when it has no transaction to join: then the enqueue is its own, committed
+(on PostgreSQL one autocommit statement).
 The leader reads the oldest rows (`SqlStore.read_inbox`), turns each into a task, and commits
 `InboxTaken` for it in the same fenced batch as its `Submitted`, so an item becomes at most one
 task and a fenced leader consumes nothing (see docs/guarantees.md).
@@ -16,7 +18,7 @@ enqueue: LISTEN on PostgreSQL, a poll elsewhere). Their names are all reachable 
 
 from __future__ import annotations
 
-__all__ = ["enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
+__all__ = ["EnqueueOptions", "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
 
 from .draining import Read as Read
 from .draining import check_after as check_after
@@ -26,6 +28,7 @@ from .draining import has_items as has_items
 from .draining import read as read
 from .draining import set_aside as set_aside
 from .enqueuing import MAX_PAYLOAD_SETTING as MAX_PAYLOAD_SETTING
+from .enqueuing import EnqueueOptions as EnqueueOptions
 from .enqueuing import arrays as arrays
 from .enqueuing import enqueue as enqueue
 from .enqueuing import enqueue_async as enqueue_async

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypedDict, Unpack
 
 from sqlalchemy import (
     Connection,
+    Engine,
     Insert,
     Table,
 )
@@ -34,7 +35,7 @@ from .statements import (
 )
 
 if TYPE_CHECKING:  # sync users never import the asyncio extension
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 log = logging.getLogger("cronoq_store.inbox")  # the package's, as before its split
 
@@ -76,11 +77,12 @@ def _rows(specs: Iterable[TaskSpec], max_payload: int | None) -> list[dict[str, 
     ):
         raise InvalidValue("max_payload_bytes must be a positive int or None")
     rows = []
-    for i, spec in enumerate(specs):
-        if not isinstance(spec, TaskSpec):
-            raise InvalidValue(f"specs[{i}] must be a TaskSpec, not {type(spec).__name__}")
-        check_payload(spec.payload, max_payload, MAX_PAYLOAD_SETTING)
-        rows.append(codec.spec_columns(UNIX, spec))
+    with execution.collection_paused():  # every row is kept until written
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, TaskSpec):
+                raise InvalidValue(f"specs[{i}] must be a TaskSpec, not {type(spec).__name__}")
+            check_payload(spec.payload, max_payload, MAX_PAYLOAD_SETTING)
+            rows.append(codec.spec_columns(UNIX, spec))
     return rows
 
 
@@ -125,7 +127,7 @@ def _write(
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
             # On the driver's cursor (`execution.run`): SQLAlchemy's result fetched the ids
             # a row at a time, a sixth of a 1000-row enqueue's CPU.
-            got = [row[0] for row in execution.run(conn, sql, {**params, **columns}).rows]
+            got = [row[0] for row in _run_arrays(conn, sql, {**params, **columns})]
         else:
             result = conn.execute(
                 insert_many_stmt(notify=notify), columns, execution_options=options
@@ -171,35 +173,75 @@ _BEGIN: Final = ("BEGIN", None, False)
 
 
 def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
-    """The rows of `stmt` run once with `params` (`execution.run_stmt`). Where it opens the
-    app's transaction on sync psycopg (`execution.pipelines`: nothing observes it), its BEGIN
-    leaves with it in one flight (`wire`): psycopg's own BEGIN is a round trip of its own, so
-    an enqueue that opens the transaction costs the app no round trip of its own."""
-    if not _opens(conn):
+    """The rows of `stmt` run once with `params`: on the cursor (`execution.run_stmt`), or in
+    a flight (`_flight`)."""
+    begin = _flies(conn)
+    if begin is None:
         return execution.run_stmt(conn, stmt, params).rows
+    sql, getter = execution.driver_sql(conn, stmt, tuple(params))
+    return _flight(conn, sql, params if getter is None else getter(params), begin=begin)
+
+
+def _run_arrays(conn: Connection, sql: str, params: Mapping[str, Any]) -> Sequence[Any]:
+    """The rows of `insert_many_stmt`'s driver SQL (`_binary`): on the cursor
+    (`execution.run`), or in a flight (`_flight`)."""
+    begin = _flies(conn)
+    if begin is None:
+        return execution.run(conn, sql, params).rows
+    return _flight(conn, sql, params, begin=begin)
+
+
+def _flies(conn: Connection) -> bool | None:
+    """Whether an enqueue's statement goes in a `wire` flight on sync psycopg
+    (`execution.pipelines`: nothing observes it), and with a BEGIN: True where it opens the
+    app's transaction (`_opens`), False on a connection in autocommit (`_standalone`'s, or
+    an app's: the statement is its own transaction); None: on the cursor, in a transaction
+    already open or begun as psycopg begins it."""
+    if not execution.pipelines(conn):
+        return None
+    if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+        return False
+    return True if _opens(conn) else None
+
+
+def _flight(conn: Connection, sql: str, values: Any, *, begin: bool) -> Sequence[Any]:
+    """The rows of driver SQL `sql` sent in one flight (`wire`), after a BEGIN where it opens
+    the app's transaction: psycopg's own BEGIN is a round trip of its own, so an enqueue that
+    opens the transaction costs the app no round trip of its own."""
     from .. import wire  # psycopg's: only a pipelined connection comes here
 
-    sql, getter = execution.driver_sql(conn, stmt, tuple(params))
-    values = params if getter is None else getter(params)
     driver: Any = conn.connection.dbapi_connection
     if driver.prepare_threshold is not None:
         # Prepared once, as psycopg would from its fifth use: planned anew each time, a
         # one-row enqueue cost the server more than the round trip saved. An app behind a
         # transaction pooler turns psycopg's off (`prepare_threshold=None`): then so is this.
         wire.prepare_on(driver)
+    statements = [_BEGIN, (sql, values, False)] if begin else [(sql, values, False)]
     try:
         try:
-            answers = wire.run(driver, [_BEGIN, (sql, values, False)])
+            try:
+                answers = wire.run(driver, statements)
+            except wire.Failed as failed:
+                if begin or getattr(failed.error, "sqlstate", None) != _NO_SUCH_STATEMENT:
+                    raise
+                # Alone, it ran nowhere: the server had lost what `wire` prepared on this
+                # connection (an app's DEALLOCATE, psycopg's after a rollback), which `wire`
+                # now prepares anew. (With a BEGIN, `wire.run` itself sends it again.)
+                answers = wire.run(driver, statements)
         except wire.Failed as failed:
             raise failed.error from None
     except conn.dialect.loaded_dbapi.Error as exc:
         raise compat.driver_error(conn, exc, sql) from exc
-    return answers[1][1]
+    return answers[-1][1]
+
+
+_NO_SUCH_STATEMENT: Final = "26000"
+"""PostgreSQL's invalid_sql_statement_name: a prepared statement the server does not have."""
 
 
 def _opens(conn: Connection) -> bool:
     """Whether a statement now opens `conn`'s transaction on sync psycopg, whose BEGIN can
-    then leave with it (`_run_opening`; `execution.pipelines`: nothing observes it)."""
+    then leave with it (`_flight`; `execution.pipelines`: nothing observes it)."""
     if not execution.pipelines(conn):
         return False
     driver: Any = conn.connection.dbapi_connection
@@ -234,9 +276,14 @@ def _write_or_explain(
     conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
     """`_write`, its driver errors translated: where the inbox table is not, a `SchemaError`
-    naming the schema searched and `schema=` (an app's usual slip is to leave it out)."""
+    naming the schema searched and `schema=` (an app's usual slip is to leave it out).
+
+    The collector is paused meanwhile (`execution.collection_paused`): the arrays and the
+    dumped parameters are kept until sent, and in an app's large heap a full collection
+    that a 1000-row enqueue_many set off cost 47 ms, more than the call itself."""
     try:
-        return _write(conn, rows, options, notify=notify)
+        with execution.collection_paused():
+            return _write(conn, rows, options, notify=notify)
     except sa_exc.DBAPIError as exc:
         if not dialects.missing_table(exc):
             raise dialects.translate(exc) from exc
@@ -275,38 +322,78 @@ def _connection(conn: Connection | Session) -> Connection:
         return conn.connection()  # joins (or begins) the session's transaction
     if isinstance(conn, Connection):
         return conn
-    raise InvalidValue(f"enqueue needs a Connection or Session, not {type(conn).__name__}")
+    raise InvalidValue(f"enqueue needs a Connection, Session or Engine, not {type(conn).__name__}")
+
+
+def _standalone(
+    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+) -> list[int]:
+    """`_write_or_explain` in a transaction of its own on `conn`, fresh from an engine,
+    committed before it returns. On PostgreSQL every enqueue is one statement (its
+    notification in it), atomic by itself: run in autocommit (on sync psycopg in a flight of
+    its own, `_flies`), it is one round trip where the app's BEGIN, INSERT and COMMIT are
+    three (psycopg) and a peer's job one. Elsewhere the statement and a COMMIT."""
+    if dialects.dialect_of(conn).notifies:
+        conn.execution_options(isolation_level="AUTOCOMMIT")  # reset when conn goes back
+        return _write_or_explain(conn, rows, options, notify=notify)
+    with conn.begin():
+        return _write_or_explain(conn, rows, options, notify=notify)
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The keyword arguments of `enqueue`, `enqueue_many` and their asyncio twins: each
+    optional, its default in brackets."""
+
+    schema: str | None
+    """The PostgreSQL schema (MySQL database) of the store's tables, if any: the store's
+    `StoreConfig.schema` [None]."""
+    notify: bool
+    """PostgreSQL: wake a listening leader when the transaction commits [True]."""
+    max_payload_bytes: int | None
+    """The longest payload accepted (`InvalidValue` past it): the store's
+    `StoreConfig.max_payload_bytes` [16 MiB]; None accepts any."""
+
+
+def _prepared(
+    specs: Iterable[TaskSpec],
+    *,
+    schema: str | None = None,
+    notify: object = True,
+    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+) -> tuple[list[dict[str, Any]], Mapping[str, Any], bool]:
+    """The rows of `specs`, the execution options for `schema`, and `notify`, each checked
+    (`InvalidValue`) before anything is written; an unknown option is a `TypeError`, as a
+    keyword argument no signature names."""
+    if not isinstance(notify, bool):
+        raise InvalidValue(f"notify must be a bool, not {type(notify).__name__}")
+    return _rows(specs, max_payload_bytes), _options(schema), notify
 
 
 def enqueue(
-    conn: Connection | Session,
-    spec: TaskSpec,
-    *,
-    schema: str | None = None,
-    notify: bool = True,
-    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+    conn: Connection | Session | Engine, spec: TaskSpec, **options: Unpack[EnqueueOptions]
 ) -> int:
     """Write `spec` into the inbox in the caller's transaction.
 
     Never commits: the item exists once the caller's transaction commits, and a rollback leaves
-    no trace.
+    no trace. Given an `Engine` instead (no transaction of the app's to join), it writes the
+    item in a transaction of its own, committed before it returns: on PostgreSQL one
+    autocommit statement, one round trip.
 
-    PostgreSQL: the transaction also notifies a listening leader when it commits, unless not
-    `notify`. A notifying commit holds a database-wide lock through its WAL flush, so where
-    commits are slow such commits run one at a time (docs/tuning.md, "Waking the leader").
-    Without it the leader finds the item by its probe: every `StoreConfig.inbox_poll` when it
-    polls (`inbox_listen=False`, or `transaction_pooler=True`, behind which no notification
-    arrives anyway); within `SLOW_CHECK_S` if it listens.
+    PostgreSQL: the transaction also notifies a listening leader when it commits, unless
+    `notify=False`. A notifying commit holds a database-wide lock through its WAL flush, so
+    where commits are slow such commits run one at a time (docs/tuning.md, "Waking the
+    leader"). Without it the leader finds the item by its probe: every
+    `StoreConfig.inbox_poll` when it polls (`inbox_listen=False`, or `transaction_pooler=True`,
+    behind which no notification arrives anyway); within `SLOW_CHECK_S` if it listens.
 
     Args:
-        conn: The app's `Connection`, or its ORM `Session` (its transaction is joined).
+        conn: The app's `Connection`, or its ORM `Session` (its transaction is joined), or
+            an `Engine` (a connection of its own, committed).
         spec: The task to create once a leader drains the inbox.
-        schema: The PostgreSQL schema (MySQL database) of the store's tables, if any: the
-            store's `StoreConfig.schema`.
-        notify: PostgreSQL: wake a listening leader when the transaction commits (above).
-        max_payload_bytes: The longest payload accepted (`InvalidValue` past it): the
-            store's `StoreConfig.max_payload_bytes` (16 MiB by default), whose leader sets
-            aside an item longer than its own; None accepts any.
+        options: `schema` (the store's `StoreConfig.schema`), `notify` (PostgreSQL: wake
+            a listening leader on commit, above) and `max_payload_bytes` (the store's
+            `StoreConfig.max_payload_bytes`, whose leader sets aside an item longer than its
+            own; None accepts any): `EnqueueOptions`.
 
     Returns:
         The item's inbox id.
@@ -318,30 +405,25 @@ def enqueue(
         SchemaError: No cronoq inbox table where the statement looked: the message names
             the schema searched (usually a store in a schema and no `schema=`).
         StoreUnavailable: The database could not be reached (the caller's transaction
-            is then the caller's to roll back).
+            is then the caller's to roll back; an `Engine`'s is rolled back).
         StoreError: Anything else the database refused; never a driver exception.
     """
-    return enqueue_many(
-        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
-    )[0]
+    return enqueue_many(conn, [spec], **options)[0]
 
 
 def enqueue_many(
-    conn: Connection | Session,
+    conn: Connection | Session | Engine,
     specs: Iterable[TaskSpec],
-    *,
-    schema: str | None = None,
-    notify: bool = True,
-    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
-    """`enqueue` for several specs at once (all or none), in the caller's transaction.
+    """`enqueue` for several specs at once (all or none), in the caller's transaction (or,
+    given an `Engine`, in one of its own, committed: on PostgreSQL one round trip).
 
     Args:
-        conn: The app's `Connection`, or its ORM `Session`.
+        conn: The app's `Connection`, or its ORM `Session`, or an `Engine`.
         specs: The tasks, in order.
-        schema: As for `enqueue` (the store's `StoreConfig.schema`).
-        notify: As for `enqueue`: one notification for them all.
-        max_payload_bytes: As for `enqueue`, for each spec.
+        options: As for `enqueue` (one notification for them all; `max_payload_bytes`
+            for each spec).
 
     Returns:
         Their inbox ids, in order.
@@ -352,33 +434,26 @@ def enqueue_many(
         StoreUnavailable: As for `enqueue`.
         StoreError: As for `enqueue`; never a driver exception.
     """
-    rows = _rows(specs, max_payload_bytes)
-    options = _options(schema)
-    return _write_or_explain(_connection(conn), rows, options, notify=_notify(notify))
-
-
-def _notify(notify: object) -> bool:
-    if not isinstance(notify, bool):
-        raise InvalidValue(f"notify must be a bool, not {type(notify).__name__}")
-    return notify
+    rows, settings, notify = _prepared(specs, **options)
+    if isinstance(conn, Engine):
+        with conn.connect() as own:
+            return _standalone(own, rows, settings, notify=notify)
+    return _write_or_explain(_connection(conn), rows, settings, notify=notify)
 
 
 async def enqueue_async(
-    conn: AsyncConnection | AsyncSession,
+    conn: AsyncConnection | AsyncSession | AsyncEngine,
     spec: TaskSpec,
-    *,
-    schema: str | None = None,
-    notify: bool = True,
-    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+    **options: Unpack[EnqueueOptions],
 ) -> int:
-    """`enqueue` awaited, on an asyncio `AsyncConnection` or `AsyncSession`.
+    """`enqueue` awaited, on an asyncio `AsyncConnection` or `AsyncSession` (or, as
+    `enqueue` on an `Engine`, an `AsyncEngine`: committed before it returns).
 
     Args:
-        conn: The app's `AsyncConnection`, or its `AsyncSession` (whose transaction it joins).
-        spec: As for `enqueue`, and so are the arguments below.
-        schema: The store's `StoreConfig.schema`, if any.
-        notify: Whether a listening leader wakes on the commit (PostgreSQL).
-        max_payload_bytes: The longest payload accepted.
+        conn: The app's `AsyncConnection`, or its `AsyncSession` (whose transaction it
+            joins), or an `AsyncEngine`.
+        spec: As for `enqueue`.
+        options: As for `enqueue` (`EnqueueOptions`).
 
     Returns:
         The item's inbox id.
@@ -387,29 +462,22 @@ async def enqueue_async(
         StoreError: Whatever `enqueue` raises, for the same reasons (`InvalidValue` also for
             a `conn` of another type; `SchemaError`, `StoreUnavailable`).
     """
-    ids = await enqueue_many_async(
-        conn, [spec], schema=schema, notify=notify, max_payload_bytes=max_payload_bytes
-    )
+    ids = await enqueue_many_async(conn, [spec], **options)
     return ids[0]
 
 
 async def enqueue_many_async(
-    conn: AsyncConnection | AsyncSession,
+    conn: AsyncConnection | AsyncSession | AsyncEngine,
     specs: Iterable[TaskSpec],
-    *,
-    schema: str | None = None,
-    notify: bool = True,
-    max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
-    """`enqueue_many` awaited: several specs (all or none) on an `AsyncConnection` or
-    `AsyncSession`, as `enqueue_async` writes one.
+    """`enqueue_many` awaited: several specs (all or none) on an `AsyncConnection`,
+    `AsyncSession` or `AsyncEngine`, as `enqueue_async` writes one.
 
     Args:
         conn: The app's asyncio connection or session, as for `enqueue_async`.
         specs: The tasks, in order.
-        schema: As for `enqueue_async`.
-        notify: As for `enqueue_async`.
-        max_payload_bytes: As for `enqueue_async`, for each spec.
+        options: As for `enqueue_many`.
 
     Returns:
         Their inbox ids, in order.
@@ -418,16 +486,17 @@ async def enqueue_many_async(
         StoreError: Whatever `enqueue_many` raises (`InvalidValue` also for a `conn` of
             another type).
     """
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-    rows = _rows(specs, max_payload_bytes)
-    options = _options(schema)
-    notify = _notify(notify)
+    rows, settings, notify = _prepared(specs, **options)
+    if isinstance(conn, AsyncEngine):
+        async with conn.connect() as own:
+            return await own.run_sync(lambda c: _standalone(c, rows, settings, notify=notify))
     if isinstance(conn, AsyncSession):
         conn = await conn.connection()
     if not isinstance(conn, AsyncConnection):
         raise InvalidValue(
-            f"enqueue_many_async needs an AsyncConnection or AsyncSession, "
+            f"enqueue_many_async needs an AsyncConnection, AsyncSession or AsyncEngine, "
             f"not {type(conn).__name__}"
         )
-    return await conn.run_sync(lambda c: _write_or_explain(c, rows, options, notify=notify))
+    return await conn.run_sync(lambda c: _write_or_explain(c, rows, settings, notify=notify))

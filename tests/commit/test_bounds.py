@@ -62,7 +62,8 @@ def test_commit_lock_bound_leaves_renewals_their_time() -> None:
         assert wait > timedelta(0)
         assert 2 * wait + config.lease_renew < config.lease_ttl
     short = StoreConfig(commit_timeout=timedelta(milliseconds=300))
-    assert face.commit_lock_bound(short) == timedelta(milliseconds=300)
+    # Under the timeout: the server gives a blocked statement up before the deadline does.
+    assert face.commit_lock_bound(short) == timedelta(milliseconds=240)
 
 
 def test_no_connect_is_started_past_the_bound(db_url: URL, dialect: str) -> None:

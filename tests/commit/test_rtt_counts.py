@@ -48,13 +48,13 @@ ROUND_TRIPS: dict[str, dict[str, int]] = {
         ACQUIRE: 2,
         RELEASE: 1,
         OPEN: 8,
-        ENQUEUE: 3,
+        ENQUEUE: 2,  # the app's BEGIN rides with the INSERT; its COMMIT
         RENEWAL: 1,
     },
     "mysql": {
         TRANSITION: 2,
         SUBMISSION: 1,
-        B100: 4,
+        B100: 3,
         ACQUIRE: 3,
         RELEASE: 1,
         OPEN: 13,

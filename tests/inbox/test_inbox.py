@@ -123,6 +123,44 @@ def test_enqueue_commits_with_the_callers_transaction(store: SqlStore, engine: E
     assert [i.inbox_id for i in store.read_inbox(after=more[0])] == more[1:]
 
 
+def test_an_enqueue_on_an_engine_commits_before_it_returns(store: SqlStore, engine: Engine) -> None:
+    """Given an `Engine` (no transaction of the app's to join), enqueue writes in one of its
+    own, committed when it returns; its connection goes back to the pool as it came, so the
+    app's next transaction on it still rolls back."""
+    first = enqueue(engine, rich_spec(1))
+    more = enqueue_many(engine, [TaskSpec(payload=b"x%d" % i) for i in range(3)])
+    quiet = enqueue(engine, TaskSpec(payload=b"q"), notify=False)
+    assert enqueue_many(engine, []) == []
+    with pytest.raises(InvalidValue):
+        enqueue_many(engine, [TaskSpec(payload=b"never"), "not a spec"])  # type: ignore[list-item]
+    with engine.connect() as conn:
+        enqueue(conn, TaskSpec(payload=b"rolled back"))
+        conn.rollback()
+    items = store.read_inbox()
+    assert [i.inbox_id for i in items] == [first, *more, quiet]
+    assert items[0].spec == rich_spec(1)
+    assert [i.spec.payload for i in items[1:]] == [b"x0", b"x1", b"x2", b"q"]
+
+
+def test_async_enqueue_on_an_engine(db_url: URL) -> None:
+    """`enqueue_async` / `enqueue_many_async` on an `AsyncEngine`: committed on return."""
+
+    async def main() -> list[int]:
+        app = create_async_engine(async_url(db_url))
+        try:
+            first = await enqueue_async(app, TaskSpec(payload=b"a"))
+            return [first, *await enqueue_many_async(app, [TaskSpec(payload=b"b")] * 2)]
+        finally:
+            await app.dispose()
+
+    SqlStore.open(db_url).close()
+    ids = asyncio.run(main())
+    with SqlStore.open(db_url) as store:
+        items = store.read_inbox()
+    assert [i.inbox_id for i in items] == ids
+    assert [i.spec.payload for i in items] == [b"a", b"b", b"b"]
+
+
 def test_invalid_specs_write_nothing(store: SqlStore, engine: Engine) -> None:
     with engine.begin() as conn:
         with pytest.raises(InvalidValue, match="pool"):

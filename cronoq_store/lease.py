@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+import typing
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -313,13 +314,18 @@ def take(
     rolled back with it.
 
     Pipelined (`execution.Flight`), the take, the probe and the COMMIT leave in one flight
-    (`_take_in_flight`); `idle_ns`, when given, is the transaction's idle bound, sent in that
-    flight (`dialects.bound`) by a caller that did not send it first.
+    (`_take_in_flight`); batched (MariaDB), the take and the probe in one packet, the COMMIT
+    in a second (`_take_in_batch`). `idle_ns`, when given, is the transaction's idle bound,
+    sent in that flight (`dialects.bound`) by a caller that did not send it first.
     """
     flight = _flight(conn, idle_ns)
     if flight.pipelined:
         return _take_in_flight(
             conn, flight, holder=holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last_epoch
+        )
+    if flight.batched:
+        return _take_in_batch(
+            flight, holder=holder, ttl_ns=ttl_ns, acked=acked, last_epoch=last_epoch
         )
     lock(conn)
     started = time.monotonic()
@@ -442,6 +448,55 @@ def _take_in_flight(
         return None
     epoch, seq, taken_at, _ok = ran[at].rows[0]
     waited = max(0, int(taken_at) - int(ran[locked].rows[0][1]))
+    started = min(time.monotonic(), sent + waited / 1e9)
+    return Lease(int(epoch), started, int(seq))
+
+
+@cache
+def lock_batch_stmt() -> Select[Any]:
+    """`lock_stmt`, with the database's clock when the statement began (MariaDB's
+    `UTC_TIMESTAMP()` is the statement's start: before any wait for the lock)."""
+    return select(leader.c.id, db_now_ns()).where(leader.c.id == 1).with_for_update()
+
+
+@cache
+def taken_stmt() -> Select[Any]:
+    """`epoch_stmt` and the expiry just written: read back after a take in its batch."""
+    return select(leader.c.epoch, leader.c.commit_seq, leader.c.expires_unix_ns).where(
+        leader.c.id == 1
+    )
+
+
+def _take_in_batch(
+    flight: execution.Flight, *, holder: str, ttl_ns: int, acked: int, last_epoch: int
+) -> Lease | None:
+    """`take` in two packets (MariaDB's multi-statement batches): the row's lock
+    (`lock_batch_stmt`), `take_stmt`, the row read back (`taken_stmt`), the probe
+    (`probe_if_taken_stmt`) and its removal; then, taken and not behind, the COMMIT. Behind
+    (`DatabaseBehind`) or not taken, the caller's transaction ends it, nothing of ours
+    written.
+
+    The lease runs from when the packet left plus, on the server's clock, the time from the
+    lock statement's start to the take's (the expiry written less `ttl_ns`), as in
+    `_take_in_flight`."""
+    name = f"cronoq:take-probe:{holder}"[: codec.NAME_MAX]
+    params = {"b_holder": holder, "b_name": name, "b_bytes": os.urandom(TAKE_PROBE_BYTES)}
+    locked = flight.add(lock_batch_stmt())
+    at = flight.add(take_stmt(), {"b_holder": holder, "b_ttl": ttl_ns})
+    row = flight.add(taken_stmt())
+    flight.add(probe_if_taken_stmt(), params)
+    flight.add(_probe_stmts()[1], {"b_name": name})
+    sent = time.monotonic()
+    ran = flight.send()
+    if not ran[locked].rows:
+        raise LeaderRowMissing()
+    if ran[at].rowcount != 1:
+        return None
+    epoch, seq, expires = ran[row].rows[0]
+    if int(seq) < acked:
+        raise _behind(int(seq), acked, last_epoch)
+    flight.commit()
+    waited = max(0, int(expires) - ttl_ns - int(ran[locked].rows[0][1]))
     started = min(time.monotonic(), sent + waited / 1e9)
     return Lease(int(epoch), started, int(seq))
 
@@ -591,9 +646,12 @@ def fence(
 def fence_or_fail_stmt() -> Select[Any]:
     """`fence_stmt` as a statement that fails (division by zero) when it matches nothing: in a
     `execution.Flight`, whose statements run without waiting for each answer, a fenced
-    commit's writes are then never run, and COMMIT cannot apply anything."""
+    commit's writes are then never run, and COMMIT cannot apply anything. MariaDB's form is
+    a compound statement that SIGNALs it (`dialects.FailsUnlessOne`)."""
     fenced = fence_stmt().returning(leader.c.id).cte("fence")
-    return select(literal(1, Integer) // func.count(fenced.c.id))
+    otherwise = select(literal(1, Integer) // func.count(fenced.c.id))
+    either = dialects.FailsUnlessOne(fence_stmt(), otherwise)
+    return typing.cast("Select[Any]", either)  # compiled as any statement (`driver_sql`)
 
 
 FENCED: Final = "epoch {epoch} was fenced off: another instance leads"
@@ -604,7 +662,9 @@ def fence_failed(exc: BaseException) -> bool:
     """Whether `exc`, raised by the statement `fence_or_fail_stmt` put in a flight, says the
     fence matched nothing (its division by zero): diagnose it (`diagnose`)."""
     orig = getattr(exc, "orig", None)
-    return getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO
+    if getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO:
+        return True
+    return getattr(orig, "args", ())[:1] == (dialects.FAILED_ERRNO,)  # PyMySQL's
 
 
 _DIVISION_BY_ZERO: Final = "22012"

@@ -121,6 +121,28 @@ class DefaultImpl:
         """Arrays can be sent in binary (psycopg's `%(name)b`): the inbox's many rows go as
         one array per column."""
 
+    def batches(self, conn: Connection) -> bool:
+        """Whether `conn` can send a flight's statements as one multi-statement packet
+        (`send_batch`, `execution.Flight`): MariaDB's."""
+        return False
+
+    def send_batch(
+        self, dbapi_connection: Any, queue: Sequence[Any], answers: list[Any], *, commit: bool
+    ) -> None:
+        """Send `queue` (sql, params, many) as one packet, and a COMMIT behind it if `commit`;
+        append each one's (rowcount, rows) to `answers`, raising the driver's error of the
+        first that failed."""
+        raise NotImplementedError
+
+    def ended_in_flight(self, dbapi_connection: Any) -> bool:
+        """Whether the transaction on `dbapi_connection` ended with a COMMIT `send_batch`
+        sent, nothing having run since."""
+        return False
+
+    def set_up_engine(self, engine: Engine) -> None:
+        """What a server engine the store owns needs of this database's on its connections
+        (`face.engines.new_engine`)."""
+
     def streaming_cursor(self, dbapi_connection: Any) -> Any | None:
         """A DB-API cursor of `dbapi_connection` that holds no more than a chunk of a result
         at a time (`execution.stream`); None where none is known (SQLAlchemy's result then)."""

@@ -81,6 +81,7 @@ __all__ = [
     "Flight",
     "Ran",
     "Watchdog",
+    "batches",
     "bound_connects",
     "bounded",
     "chunks",
@@ -113,11 +114,18 @@ def pipelines(conn: Connection) -> bool:
     return dialect_of(conn).pipelined and not observed(conn)
 
 
+def batches(conn: Connection) -> bool:
+    """Whether `conn` sends a flight's statements as one multi-statement packet (MariaDB on
+    PyMySQL: the dialect's `batches`), on the DB-API cursor (tests replace it as
+    `execution.batches`)."""
+    return not observed(conn) and dialect_of(conn).batches(conn)
+
+
 def ended(conn: Connection) -> bool:
     """Whether `conn`'s transaction has ended already: its COMMIT went in a flight
-    (`Flight.commit`). Only a pipelined connection can say yes."""
-    if not pipelines(conn):
-        return False
+    (`Flight.commit`). Only a pipelined or batched connection can say yes."""
+    if not pipelines(conn):  # batched: its last packet carried the COMMIT
+        return dialect_of(conn).ended_in_flight(conn.connection.dbapi_connection)
     dbapi_conn: Any = conn.connection.dbapi_connection
     return bool(dbapi_conn.info.transaction_status == _IDLE)
 
@@ -151,6 +159,7 @@ class Flight:
         "_ran",
         "_then",
         "_where",
+        "batched",
         "conn",
         "failed",
         "pipelined",
@@ -175,6 +184,9 @@ class Flight:
             self.pipelined = line.impl.pipelined and not watched and pipelines(conn)
             self._dbapi = None if watched else line.dbapi
         """The DB-API connection the statements run on (`run_on`); None: through `run`."""
+        self.batched = not self.pipelined and not watched and batches(conn)
+        """MariaDB: `send` sends what is queued as one multi-statement packet (the dialect's
+        `send_batch`), and `commit` the COMMIT in the last."""
         self._queue: list[tuple[str, Any, bool]] = []
         self._ran: list[Ran] = []
         self._then: list[Callable[[Sequence[Ran]], None]] = []
@@ -208,6 +220,7 @@ class Flight:
         """Queue (or run) `stmt` with its IN list bound to `ids` (`run_in`); its index."""
         if self.pipelined:  # psycopg: the list is one array parameter, as `run_in` binds it
             return self.add(in_as_any(stmt), {"ids": list(ids)})
+        self.send()  # batched: what is queued runs first
         index = len(self._ran)
         try:
             self._ran.append(run_in(self.conn, stmt, ids))
@@ -228,7 +241,7 @@ class Flight:
 
     def _add(self, sql: str, params: Any, many: bool) -> int:
         ran = self._ran
-        if self.pipelined:
+        if self.pipelined or self.batched:
             index = len(ran) + len(self._queue)
             self._queue.append((sql, params, many))
         else:  # nothing is ever queued
@@ -247,9 +260,18 @@ class Flight:
     def send(self) -> Sequence[Ran]:
         """Send what is queued and wait for the answers; every result so far, by index."""
         if self._queue:
-            self._send(commit=False)
+            if self.batched:
+                self._send_batch()
+            else:
+                self._send(commit=False)
             self._checked()
         return self._ran
+
+    @property
+    def defers(self) -> bool:
+        """Whether added statements wait for `send` (pipelined or batched): a check that
+        must stop the statements behind it fails the flight instead of being read."""
+        return self.pipelined or self.batched
 
     def commit(self) -> Sequence[Ran]:
         """`send`, and commit the transaction: pipelined, the COMMIT goes in the same flight,
@@ -259,12 +281,33 @@ class Flight:
         if self.pipelined:
             self._send(commit=True)
             self._checked()
+        elif self.batched:  # the COMMIT in the last packet; the driver's commit() skips
+            self.conn.info[COMMIT_SENT] = True
+            self._send_batch(commit=True)
+            self._checked()
         return self._ran
 
     def _checked(self) -> None:
         checks, self._then = self._then, []
         for check in checks:
             check(self._ran)
+
+    def _send_batch(self, *, commit: bool = False) -> None:
+        """Send what is queued in one multi-statement packet (`batched`), with the COMMIT
+        behind it if `commit`: the server runs them in order and stops at the first error,
+        which `send` raises."""
+        conn = self.conn
+        queue, self._queue = self._queue, []
+        answers: list[tuple[int, Sequence[Any]]] = []
+        dbapi_conn = conn.connection.dbapi_connection
+        try:
+            dialect_of(conn).send_batch(dbapi_conn, queue, answers, commit=commit)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            self.failed = len(self._ran) + len(answers)
+            sql, _, many = queue[len(answers)] if len(answers) < len(queue) else _COMMIT
+            raise compat.driver_error(conn, exc, sql, many=many) from exc
+        finally:
+            self._ran.extend(Ran(counted(count), rows) for count, rows in answers)
 
     def _send(self, *, commit: bool) -> None:
         from .. import wire  # psycopg's: only a pipelined connection comes here

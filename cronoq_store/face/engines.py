@@ -138,6 +138,7 @@ def new_engine(
             **dialects.pool_options(url),
             **dialects.class_of(url).engine_options(url),
         )
+        dialects.dialect_of(sync(engine)).set_up_engine(sync(engine))
         if dialects.dialect_of(sync(engine)).pipelined and _flights_prepare(config, connect_args):
             from .. import wire  # psycopg's
 

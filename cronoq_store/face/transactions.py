@@ -396,7 +396,7 @@ def commit(
                 )
                 if first is not None:
                     flight.add(*first)
-            if flight.pipelined:
+            if flight.defers:  # pipelined, or batched (MariaDB)
                 params = {
                     "b_epoch": c.epoch,
                     "b_holder": c.holder,

@@ -536,6 +536,8 @@ def _insert_one(
     ignoring = dialects.insert_ignoring(conn.dialect, tasks)
     if ignoring is None:
         at = flight.add(insert_if_absent_stmt(tuple(new)), new)
+        if not deps:
+            return True  # nothing waits on the answer (MariaDB's batch leaves with the COMMIT)
         return flight.send()[at].rowcount != 0
     at = flight.add(ignoring, new)
     if flight.pipelined and not deps:
@@ -604,7 +606,10 @@ def _write_recurring(
     flight: execution.Flight,
 ) -> None:
     """Recurring schedules, in batch order: pipelined, in the flight (an upsert is then one
-    statement, `recurring_upsert_stmt`); elsewhere each at once."""
+    statement, `recurring_upsert_stmt`); elsewhere each at once, after what is queued
+    (MariaDB's batch: the fence is answered first)."""
+    if not flight.pipelined:
+        flight.send()
     for m in changes:
         if isinstance(m, RecurringUpsert):
             name = codec.bounded("RecurringSpec.name", m.spec.name, codec.NAME_MAX)

@@ -1,11 +1,14 @@
 """Round trips per operation, pinned by count on every dialect (issue 41): what
 `cronoq-store bench --rtt` reports, counted, never timed.
 
-PostgreSQL: counted by the latency proxy (`cronoq_store.bench.proxy`, no delay), the client's
-Sync and simple Query messages, each answered by one ReadyForQuery it waits for. MariaDB: by
-the server, its session `Questions` counter on every connection the operation used. SQLite
-has no wire: its statements are pinned by `tests/test_round_trips.py` and the kit's
-statement tests.
+Counted by the latency proxy (`cronoq_store.bench.proxy`, no delay) on both servers.
+PostgreSQL: the client's Sync and simple Query messages, each answered by one ReadyForQuery it
+waits for. MariaDB: the client's command packets (COM_QUERY and the like), each answered
+before the next. Not the server's `Questions`: it counts each statement of a multi-statement
+packet (measured on MariaDB 10.11: a packet of `SELECT 1; SELECT 2; UPDATE ...` adds 3),
+where the store's flights send a commit's statements in one packet (`execution.Flight`,
+batched). SQLite has no wire: its statements are pinned by `tests/test_round_trips.py` and
+the kit's statement tests.
 
 The lease's and the open's counts are exact (a change either way should be seen and the
 table updated); the commit's and the enqueue's are ceilings, their own work elsewhere.
@@ -17,12 +20,10 @@ import json
 import socket
 import statistics
 import threading
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import URL, event
-from sqlalchemy.pool import Pool
+from sqlalchemy import URL
 
 from cronoq_store import SqlStore
 from cronoq_store.bench import bench
@@ -51,43 +52,17 @@ ROUND_TRIPS: dict[str, dict[str, int]] = {
         RENEWAL: 1,
     },
     "mysql": {
-        TRANSITION: 3,
-        SUBMISSION: 3,
-        B100: 4,
-        ACQUIRE: 10,
-        RELEASE: 2,
-        OPEN: 14,
+        TRANSITION: 2,
+        SUBMISSION: 1,
+        B100: 3,
+        ACQUIRE: 3,
+        RELEASE: 1,
+        OPEN: 13,
         ENQUEUE: 2,
-        RENEWAL: 2,
+        RENEWAL: 1,
     },
 }
 """Round trips of each operation (`cronoq_store.bench.rtt.OPERATIONS`), per dialect."""
-
-
-class Questions:
-    """MariaDB's own count of the statements clients sent (`Questions`), summed over every
-    session the pool opened since `start`; the reads of it are taken off."""
-
-    def __init__(self) -> None:
-        self.connections: list[Any] = []
-        self.last: dict[int, int] = {}
-        self.reads: dict[int, int] = {}
-
-    def connected(self, dbapi_conn: Any, _record: Any) -> None:
-        self.connections.append(dbapi_conn)
-
-    @property
-    def count(self) -> int:
-        for conn in self.connections:
-            if not conn.open:
-                continue  # closed: its last reading stands
-            key = id(conn)
-            with conn.cursor() as cursor:
-                cursor.execute("SHOW SESSION STATUS LIKE 'Questions'")
-                questions = int(cursor.fetchone()[1])
-            self.reads[key] = self.reads.get(key, 0) + 1
-            self.last[key] = questions - self.reads[key]  # each SHOW counts itself
-        return sum(self.last.values())
 
 
 @pytest.fixture
@@ -96,18 +71,9 @@ def tally(dialect: str, db_url: URL) -> dict[str, list[int]]:
     if dialect == "sqlite":
         pytest.skip("SQLite has no wire: no round trips (its statements: test_round_trips)")
     SqlStore.open(db_url, CONFIG).close()  # migrated, so `open` finds it at head
-    if dialect == "postgresql":
-        with proxied_url(db_url, delay=0) as (url, proxy):
-            side = Tally(proxy, 0)
-            store_round_trips(url, side, repeats=REPEATS)
-    else:
-        questions = Questions()
-        event.listen(Pool, "connect", questions.connected)
-        try:
-            side = Tally(questions, 0)
-            store_round_trips(db_url, side, repeats=REPEATS)
-        finally:
-            event.remove(Pool, "connect", questions.connected)
+    with proxied_url(db_url, delay=0) as (url, proxy):
+        side = Tally(proxy, 0)
+        store_round_trips(url, side, repeats=REPEATS)
     return side.counts
 
 

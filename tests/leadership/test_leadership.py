@@ -321,6 +321,12 @@ class Worker(threading.Thread):
         return self.result
 
 
+LOCK_POLL = 0.15
+"""How often a test asks `lock_waiters`: MariaDB refreshes `information_schema.innodb_trx`
+from a cache only once it has not been read for 0.1 s, so a poll every 10 ms never saw a
+commit that began waiting after the first poll."""
+
+
 def lock_waiters(admin: Engine, dialect: str) -> int:
     """Sessions of the test database waiting for a row lock."""
     with admin.connect() as conn:
@@ -364,6 +370,7 @@ def paused_first(
             lambda: second.done.is_set() or lock_waiters(admin, dialect) > 0,
             f"{second.name} to finish or to wait for {first.name}'s row lock",
             WAIT,
+            LOCK_POLL,
         )
         pause.go.set()
         first.outcome()
@@ -452,8 +459,10 @@ def test_race_harness_catches_a_plain_select_check(
         return bool(row.epoch == epoch and row.holder == holder)
 
     monkeypatch.setattr(lease, "fence", plain_select_fence)
-    # The fence runs as `lease.fence` (and can be replaced) where a commit is not pipelined.
+    # The fence runs as `lease.fence` (and can be replaced) where a commit is not pipelined
+    # nor batched.
     monkeypatch.setattr(execution, "pipelines", lambda _conn: False)
+    monkeypatch.setattr(execution, "batches", lambda _conn: False)  # nor batched (MariaDB)
     old = open_store(RACE)
     epoch = old.acquire_leadership(timeout=WAIT)
     outcome = race_commit_paused(old, epoch, engine, dialect, task_id=1)

@@ -85,7 +85,9 @@ def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
         if isinstance(target, ById):
             target_id, target_key = target.id, None
         else:
-            target_id, target_key = None, codec.clean(target.key)
+            target_id, target_key = None, target.key
+            if not (target_key.isascii() and "\x00" not in target_key):
+                target_key = codec.clean(target_key)
         rows.append(
             {"task_id": task_id, "ordinal": i, "target_id": target_id, "target_key": target_key}
         )

@@ -228,13 +228,12 @@ class RevivalGuard:
     revive and restores their dependency rows.
     """
 
-    __slots__ = ("at", "flight")
-
-    def __init__(self) -> None:
-        self.flight: execution.Flight | None = None
-        """The flight the guard statement went in; None while none was added."""
-        self.at = -1
-        """The guard statement's index in `flight`."""
+    # Class attributes as the defaults, not an `__init__`: every commit makes one (most never
+    # add the guard statement), and a constructor of its own would be a call.
+    flight: execution.Flight | None = None
+    """The flight the guard statement went in; None while none was added."""
+    at = -1
+    """The guard statement's index in `flight`."""
 
     def failed(self, exc: BaseException) -> bool:
         """Whether `exc` is the guard's failure: a revival, to commit again."""

@@ -250,8 +250,10 @@ class KeeperShell(Generic[R, L]):
         Wakes no one: it only moves what the keeper waits for later, never sooner, so a thread
         asleep until the old time wakes then and waits again. (Waking both threads after every
         commit cost two thread switches a commit.)"""
-        with self._guard:
-            self._core.renewed(started)
+        core = self._core
+        with self._guard:  # `Keeping.renewed`, inline: every landed commit comes here
+            if started + core.ttl > core.deadline:
+                core.deadline = started + core.ttl
 
     def _due(self, now: float) -> Wait | StepDown | None:
         """Act on the core's decision at `now` (call under `_guard`): start a renewal that is
@@ -355,7 +357,8 @@ class Leadership(Generic[K]):
         leads)."""
         if self.lost or epoch != self.epoch:  # `may_commit`, on every commit's path
             return None
-        self.acked = max(self.acked, seq)
+        if seq > self.acked:
+            self.acked = seq
         return self.keeper
 
     def detach(self) -> K | None:

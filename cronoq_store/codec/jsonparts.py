@@ -162,7 +162,10 @@ def deps_list(deps: tuple[Dep, ...], field: str) -> list[dict[str, Any]]:
                 raise InvalidValue(f"{field} id {target.id} is outside the 64-bit range")
             out.append({"id": target.id, "on": dep.on})
         else:
-            out.append({"key": bounded(field + " key", target.key, KEY_MAX), "on": dep.on})
+            key = target.key
+            if not (len(key) <= KEY_MAX and key.isascii() and "\x00" not in key):
+                key = bounded(field + " key", key, KEY_MAX)  # cleaned, or refused
+            out.append({"key": key, "on": dep.on})
     return out
 
 
@@ -204,7 +207,8 @@ def deps_from(obj: object, column: str = "deps") -> tuple[Dep, ...]:
 def encode_deps(deps: tuple[Dep, ...]) -> str:
     if not deps:
         return "[]"
-    return check_json_size("TaskSpec.deps", dumps_plain(deps_list(deps, "TaskSpec.deps")))
+    text = dumps_plain(deps_list(deps, "TaskSpec.deps"))
+    return text if len(text) <= JSON_MAX_CHARS else check_json_size("TaskSpec.deps", text)
 
 
 def decode_deps(text: str) -> tuple[Dep, ...]:
@@ -219,23 +223,20 @@ def str_map(column: str, obj: object, value_type: type) -> dict[str, Any]:
     return mapping
 
 
-def _is_clean_json(text: str) -> bool:
-    """Whether JSON text holds no NUL and no lone surrogate (its strings need no cleaning).
-
-    JSON escapes NUL as \\u0000, and with ensure_ascii off a lone surrogate stays a raw
-    character, so ASCII text without that escape is clean: one C-speed check instead of
-    cleaning every string before encoding (a false alarm only takes the slow path).
-    """
-    return text.isascii() and "\\u0000" not in text
+# Whether JSON text holds no NUL and no lone surrogate (its strings need no cleaning), checked
+# inline by each encoder below (`text.isascii() and "\\u0000" not in text`): JSON escapes NUL
+# as \u0000, and with ensure_ascii off a lone surrogate stays a raw character, so ASCII text
+# without that escape is clean: one C-speed check instead of cleaning every string before
+# encoding (a false alarm only takes the slow path), and no call of its own.
 
 
 def encode_resources(resources: Mapping[str, int]) -> str:
     if not resources:
         return "{}"
     text = dumps_plain(resources)
-    if not _is_clean_json(text):
+    if not (text.isascii() and "\\u0000" not in text):  # clean (see above)
         text = dumps_plain({clean(k): v for k, v in resources.items()})
-    return check_json_size("TaskSpec.resources", text)
+    return text if len(text) <= JSON_MAX_CHARS else check_json_size("TaskSpec.resources", text)
 
 
 def decode_resources(text: str) -> dict[str, int]:
@@ -251,9 +252,9 @@ def encode_tags(tags: frozenset[str]) -> str:
     if not tags:
         return "[]"
     text = dumps_plain(sorted(tags))
-    if not _is_clean_json(text):
+    if not (text.isascii() and "\\u0000" not in text):  # clean (see above)
         text = dumps_plain(sorted({clean(t) for t in tags}))
-    return check_json_size("TaskSpec.tags", text)
+    return text if len(text) <= JSON_MAX_CHARS else check_json_size("TaskSpec.tags", text)
 
 
 SHARED_TAGS_MAX: Final = 256
@@ -287,9 +288,9 @@ def encode_labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return "{}"
     text = dumps_plain(labels)
-    if not _is_clean_json(text):
+    if not (text.isascii() and "\\u0000" not in text):  # clean (see above)
         text = dumps_plain({clean(k): clean(v) for k, v in labels.items()})
-    return check_json_size("TaskSpec.labels", text)
+    return text if len(text) <= JSON_MAX_CHARS else check_json_size("TaskSpec.labels", text)
 
 
 def decode_labels(text: str) -> dict[str, str]:

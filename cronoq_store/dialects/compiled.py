@@ -90,15 +90,18 @@ def driver_sql(
 
 
 def _filled(own: Mapping[str, Any], then: Params | None) -> Params:
-    """`then` applied to a mapping with the statement's own binds filled in."""
+    """`then` applied to a mapping with the statement's own binds filled in (the mapping's
+    values win). Built as dict displays, not `update` calls: SQLite's fence fills its
+    `b_host_now` here on every commit."""
 
-    binds = tuple(own.items())
+    fixed = {n: b.value for n, b in own.items() if b.callable is None}
+    computed = tuple((n, b.callable) for n, b in own.items() if b.callable is not None)
 
     def params(row: Mapping[str, Any]) -> Any:
-        full: dict[str, Any] = {}
-        for n, b in binds:
-            full[n] = b.callable() if b.callable is not None else b.value
-        full.update(row)
+        full = {**fixed}
+        for n, fn in computed:
+            full[n] = fn()
+        full = {**full, **row}
         return full if then is None else then(full)
 
     return params

@@ -47,6 +47,9 @@ class Ran(NamedTuple):
     """The key the driver says the statement's row got, where asked for (`inserted_id`)."""
 
 
+_new: Final = tuple.__new__
+
+
 def counted(rowcount: int) -> int | None:
     """A DB-API rowcount, None for the -1 of a driver that cannot tell."""
     return None if rowcount < 0 else rowcount
@@ -115,7 +118,8 @@ def run_on(
             cursor.executemany(sql, params)
         rows = cursor.fetchall() if cursor.description is not None else []
         count = cursor.rowcount
-        return Ran(None if count < 0 else count, rows, cursor.lastrowid if last else None)
+        # `Ran(...)` calls its generated `__new__`, which calls tuple's: one call, not two.
+        return _new(Ran, (None if count < 0 else count, rows, cursor.lastrowid if last else None))
     except conn.dialect.loaded_dbapi.Error as exc:
         raise compat.driver_error(conn, exc, sql, cursor=cursor, many=many) from exc
     finally:

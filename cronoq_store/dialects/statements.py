@@ -78,7 +78,8 @@ class db_now_ns(FunctionElement[int]):
 
 
 def host_now_ns() -> int:
-    """The host's wall clock in Unix nanoseconds, read when a SQLite statement runs."""
+    """The host's wall clock in Unix nanoseconds, read when a SQLite statement runs (through
+    `time.time_ns` as the module holds it: a test skews the host's clock by replacing it)."""
     return time.time_ns()
 
 

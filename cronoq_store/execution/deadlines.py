@@ -5,7 +5,6 @@ bound (`Watchdog`, `bounded`), and a connect made within one is given what is le
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 import math
 import os
@@ -80,7 +79,8 @@ class Watchdog:
         self._cond = threading.Condition(self._lock)
         """Waits and wakes on `_lock`; a plain `with self._lock` costs a commit no calls."""
         self._heap: list[tuple[float, int, Deadline]] = []
-        self._order = itertools.count()
+        self._order = 0
+        """Ties between equal times broken by arming order (a Deadline has no order)."""
         self._settled = 0
         self._thread: threading.Thread | None = None
         os.register_at_fork(after_in_child=self._forked)
@@ -97,8 +97,10 @@ class Watchdog:
         """A deadline `seconds` from now; `interrupt` (None: nothing to call) when it passes."""
         deadline = Deadline(time.monotonic() + seconds, interrupt)
         with self._lock:
-            earlier = not self._heap or deadline.at < self._heap[0][0]
-            heapq.heappush(self._heap, (deadline.at, next(self._order), deadline))
+            heap = self._heap
+            earlier = not heap or deadline.at < heap[0][0]
+            self._order = order = self._order + 1  # a count, not `next(count)`: no call
+            heapq.heappush(heap, (deadline.at, order, deadline))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._watch, name="cronoq-deadline-watchdog", daemon=True

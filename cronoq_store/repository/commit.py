@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from functools import cache
+from functools import cache, partial
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -228,13 +228,12 @@ class RevivalGuard:
     revive and restores their dependency rows.
     """
 
-    __slots__ = ("at", "flight")
-
-    def __init__(self) -> None:
-        self.flight: execution.Flight | None = None
-        """The flight the guard statement went in; None while none was added."""
-        self.at = -1
-        """The guard statement's index in `flight`."""
+    # Class attributes as the defaults, not an `__init__`: every commit makes one (most never
+    # add the guard statement), and a constructor of its own would be a call.
+    flight: execution.Flight | None = None
+    """The flight the guard statement went in; None while none was added."""
+    at = -1
+    """The guard statement's index in `flight`."""
 
     def failed(self, exc: BaseException) -> bool:
         """Whether `exc` is the guard's failure: a revival, to commit again."""
@@ -270,13 +269,21 @@ def write(
     `RevivalGuard`), new tasks as one array per column (`insert_arrays_stmt`), inbox rows as
     one array, schedules by upserts; so a commit is one round trip, COMMIT included.
     """
-    inserts = _existing_dropped(conn, folded.inserts, flight)
-    pending: dict[int, bytes] = dict(outputs)
+    inserts = folded.inserts
+    if len(inserts) > 1 and not (flight.pipelined and len(inserts) <= ARRAY_ROWS):
+        inserts = _existing_dropped(conn, inserts, flight)
     if not flight.pipelined:
         guard = None
-    revived = _write_updates(conn, folded.updates, pending, flight, guard)
-    _write_inserts(conn, folded, inserts, revived, flight)
-    _write_outputs([(i, o) for i, o in outputs if i in pending], flight)
+    # Each phase is entered only when it has something to write: a batch-1 commit's calls
+    # are counted (`benchmarks/commit_calls.py`).
+    pending: dict[int, bytes] = dict(outputs) if outputs else {}
+    revived = _write_updates(conn, folded.updates, pending, flight, guard) if folded.updates else []
+    if inserts or revived:
+        _write_inserts(conn, folded, inserts, revived, flight)
+    if outputs:
+        rest = [(i, o) for i, o in outputs if i in pending]
+        if rest:
+            _write_outputs(rest, flight)
     if folded.inbox_taken:
         _write_inbox(folded.inbox_taken, flight)
     if folded.recurring:
@@ -286,7 +293,7 @@ def write(
 def _existing_dropped(
     conn: Connection, inserts: dict[int, dict[str, Any]], flight: execution.Flight
 ) -> dict[int, dict[str, Any]]:
-    """`inserts` without the tasks stored already, when there are more than one.
+    """`inserts` (more than one: `write` asks) without the tasks stored already.
 
     Insert or ignore: a task stored already (a replayed batch) keeps its
     row, and the transitions folded into its insert (its dependency rows too) are ignored
@@ -295,8 +302,6 @@ def _existing_dropped(
     ignores those stored (`insert_arrays_stmt`). More are looked up first, then loaded in one
     bulk statement (COPY).
     """
-    if len(inserts) < 2 or (flight.pipelined and len(inserts) <= ARRAY_ROWS):
-        return inserts  # one statement says it, or ignores them (`insert_arrays_stmt`)
     flight.send()
     existing: set[int] = set()
     low, high = min(inserts), max(inserts)
@@ -323,57 +328,79 @@ def _write_updates(
     from `pending`). Returns the dependency rows of revived tasks, to insert again: none
     with a `guard`, which fails the flight on a revival instead (`RevivalGuard`)."""
     revived: list[dict[str, Any]] = []
-    if not updates:
-        return revived
-    live: list[dict[str, Any]] = []
-    plain: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []  # without an output, in batch order
     with_output: list[dict[str, Any]] = []
+    finished: list[int] = []
+    live_count = 0
     for task_id, st in updates.items():
+        status = st.status
+        terminal = folding.IS_TERMINAL[status]
         params: dict[str, Any] = {
             "b_id": task_id,
-            "b_status": folding.STATUS_NAME[st.status],
-            "b_terminal": folding.IS_TERMINAL[st.status],
+            "b_status": folding.STATUS_NAME[status],
+            "b_terminal": terminal,
             "b_attempt": st.attempt,
             "b_at": st.at,
             "b_message": st.message,
         }
-        if st.status is TaskStatus.SUCCEEDED and task_id in pending:
+        if not terminal:
+            live_count += 1
+            rows.append(params)
+            continue
+        finished.append(task_id)
+        if status is TaskStatus.SUCCEEDED and task_id in pending:
             params["b_output"] = bytes(pending.pop(task_id))
             with_output.append(params)
         else:
-            plain.append(params)
-            if not params["b_terminal"]:
-                live.append(params)
+            rows.append(params)
     sent: list[int] = []
-    if live:
+    """The statements whose row counts nobody checked yet (`_warn_missing`)."""
+    matched = 0
+    """Rows known to have matched."""
+    plain = rows
+    if live_count:
         # A live transition of a task still live changes no live key: one statement for
         # all of them. Only when fewer rows matched than were sent can one be a revival.
-        at = flight.add_many(status_update_live_stmt(), live)
-        sent.append(at)
-        done = {p["b_id"] for p in live}
+        live = [p for p in rows if not p["b_terminal"]] if finished else rows
+        stmt = status_update_live_stmt()
+        at = flight.add(stmt, live[0]) if live_count == 1 else flight.add_many(stmt, live)
+        again: set[int] = set()  # revived: written again, by `status_update_stmt`
         if guard is not None:  # nothing waits: the guard fails the flight on a revival
-            at = flight.add(revival_guard_stmt(), {"ids": array_text(list(done))})
-            guard.flight, guard.at = flight, at
-        elif flight.send()[at].rowcount != len(live):
-            done -= _revive(conn, list(done), revived)
-        plain = [p for p in plain if p["b_id"] not in done]
-    sent += [
-        flight.add_many(stmt, rows)
-        for stmt, rows in ((status_update_stmt(), plain), (status_output_stmt(), with_output))
-        if rows
-    ]
-
-    def warn_missing(ran: Sequence[execution.Ran]) -> None:
-        matched = [ran[i].rowcount for i in sent]
-        missing = len(updates) - sum(c for c in matched if c is not None)
-        if None not in matched and missing > 0:
-            log.warning("status updates for %d tasks missing from the store (pruned?)", missing)
-
-    flight.then(warn_missing)  # only a log line: the statements need not wait for it
-    finished = [i for i, st in updates.items() if folding.IS_TERMINAL[st.status]]
-    for chunk in execution.chunks(finished):
-        flight.add_in(delete_deps_stmt(), chunk)
+            sent.append(at)
+            ids = array_text([p["b_id"] for p in live])
+            guard.flight, guard.at = flight, flight.add(revival_guard_stmt(), {"ids": ids})
+        elif flight.send()[at].rowcount == live_count:
+            matched = live_count
+        else:
+            sent.append(at)
+            again = _revive(conn, [p["b_id"] for p in live], revived)
+        if again:
+            plain = [p for p in rows if p["b_terminal"] or p["b_id"] in again]
+        else:
+            plain = [] if live is rows else [p for p in rows if p["b_terminal"]]
+    for stmt, batch in ((status_update_stmt(), plain), (status_output_stmt(), with_output)):
+        if batch:
+            sent.append(flight.add_many(stmt, batch))
+    if sent:  # only a log line: the statements need not wait for it
+        flight.then(partial(_warn_missing, sent, len(updates) - matched))
+    if finished:
+        if len(finished) <= execution.IN_CHUNK:
+            flight.add_in(delete_deps_stmt(), finished)
+        else:
+            for chunk in execution.chunks(finished):
+                flight.add_in(delete_deps_stmt(), chunk)
     return revived
+
+
+def _warn_missing(sent: Sequence[int], expected: int, ran: Sequence[execution.Ran]) -> None:
+    """Log the status updates that matched no row: of `expected` rows, the statements at the
+    indexes `sent` of `ran` matched fewer (unless the driver cannot tell)."""
+    counts = [ran[i].rowcount for i in sent]
+    if None in counts:
+        return
+    missing = expected - sum(c for c in counts if c is not None)
+    if missing > 0:
+        log.warning("status updates for %d tasks missing from the store (pruned?)", missing)
 
 
 FLIGHT_ROWS: Final = 8
@@ -397,7 +424,7 @@ def _write_inserts(
     """New tasks, and the dependency rows of those still live and of revived ones."""
     if len(inserts) == 1:
         (new,) = inserts.values()
-        deps = [] if new["terminal"] else folded.deps.get(new["id"], [])
+        deps = folded.deps.get(new["id"], []) if folded.deps and not new["terminal"] else []
         inserted = _insert_one(conn, new, deps, flight)
         # Stored already (nothing of it is written), or its rows went in the same statement.
         new_deps = [] if not inserted or flight.pipelined else deps

@@ -77,15 +77,6 @@ class Folded:
     """Inbox rows the batch removes (ordered, without repeats)."""
 
 
-def _status(base: TimeBase, m: StatusChanged) -> FoldedStatus:
-    return FoldedStatus(
-        status=m.status,
-        attempt=m.attempt,
-        at=codec.to_unix(base, m.at, "StatusChanged.at"),
-        message=codec.clean_opt(m.message),
-    )
-
-
 def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
     """The `cronoq_task_deps` rows of a live task's dependencies."""
     rows: list[dict[str, Any]] = []
@@ -94,7 +85,9 @@ def dep_rows(task_id: int, deps: Sequence[Dep]) -> list[dict[str, Any]]:
         if isinstance(target, ById):
             target_id, target_key = target.id, None
         else:
-            target_id, target_key = None, codec.clean(target.key)
+            target_id, target_key = None, target.key
+            if not (target_key.isascii() and "\x00" not in target_key):
+                target_key = codec.clean(target_key)
         rows.append(
             {"task_id": task_id, "ordinal": i, "target_id": target_id, "target_key": target_key}
         )
@@ -123,45 +116,80 @@ def fold(
 ) -> Folded:
     """Fold `batch`; refuses (`InvalidValue`) anything that cannot be stored, before any write,
     a payload longer than `max_payload` included (`StoreConfig.max_payload_bytes`). A spec of
-    `stored` (read from the inbox) keeps the columns it was read from."""
+    `stored` (read from the inbox) keeps the columns it was read from.
+
+    Every commit folds its batch, so the usual case makes few calls: a mutation's kind by its
+    exact type (`_kind_of` for a subclass), a time converted inline (`codec.to_unix` refuses
+    one out of range), a row's live key kept as its status changes (`_apply`)."""
     columns = codec.spec_columns if stored is None else stored.columns
     out = Folded()
     inserts, updates = out.inserts, out.updates
+    offset = base.unix_ns
     for m in batch:
-        if isinstance(m, Submitted):
-            if m.id in inserts:
+        kind = type(m)
+        if kind not in _KINDS:
+            kind = _kind_of(m)
+        if kind is StatusChanged:
+            change: StatusChanged = m  # type: ignore[assignment]  # its kind, told above
+            at = offset + change.at
+            if not INT64_MIN <= at <= INT64_MAX:
+                codec.to_unix(base, change.at, "StatusChanged.at")  # raises, naming the field
+            message = change.message
+            st = FoldedStatus(
+                change.status, change.attempt, at, None if message is None else codec.clean(message)
+            )
+            task_id = change.id
+            if task_id in inserts:
+                _apply(inserts[task_id], st)
+            elif task_id in updates:
+                updates[task_id].fold(st)
+            else:
+                updates[task_id] = st
+        elif kind is Submitted:
+            new: Submitted = m  # type: ignore[assignment]
+            task_id = new.id
+            if task_id in inserts:
                 continue
-            check_payload(m.spec.payload, max_payload, MAX_PAYLOAD_SETTING)
-            row = columns(base, m.spec)
-            row["id"] = m.id
-            row["seq"] = m.seq
-            row["arrival_unix_ns"] = codec.to_unix(base, m.arrival, "Submitted.arrival")
+            spec = new.spec
+            if max_payload is not None and len(spec.payload) > max_payload:
+                check_payload(spec.payload, max_payload, MAX_PAYLOAD_SETTING)  # raises
+            row = columns(base, spec)
+            arrival = offset + new.arrival
+            if not INT64_MIN <= arrival <= INT64_MAX:
+                codec.to_unix(base, new.arrival, "Submitted.arrival")  # raises, naming the field
+            row["id"] = task_id
+            row["seq"] = new.seq
+            row["arrival_unix_ns"] = arrival
             row["updated_unix_ns"] = now_unix_ns
             row["finished_unix_ns"] = None
             row["status"] = _QUEUED
             row["terminal"] = False
             row["attempt"] = 0
             row["message"] = None
-            inserts[m.id] = row
-            if m.spec.deps:
-                out.deps[m.id] = dep_rows(m.id, m.spec.deps)
-        elif isinstance(m, StatusChanged):
-            st = _status(base, m)
-            if m.id in inserts:
-                _apply(inserts[m.id], st)
-            elif m.id in updates:
-                updates[m.id].fold(st)
-            else:
-                updates[m.id] = st
-        elif isinstance(m, InboxTaken):
-            out.inbox_taken[m.inbox_id] = None
+            row["live_key"] = row["key"]  # a live task holds its key (`_apply` keeps it so)
+            inserts[task_id] = row
+            if spec.deps:
+                out.deps[task_id] = dep_rows(task_id, spec.deps)
+        elif kind is InboxTaken:
+            taken: InboxTaken = m  # type: ignore[assignment]
+            out.inbox_taken[taken.inbox_id] = None
         else:
             if isinstance(m, RecurringUpsert):
                 check_payload(m.spec.template.payload, max_payload, MAX_PAYLOAD_SETTING)
-            out.recurring.append(m)
-    for row in inserts.values():
-        row["live_key"] = None if row["terminal"] else row["key"]
+            out.recurring.append(m)  # type: ignore[arg-type]  # the rest are schedules'
     return out
+
+
+_KINDS: Final = frozenset({Submitted, StatusChanged, InboxTaken})
+"""The mutations `fold` tells apart by their exact type."""
+
+
+def _kind_of(m: Mutation) -> type:
+    """Which of `_KINDS` `m` is an instance of (a subclass's), else its own type."""
+    for kind in (Submitted, StatusChanged, InboxTaken):
+        if isinstance(m, kind):
+            return kind
+    return type(m)
 
 
 def same_live_key(folded: Folded) -> InvalidValue | None:
@@ -211,3 +239,4 @@ def _apply(row: dict[str, Any], st: FoldedStatus) -> None:
     row["updated_unix_ns"] = st.at
     row["finished_unix_ns"] = st.at if row["terminal"] else None
     row["message"] = st.message if st.message is not None else row.get("message")
+    row["live_key"] = None if row["terminal"] else row["key"]

@@ -120,6 +120,8 @@ class DefaultImpl:
         self.binary_arrays = False
         """Arrays can be sent in binary (psycopg's `%(name)b`): the inbox's many rows go as
         one array per column."""
+        self.may_batch = False
+        """Its connections may send a flight as one packet: `batches` asks each one."""
 
     def batches(self, conn: Connection) -> bool:
         """Whether `conn` can send a flight's statements as one multi-statement packet

@@ -73,6 +73,7 @@ class MySQLImpl(DefaultImpl):
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
         self._pymysql = dialect.driver == "pymysql"
+        self.may_batch = self._pymysql
 
     def set_up_engine(self, engine: Engine) -> None:
         """PyMySQL: its connections may send several statements in one packet

@@ -180,11 +180,13 @@ class Flight:
         if line is None:
             self.pipelined = not watched and pipelines(conn)
             self._dbapi: Any = None if watched else conn.connection.dbapi_connection
+            may_batch = True
         else:
             self.pipelined = line.impl.pipelined and not watched and pipelines(conn)
             self._dbapi = None if watched else line.dbapi
+            may_batch = line.impl.may_batch
         """The DB-API connection the statements run on (`run_on`); None: through `run`."""
-        self.batched = not self.pipelined and not watched and batches(conn)
+        self.batched = may_batch and not self.pipelined and not watched and batches(conn)
         """MariaDB: `send` sends what is queued as one multi-statement packet (the dialect's
         `send_batch`), and `commit` the COMMIT in the last."""
         self._queue: list[tuple[str, Any, bool]] = []

@@ -113,7 +113,7 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
 
 
 class AsyncKeeper(KeeperShell[Callable[[], Awaitable[bool]], Callable[[str], Awaitable[None]]]):
-    """`lease.Keeper`'s contract on an event loop, around `leadership.Keeping`'s decisions.
+    """`store.Keeper`'s contract on an event loop, around `leadership.Keeping`'s decisions.
 
     One task awaits what the core decides: it starts each renewal (`renew()`: True renewed,
     False taken over, a `StoreError` a failed attempt, retried) as a task of its own, and awaits
@@ -142,7 +142,7 @@ class AsyncKeeper(KeeperShell[Callable[[], Awaitable[bool]], Callable[[str], Awa
 
     async def join(self, timeout: float | None = None) -> None:
         """Wait up to `timeout` seconds for the keeper and a renewal in flight to end, as
-        `lease.Keeper.join` waits for its threads (a hung renewal may outlive it)."""
+        `store.Keeper.join` waits for its threads (a hung renewal may outlive it)."""
         waits: set[asyncio.Future[Any]] = set(self._renewals)
         if self._task is not None and self._task is not asyncio.current_task():
             waits.add(self._task)

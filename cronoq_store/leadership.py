@@ -1,6 +1,6 @@
 """Leadership decisions, as plain code: no I/O, no threads, no event loop.
 
-Both faces drive the same three state machines and only block (`SqlStore`, `lease.Keeper`) or
+Both faces drive the same three state machines and only block (`SqlStore`, `store.Keeper`) or
 await (`AsyncSqlStore`, `aio.AsyncKeeper`) around them, in the manner of h11:
 
 - `Acquiring`: the acquire loop. Events: an attempt took the lease, found it held, or could not

@@ -6,7 +6,7 @@ also raises the row's `commit_seq` to its own sequence number, and fences and re
 while it is at least the leader's last acknowledged one: a database that went back in time (an
 asynchronous failover losing its tail) shows up as `DatabaseBehind`, never as a fence that
 passes on a rolled-back row. Expiry is
-written and compared on the database's clock (`dialects.db_now_ns`). `Keeper` renews the lease
+written and compared on the database's clock (`dialects.db_now_ns`). `store.Keeper` renews the lease
 from threads and steps down on the holder's own monotonic clock.
 """
 
@@ -15,11 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import typing
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from functools import cache
 from typing import Any, Final, NamedTuple
@@ -50,7 +48,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement
 
-from . import builds, codec, dialects, execution, leadership
+from . import builds, codec, dialects, execution
 from .dialects import db_now_ns
 from .errors import BuildTooOld, DatabaseBehind, LeaderRowMissing
 from .model import LostCommits
@@ -682,69 +680,6 @@ def release(conn: Connection, *, holder: str, idle_ns: int | None = None) -> Non
     flight = _flight(conn, idle_ns)
     flight.add(release_stmt(), {"b_holder": holder})
     flight.commit()
-
-
-class Keeper(leadership.KeeperShell[Callable[[], bool], Callable[[str], None]]):
-    """Keeps one lease alive from two daemon threads, around `leadership.Keeping`'s decisions.
-
-    The renewer calls `renew`: True means renewed, False that the lease was taken over, a
-    `StoreError` a failed attempt (retried after `every` seconds). The watchdog thread waits for
-    what the core decides (the next renewal, or the deadline while a renewal runs) and calls
-    `lost` once the lease has not been renewed within `ttl` seconds of the START of the last
-    successful renewal, on the monotonic clock, even while a renewal hangs (on a row lock, on a
-    dead connection): a blocked call cannot postpone stepping down. The database clock sets each
-    new expiry no earlier than that start plus the TTL, so the holder steps down before any
-    standby may take over.
-
-    `lost(reason)` is called at most once, from one of the threads; `stop` ends both threads
-    without calling it.
-    """
-
-    def _setup(self) -> None:
-        self._cond = threading.Condition()
-        self._guard = self._cond
-        self._threads = (
-            threading.Thread(target=self._renew_loop, name=f"{self._name}-renew", daemon=True),
-            threading.Thread(target=self._watch, name=f"{self._name}-watchdog", daemon=True),
-        )
-
-    def _wake(self) -> None:
-        self._cond.notify_all()
-
-    _start = _wake  # the renewer thread picks up the renewal the core started
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait up to `timeout` seconds for each thread to end (a hung renewal may outlive it)."""
-        for thread in self._threads:
-            if thread.ident is not None and thread is not threading.current_thread():
-                thread.join(timeout)
-
-    def _watch(self) -> None:
-        """Block until the core's next decision is due; report the step-down."""
-        with self._cond:
-            while isinstance(step := self._due(time.monotonic()), leadership.Wait):
-                self._cond.wait(step.until - time.monotonic())
-        if step is not None:
-            self._lost(step.reason)
-
-    def _renew_loop(self) -> None:
-        """Run each renewal the core started (blocking as long as it takes), report its end."""
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._core.finished or self._core.running)
-                if self._core.finished:
-                    return
-            result: bool | BaseException
-            try:
-                result = self._renew()
-            except Exception as exc:
-                result = exc
-            if (note := self._ended(time.monotonic(), result)) is not None:
-                log.log(*note)
 
 
 def release_held_by(conn: Connection, *, holder: str, idle: timedelta) -> int:

@@ -26,7 +26,7 @@ from typing import Self, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, create_engine
 
-from . import execution, face, inbox, lease, migrate
+from . import execution, face, inbox, leadership, migrate
 from .config import MAX_WAIT, StoreConfig
 from .durability import Durability
 from .face import Face as _Face  # private here: the reference shows no internal base
@@ -57,12 +57,75 @@ def engine_for(
     return engines.new_engine(url, config, create_engine, lambda e: e, read_only=read_only)
 
 
-class SqlStore(_Face[Engine, lease.Keeper, Callable[[], None], Connection]):
+class Keeper(leadership.KeeperShell[Callable[[], bool], Callable[[str], None]]):
+    """Keeps one lease alive from two daemon threads, around `leadership.Keeping`'s decisions.
+
+    The renewer calls `renew`: True means renewed, False that the lease was taken over, a
+    `StoreError` a failed attempt (retried after `every` seconds). The watchdog thread waits for
+    what the core decides (the next renewal, or the deadline while a renewal runs) and calls
+    `lost` once the lease has not been renewed within `ttl` seconds of the START of the last
+    successful renewal, on the monotonic clock, even while a renewal hangs (on a row lock, on a
+    dead connection): a blocked call cannot postpone stepping down. The database clock sets each
+    new expiry no earlier than that start plus the TTL, so the holder steps down before any
+    standby may take over.
+
+    `lost(reason)` is called at most once, from one of the threads; `stop` ends both threads
+    without calling it.
+    """
+
+    def _setup(self) -> None:
+        self._cond = threading.Condition()
+        self._guard = self._cond
+        self._threads = (
+            threading.Thread(target=self._renew_loop, name=f"{self._name}-renew", daemon=True),
+            threading.Thread(target=self._watch, name=f"{self._name}-watchdog", daemon=True),
+        )
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
+
+    _start = _wake  # the renewer thread picks up the renewal the core started
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to `timeout` seconds for each thread to end (a hung renewal may outlive it)."""
+        for thread in self._threads:
+            if thread.ident is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+
+    def _watch(self) -> None:
+        """Block until the core's next decision is due; report the step-down."""
+        with self._cond:
+            while isinstance(step := self._due(time.monotonic()), leadership.Wait):
+                self._cond.wait(step.until - time.monotonic())
+        if step is not None:
+            self._lost(step.reason)
+
+    def _renew_loop(self) -> None:
+        """Run each renewal the core started (blocking as long as it takes), report its end."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._core.finished or self._core.running)
+                if self._core.finished:
+                    return
+            result: bool | BaseException
+            try:
+                result = self._renew()
+            except Exception as exc:
+                result = exc
+            if (note := self._ended(time.monotonic(), result)) is not None:
+                log.log(*note)
+
+
+class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
     """The durable state of one cronoq scheduler; cheap to share between threads."""
 
     _log = log
     _new_flag = threading.Event
-    _keeper_type = lease.Keeper
+    _keeper_type = Keeper
     _lost: threading.Event
     _listener: inbox.Listener | None
 

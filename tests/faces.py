@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import URL, Connection, Engine, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from cronoq_store import SqlStore, StoreConfig, lease
+from cronoq_store import SqlStore, StoreConfig, store
 from cronoq_store.aio import AsyncKeeper, AsyncSqlStore, async_url
 
 T = TypeVar("T")
@@ -154,7 +154,7 @@ def count_attempts(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[float]
 
 
 class KeeperOnLoop:
-    """`lease.Keeper`'s blocking interface over an `AsyncKeeper` on a loop thread of its own:
+    """`store.Keeper`'s blocking interface over an `AsyncKeeper` on a loop thread of its own:
     `renew` runs in a worker thread (it may block), `lost` is called on the loop."""
 
     def __init__(
@@ -196,8 +196,8 @@ class KeeperOnLoop:
 
 
 def keeper(face: str, **kwargs: Any) -> Any:
-    """A keeper of `face` (`lease.Keeper` or `aio.AsyncKeeper`), with a blocking interface."""
-    return lease.Keeper(**kwargs) if face == "sync" else KeeperOnLoop(**kwargs)
+    """A keeper of `face` (`store.Keeper` or `aio.AsyncKeeper`), with a blocking interface."""
+    return store.Keeper(**kwargs) if face == "sync" else KeeperOnLoop(**kwargs)
 
 
 def backend_pid(conn: Connection) -> int:

@@ -1,7 +1,7 @@
 """Leadership: lease transitions, fencing against a racing takeover, clock skew, a connection cut
 inside a commit, and a keeper that steps down on time.
 
-Every test runs on both faces (`face`: `SqlStore` with `lease.Keeper`, and `AsyncSqlStore` with
+Every test runs on both faces (`face`: `SqlStore` with `store.Keeper`, and `AsyncSqlStore` with
 `aio.AsyncKeeper` behind `faces.Blocking`), which drive the same core (`leadership`; its
 decisions alone: test_leadership_core.py).
 

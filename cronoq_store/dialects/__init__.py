@@ -21,6 +21,7 @@ __all__ = [
     "translate",
 ]
 
+from .base import Bounds as Bounds
 from .base import DefaultImpl as DefaultImpl
 from .base import class_of as class_of
 from .base import dialect_of as dialect_of

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, NamedTuple, TypeAlias
 
 from sqlalchemy import URL, Connection, Engine, Select, event
 from sqlalchemy.engine.interfaces import Dialect
@@ -53,6 +53,23 @@ __all__ = [
     "setting_is_on",
     "setting_of",
 ]
+
+
+Rows: TypeAlias = Sequence[Mapping[str, Any]]
+"""Rows to load (`DefaultImpl.copy_rows`), by column name."""
+RowValues: TypeAlias = Callable[[Mapping[str, Any]], Any]
+"""A row's values in a COPY statement's column order (`DefaultImpl.copy_rows`)."""
+
+
+class Bounds(NamedTuple):
+    """How long a transaction may wait (`dialects.bound`): `idle` inside it between statements,
+    `timeout` on each statement, `lock` (with a `timeout`, shorter) for a lock; `idle_too`:
+    False where the idle bound went already."""
+
+    idle: timedelta | None
+    timeout: timedelta | None
+    lock: timedelta | None = None
+    idle_too: bool = True
 
 
 class DefaultImpl:
@@ -154,13 +171,7 @@ class DefaultImpl:
         """Mark what `cursor` has left to read finished, its connection being lost: closing
         it must not read from the server."""
 
-    def copy_rows(
-        self,
-        cursor: Any,
-        sql: str,
-        rows: Sequence[Mapping[str, Any]],
-        values: Callable[[Mapping[str, Any]], Any],
-    ) -> None:
+    def copy_rows(self, cursor: Any, sql: str, rows: Rows, values: RowValues) -> None:
         """Load `rows` with the COPY statement `sql` on the driver's `cursor`, each row as
         `values(row)` in the statement's column order. Only where `copies`; the caller owns
         the cursor (and closes it) and wraps the driver's errors."""
@@ -231,14 +242,7 @@ class DefaultImpl:
         return False
 
     def bound(
-        self,
-        conn: Connection,
-        *,
-        idle: timedelta | None,
-        timeout: timedelta | None,
-        idle_too: bool,
-        defer: bool,
-        lock: timedelta | None,
+        self, conn: Connection, bounds: Bounds, *, defer: bool
     ) -> tuple[Select[Any], dict[str, str]] | None:
         """`dialects.bound`'s work on this database: nothing where the server has no such
         bounds (a file waits only for other writers, and `busy_timeout` bounds that)."""

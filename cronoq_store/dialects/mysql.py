@@ -18,6 +18,7 @@ from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.sql.expression import Executable
 
 from .base import (
+    Bounds,
     DefaultImpl,
     connect_with,
     reclass_connections,
@@ -244,14 +245,7 @@ class MySQLImpl(DefaultImpl):
         return tuple(version[:2]) >= (10, 3)
 
     def bound(
-        self,
-        conn: Connection,
-        *,
-        idle: timedelta | None,
-        timeout: timedelta | None,
-        idle_too: bool,
-        defer: bool,
-        lock: timedelta | None,
+        self, conn: Connection, bounds: Bounds, *, defer: bool
     ) -> tuple[Select[Any], dict[str, str]] | None:
         """Session settings, sent only when they change: the lock waits (whole seconds) and,
         on MariaDB 10.3+, `idle_transaction_timeout`, in one SET. On a batched connection
@@ -259,6 +253,7 @@ class MySQLImpl(DefaultImpl):
         caller's flight, its first statement; else it goes in one packet with the next
         statement the connection sends (`_ending`). Their new values are noted at once: the
         SET runs before anything else, or the connection fails with it."""
+        idle, timeout, lock, idle_too = bounds
         changes: list[str] = []
         if timeout is not None:
             # Whole seconds: the statement's bound rounded up (the watchdog ends the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar, Final
 
@@ -12,7 +12,10 @@ from sqlalchemy import URL, Connection, Engine, Select, bindparam, false, func, 
 from sqlalchemy.engine.interfaces import Dialect
 
 from .base import (
+    Bounds,
     DefaultImpl,
+    Rows,
+    RowValues,
     connect_with,
     reclass_connections,
     setting_is_on,
@@ -87,13 +90,7 @@ class PostgresqlImpl(DefaultImpl):
             return None
         return dbapi_connection.cursor(name=f"cronoq_stream_{next(_cursor_names)}")
 
-    def copy_rows(
-        self,
-        cursor: Any,
-        sql: str,
-        rows: Sequence[Mapping[str, Any]],
-        values: Callable[[Mapping[str, Any]], Any],
-    ) -> None:
+    def copy_rows(self, cursor: Any, sql: str, rows: Rows, values: RowValues) -> None:
         """psycopg's `cursor.copy`, one `write_row` per row."""
         with cursor.copy(sql) as copy:
             write = copy.write_row
@@ -177,18 +174,12 @@ class PostgresqlImpl(DefaultImpl):
         return True
 
     def bound(
-        self,
-        conn: Connection,
-        *,
-        idle: timedelta | None,
-        timeout: timedelta | None,
-        idle_too: bool,
-        defer: bool,
-        lock: timedelta | None,
+        self, conn: Connection, bounds: Bounds, *, defer: bool
     ) -> tuple[Select[Any], dict[str, str]] | None:
         """Transaction-local `set_config` calls, all in one SELECT: the idle bound, the
         `statement_timeout` and a shorter `lock_timeout`; with `defer`, the statement and its
         parameters are returned for the caller to send with its own (`lease.fencing`)."""
+        idle, timeout, lock, idle_too = bounds
         settings: list[tuple[str, int]] = []
         if idle_too and idle is not None:
             settings.append(("idle_in_transaction_session_timeout", max(1, -(-idle // _MS))))

@@ -16,7 +16,7 @@ from typing import Any, Final
 from sqlalchemy import URL, Connection, Engine, Select, event
 from sqlalchemy.engine.interfaces import Dialect
 
-from .base import dialect_of
+from .base import Bounds, dialect_of
 from .cursor import run
 from .mysql import IDLE_INFO as IDLE_INFO
 from .sqlite import SQLITE_TRANSIENT
@@ -196,7 +196,7 @@ def bound(
     impl = dialect_of(conn)
     if not impl.server:  # a file has nothing to bound: its commit pays no second call
         return None
-    return impl.bound(conn, idle=idle, timeout=timeout, idle_too=idle_too, defer=defer, lock=lock)
+    return impl.bound(conn, Bounds(idle, timeout, lock, idle_too), defer=defer)
 
 
 def interrupter(conn: Connection) -> Callable[[], None] | None:

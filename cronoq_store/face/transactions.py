@@ -153,6 +153,11 @@ class Tx(NamedTuple):
     bounds_in_fn: bool = False
     """`fn` sends the idle bound itself, in its own flight (`LEASE_FLIGHTS`)."""
 
+    @property
+    def bounds(self) -> dialects.Bounds:
+        """What the server is told to bound (`dialects.bound`)."""
+        return dialects.Bounds(self.idle, self.timeout, self.lock)
+
 
 def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
     """How `op` runs under `config` (its kind from `KINDS`). A commit ends within
@@ -391,9 +396,7 @@ def commit(
     try:
         with _opened(conn, flight, c.folded, line):  # the collector paused (`Face._committing`)
             if line.impl.server:  # a file has nothing to bound (`dialects.bound`)
-                first = line.impl.bound(
-                    conn, idle=tx.idle, timeout=tx.timeout, idle_too=True, defer=True, lock=tx.lock
-                )
+                first = line.impl.bound(conn, tx.bounds, defer=True)
                 if first is not None:
                     flight.add(*first)
             if flight.defers:  # pipelined, or batched (MariaDB)

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from cronoq_store import dialects
 from cronoq_store.dialects import (
+    Bounds,
     DefaultImpl,
     MySQLImpl,
     PostgresqlImpl,
@@ -169,13 +170,15 @@ def test_postgresql_bounds_deferred_in_one_statement(engines: list[Engine]) -> N
     engine = create_engine("postgresql+psycopg://u@127.0.0.1:1/db")
     engines.append(engine)
     impl = dialect_of(engine)
-    deferred = impl.bound(
-        None,  # type: ignore[arg-type]  # deferred: the connection is never used
+    bounds = Bounds(
         idle=timedelta(seconds=2),
         timeout=timedelta(milliseconds=1500),
-        idle_too=True,
-        defer=True,
         lock=timedelta(milliseconds=500),
+    )
+    deferred = impl.bound(
+        None,  # type: ignore[arg-type]  # deferred: the connection is never used
+        bounds,
+        defer=True,
     )
     assert deferred is not None
     _stmt, params = deferred

@@ -411,7 +411,10 @@ go by COPY, on their own. Measured on PostgreSQL 15 with no latency, against tha
 the bench's tasks (two dependencies each), arrays/COPY: 100 rows 1.7/2.1 ms of CPU and
 8.5/10.7 ms a commit; 250 4.1/4.3 and 25/22 ms; 1000 16.8/16.3 and 78/65 ms (the server's
 unnest, join and ON CONFLICT cost more than COPY's rows). Each flight saves four round
-trips, so from 1 ms of RTT arrays win at 250 rows too."""
+trips, so from 1 ms of RTT arrays win at 250 rows too. Above 250, several array statements
+in the one flight (tried for issue 41, not adopted): b1000 at 0 ms 0.80x of raw COPY against
+0.96x (medians of 3 bench runs, 17% slower); through the bench's proxy, 1 round trip against
+5, 13.8 against 21.3 ms at 1 ms of RTT, 2.0 against 7.7 RTTs at 20 ms."""
 
 
 def _write_inserts(

@@ -100,8 +100,8 @@ def test_a_revival_restores_dependency_rows_and_live_key(
 def test_a_replayed_batch_changes_no_stored_row(db_url: URL, size: int, stored_every: int) -> None:
     """Submissions with dependencies, some stored already (and moved on since): the replay
     inserts the others with their dependency rows, and leaves the stored ones and their
-    dependency rows as they were, none twice. Above `ARRAY_ROWS` too (PostgreSQL: looked up,
-    then COPY, instead of one array statement)."""
+    dependency rows as they were, none twice. Above `ARRAY_ROWS` too (PostgreSQL: several
+    array statements in the one flight, no lookup)."""
     deps = (Dep(target=ById(id=TaskId(10_000))), Dep(target=ByKey(key="x")))
     batch = [_submit(i, deps) for i in range(size)]
     with SqlStore.open(db_url) as store:
@@ -126,7 +126,7 @@ def test_a_replayed_batch_changes_no_stored_row(db_url: URL, size: int, stored_e
 
 
 def test_a_live_key_clash_in_a_big_batch_is_refused(db_url: URL) -> None:
-    """A batch of more new tasks than one array statement carries (PostgreSQL: COPY), the
+    """A batch of more new tasks than one array statement carries (PostgreSQL: several), the
     last with the live key of a stored live task: the commit is refused (the store's
     `StoreError` for a conflict), and nothing of it is written."""
     with SqlStore.open(db_url) as store:
@@ -171,7 +171,8 @@ def test_a_fenced_commit_writes_nothing(db_url: URL) -> None:
 def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> None:
     """New tasks with dependency rows, live and finishing transitions, an output, inbox rows
     taken and schedules added, replaced, moved on and removed: all written, and on
-    PostgreSQL (counted by the proxy) in one round trip, COMMIT included."""
+    PostgreSQL (counted by the proxy) in one round trip, COMMIT included; a batch of more new
+    tasks than one array statement carries too."""
     first = RecurringSpec(name="a", template=TaskSpec(payload=b"t"), cron="0 3 * * *")
     second = RecurringSpec(name="a", template=TaskSpec(payload=b"u"), interval_ns=10**9)
     gone = RecurringSpec(name="gone", template=TaskSpec(payload=b"g"), cron="0 4 * * *")
@@ -199,6 +200,15 @@ def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> 
         store.commit(epoch, BASE, batch, [(TaskId(1), b"out")])
         if proxy is not None:
             assert proxy.count - before == 1
+        big = [_submit(i, (Dep(target=ById(id=TaskId(2))),)) for i in range(100, 700)]
+        before = proxy.count if proxy is not None else 0
+        store.commit(epoch, BASE, big)
+        if proxy is not None:
+            assert proxy.count - before == 1
+        big_ids = {m.id for m in big}
+        assert {i for i in _tasks(store.engine) if i in big_ids} == big_ids
+        assert sum(1 for d in _deps(store.engine) if d[0] in big_ids) == len(big)
+        store.commit(epoch, BASE, [status(i, TaskStatus.CANCELLED) for i in range(100, 700)])
         rec = store.recover(BASE)
         assert [t.id for t in rec.tasks] == [2, 3, 4, 5]
         assert _tasks(store.engine)[1] == ("succeeded", None)

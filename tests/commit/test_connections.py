@@ -24,7 +24,7 @@ from sqlalchemy import exc as sa_exc
 import cronoq_store as cq
 from cronoq_store import execution
 from cronoq_store.face import HOLD_MIN_POOL
-from cronoq_store.repository.commit import ARRAY_ROWS
+from cronoq_store.repository.commit import ARRAY_ROWS, FLIGHT_ROWS, insert_deps_stmt
 from cronoq_store.schema import tasks
 from cronoq_store.store import StoreConfig
 from cronoq_store.testing.statements import after_statements
@@ -195,34 +195,25 @@ def test_a_listener_sees_every_write_of_a_commit_when_asked(db_url: URL) -> None
 )
 def test_a_connection_lost_before_copy_is_invalidated(db_url: URL, admin: Engine) -> None:
     """PostgreSQL's COPY runs past SQLAlchemy's execution, and wraps a driver error as it would
-    (`compat.driver_error`): a lost connection is invalidated and says so."""
-    thread = threading.get_ident()
-    killed: list[int] = []
-
-    def kill_before_copy(cursor: Any, statement: str) -> None:
-        """End a commit's session after the statement before its COPY (which ids exist)."""
-        mine = thread == threading.get_ident() and not killed
-        if not mine or not statement.startswith("SELECT cronoq_tasks.id"):
-            return
-        killed.append(cursor.connection.info.backend_pid)
-        with admin.connect() as conn:
-            conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": killed[0]})
-
-    ids = range(1, ARRAY_ROWS + 2)  # more than a flight carries as arrays: COPY
-    batch = [
-        cq.Submitted(id=cq.TaskId(i), seq=i, arrival=i, spec=cq.TaskSpec(payload=b"p")) for i in ids
+    (`compat.driver_error`): a lost connection is invalidated and says so. A commit's new
+    tasks of any number now go as arrays in its one flight; COPY is left to the dependency
+    rows of revived tasks (more than `FLIGHT_ROWS`), always behind queued statements that
+    meet a lost connection first: so the bulk insert itself is called, on a session ended
+    before it, as a commit calls it (`execution.insert_many`)."""
+    rows = [
+        {"task_id": 1, "ordinal": i, "target_id": 100 + i, "target_key": None}
+        for i in range(FLIGHT_ROWS + 1)
     ]
-    with cq.SqlStore.open(db_url, QUIET) as store:
-        epoch = store.acquire_leadership()
-        after_statements(store.engine, kill_before_copy)
-        with pytest.raises(cq.StoreUnavailable) as caught:
-            store.commit(epoch, BASE, batch)
-        cause = caught.value.__cause__
-        assert isinstance(cause, sa_exc.DBAPIError), repr(cause)
-        assert str(cause.statement).startswith("COPY"), cause.statement
-        assert cause.connection_invalidated
-        store.commit(epoch, BASE, batch)  # on a new connection
-        assert stored(admin) == set(ids)
+    with cq.SqlStore.open(db_url, QUIET) as store, store.engine.connect() as conn:
+        pid = conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
+        with admin.connect() as killer:
+            killer.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+        with pytest.raises(sa_exc.DBAPIError) as caught:
+            execution.insert_many(conn, insert_deps_stmt(), rows)
+        assert str(caught.value.statement).startswith("COPY"), caught.value.statement
+        assert caught.value.connection_invalidated
+        conn.rollback()
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1  # on a new connection
 
 
 def test_a_leader_commits_on_the_connection_its_last_commit_kept(db_url: URL) -> None:
@@ -318,7 +309,7 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(5)])  # the connection kept
         armed.append(1)
-        # More tasks than one flight carries as arrays: the fence's flight is sent first.
+        # More tasks than one array statement carries (PostgreSQL: several, in one flight).
         batch = [keyed(i) for i in range(10, 11 + ARRAY_ROWS)]
         with pytest.raises(cq.StoreUnavailable):
             store.commit(epoch, BASE, batch)

@@ -31,9 +31,10 @@ from cronoq_store import (
     TaskStatus,
 )
 from cronoq_store.bench.proxy import proxied_url
+from cronoq_store.errors import StoreError
 from cronoq_store.face import transactions
 from cronoq_store.inbox import enqueue
-from cronoq_store.repository.commit import array_text
+from cronoq_store.repository.commit import ARRAY_ROWS, array_text
 from cronoq_store.schema import leader, task_deps, tasks
 
 
@@ -93,13 +94,16 @@ def test_a_revival_restores_dependency_rows_and_live_key(
         store.release_leadership()
 
 
-@pytest.mark.parametrize("stored_every", [1, 3, 7])
-def test_a_replayed_batch_of_100_changes_no_stored_row(db_url: URL, stored_every: int) -> None:
-    """100 submissions with dependencies, some stored already (and moved on since): the
-    replay inserts the others with their dependency rows, and leaves the stored ones and
-    their dependency rows as they were, none twice."""
-    deps = (Dep(target=ById(id=TaskId(1000))), Dep(target=ByKey(key="x")))
-    batch = [_submit(i, deps) for i in range(100)]
+@pytest.mark.parametrize(
+    ("size", "stored_every"), [(100, 1), (100, 3), (100, 7), (ARRAY_ROWS * 2 + 100, 3)]
+)
+def test_a_replayed_batch_changes_no_stored_row(db_url: URL, size: int, stored_every: int) -> None:
+    """Submissions with dependencies, some stored already (and moved on since): the replay
+    inserts the others with their dependency rows, and leaves the stored ones and their
+    dependency rows as they were, none twice. Above `ARRAY_ROWS` too (PostgreSQL: several
+    array statements in the one flight, no lookup)."""
+    deps = (Dep(target=ById(id=TaskId(10_000))), Dep(target=ByKey(key="x")))
+    batch = [_submit(i, deps) for i in range(size)]
     with SqlStore.open(db_url) as store:
         epoch = store.acquire_leadership()
         first = [m for m in batch if m.id % stored_every == 0]
@@ -110,14 +114,37 @@ def test_a_replayed_batch_of_100_changes_no_stored_row(db_url: URL, stored_every
         after = _tasks(store.engine)
         assert {i: after[i] for i in stored} == stored
         assert {i: v for i, v in after.items() if i not in stored} == {
-            i: ("queued", f"k{i}") for i in range(100) if i not in stored
+            i: ("queued", f"k{i}") for i in range(size) if i not in stored
         }
-        assert len(after) == 100
+        assert len(after) == size
         rows = _deps(store.engine)
-        assert len(rows) == len({(r[0], r[1]) for r in rows}) == 200
+        assert len(rows) == len({(r[0], r[1]) for r in rows}) == 2 * size
         store.commit(epoch, BASE, batch)  # once more: nothing changes
         assert _tasks(store.engine) == after
         assert _deps(store.engine) == rows
+        store.release_leadership()
+
+
+def test_a_live_key_clash_in_a_big_batch_is_refused(db_url: URL) -> None:
+    """A batch of more new tasks than one array statement carries (PostgreSQL: several), the
+    last with the live key of a stored live task: the commit is refused (the store's
+    `StoreError` for a conflict), and nothing of it is written."""
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1)])
+        before, deps_before = _tasks(store.engine), _deps(store.engine)
+        size = ARRAY_ROWS * 2 + 10
+        deps = (Dep(target=ById(id=TaskId(1))),)
+        batch = [_submit(i, deps) for i in range(10, 10 + size - 1)]
+        clash = Submitted(
+            id=TaskId(10 + size), seq=10 + size, arrival=0, spec=TaskSpec(payload=b"p", key="k1")
+        )
+        with pytest.raises(StoreError, match="live key in use"):
+            store.commit(epoch, BASE, [*batch, clash])
+        assert _tasks(store.engine) == before
+        assert _deps(store.engine) == deps_before
+        store.commit(epoch, BASE, batch)  # the rest lands on its own
+        assert len(_tasks(store.engine)) == size
         store.release_leadership()
 
 
@@ -144,7 +171,8 @@ def test_a_fenced_commit_writes_nothing(db_url: URL) -> None:
 def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> None:
     """New tasks with dependency rows, live and finishing transitions, an output, inbox rows
     taken and schedules added, replaced, moved on and removed: all written, and on
-    PostgreSQL (counted by the proxy) in one round trip, COMMIT included."""
+    PostgreSQL (counted by the proxy) in one round trip, COMMIT included; a batch of more new
+    tasks than one array statement carries too."""
     first = RecurringSpec(name="a", template=TaskSpec(payload=b"t"), cron="0 3 * * *")
     second = RecurringSpec(name="a", template=TaskSpec(payload=b"u"), interval_ns=10**9)
     gone = RecurringSpec(name="gone", template=TaskSpec(payload=b"g"), cron="0 4 * * *")
@@ -172,6 +200,15 @@ def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> 
         store.commit(epoch, BASE, batch, [(TaskId(1), b"out")])
         if proxy is not None:
             assert proxy.count - before == 1
+        big = [_submit(i, (Dep(target=ById(id=TaskId(2))),)) for i in range(100, 700)]
+        before = proxy.count if proxy is not None else 0
+        store.commit(epoch, BASE, big)
+        if proxy is not None:
+            assert proxy.count - before == 1
+        big_ids = {m.id for m in big}
+        assert {i for i in _tasks(store.engine) if i in big_ids} == big_ids
+        assert sum(1 for d in _deps(store.engine) if d[0] in big_ids) == len(big)
+        store.commit(epoch, BASE, [status(i, TaskStatus.CANCELLED) for i in range(100, 700)])
         rec = store.recover(BASE)
         assert [t.id for t in rec.tasks] == [2, 3, 4, 5]
         assert _tasks(store.engine)[1] == ("succeeded", None)

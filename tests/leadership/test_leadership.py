@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import pytest
-from builders import BASE, submit, wait_until
+from builders import BASE, status, submit, wait_until
 from faces import (
     FACES,
     Store,
@@ -39,7 +40,6 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, select, te
 import cronoq_store as cq
 from cronoq_store import execution, lease, migrate
 from cronoq_store.dialects import db_now_ns
-from cronoq_store.repository.commit import ARRAY_ROWS
 from cronoq_store.schema import leader, tasks
 from cronoq_store.testing.statements import after_statements
 
@@ -477,7 +477,6 @@ def race_takeover_after_fence(
     the lookup of its two new ids), while another instance tries to take over, finding the
     lease run out (`old` stays paused past it, the expiry its fence wrote included); then
     let both finish."""
-    batch = looked_up(*task_ids)
     thread = statement_thread(old, "old-commit")
     after_fence = AfterFence()
     reached, go = threading.Event(), threading.Event()
@@ -490,6 +489,7 @@ def race_takeover_after_fence(
             go.wait(WAIT)
 
     after_each(store_engine(old), hold)
+    batch = looked_up(old, epoch, *task_ids)  # hooked: on the connection commits keep
     # SQLite's taker waits on the write lock for as long as the paused commit holds it; a
     # server's takes the test's engine (its connections are open already).
     sqlite = dialect == "sqlite"
@@ -569,23 +569,30 @@ def test_standby_clock_ahead_cannot_take_a_live_lease(
 # 4. A connection cut inside a commit.
 
 
-PAD: frozenset[int] = frozenset(range(1001, 1001 + ARRAY_ROWS))
-"""New tasks a batch carries beside its own so that it waits for an answer after its fence
-(`looked_up`): a PostgreSQL flight takes up to `ARRAY_ROWS` new tasks as arrays, fence to
-COMMIT in one round trip with no window to pause in; more are looked up first."""
+REVIVED: Final = 1000
+"""A task `looked_up` stores finished, so that its batch revives it."""
+PAD: frozenset[int] = frozenset({REVIVED})
+"""The tasks stored besides a `looked_up` batch's own new ones."""
 
 
-def looked_up(*ids: int) -> list[cq.Submitted]:
-    """New tasks `ids` and `PAD`: a batch whose new ids are looked up after its fence check
-    was answered, on every dialect."""
-    return [submit(i) for i in (*ids, *sorted(PAD))]
+def looked_up(store: Store, epoch: int, *ids: int) -> list[cq.Submitted | cq.StatusChanged]:
+    """New tasks `ids` and a live transition of `REVIVED` (stored finished here first): a
+    batch that waits for an answer after its fence check was answered, on every dialect.
+    SQLite and MariaDB look the new ids up. A PostgreSQL flight carries any batch of new
+    tasks fence to COMMIT in one round trip, with no window to pause in; but a revival
+    fails its optimistic flight (`RevivalGuard`), and the commit run again waits for its
+    live update's row count, then reads which tasks revive (`AfterFence`'s SELECT)."""
+    store.commit(epoch, BASE, [submit(REVIVED)])
+    store.commit(epoch, BASE, [status(REVIVED)])
+    return [*(submit(i) for i in ids), status(REVIVED, cq.TaskStatus.RUNNING)]
 
 
 class AfterFence:
     """True for the first statement a commit runs after its fence was answered: the fence
     check (a plain UPDATE, or in a pipelined flight a statement around it) is sent with the
-    statements queued behind it, and a batch of new tasks (`looked_up`) then looks their ids
-    up on its own, so that lookup comes after the fence holds the leader row locked."""
+    statements queued behind it, and a `looked_up` batch then looks its new ids or its
+    revived task up on its own (a SELECT of task ids: not the revival guard queued in the
+    optimistic flight), so that lookup comes after the fence holds the leader row locked."""
 
     def __init__(self) -> None:
         self.fenced = False
@@ -594,7 +601,11 @@ class AfterFence:
         if "cronoq_leader" in statement and "next_id" in statement:
             self.fenced = True
             return False
-        return self.fenced and statement.lstrip().upper().startswith("SELECT")
+        return self.fenced and TASK_IDS.match(statement) is not None
+
+
+TASK_IDS: Final = re.compile(r"\s*SELECT\s+(\S+\.)?cronoq_tasks\.id\b", re.IGNORECASE)
+"""A lookup of task ids (new ones stored already, or finished ones a batch revives)."""
 
 
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
@@ -617,12 +628,13 @@ def test_connection_cut_inside_a_commit(
                 admin.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
 
     after_each(store_engine(store), kill_after_fence)
-    batch = looked_up(1, 2)
+    batch = looked_up(store, epoch, 1, 2)  # hooked: on the connection commits keep
+    next_id = lease_row(engine).next_id
     with pytest.raises(cq.StoreUnavailable):
         store.commit(epoch, BASE, batch)
     assert cut.is_set()
-    assert stored_ids(engine) == set()
-    assert lease_row(engine).next_id == 0  # the fence update rolled back with the batch
+    assert stored_ids(engine) == PAD
+    assert lease_row(engine).next_id == next_id  # the fence update rolled back with the batch
     assert store.is_leader  # a lost connection is not a lost lease
 
     store.commit(epoch, BASE, batch)  # the pool recovered
@@ -971,12 +983,13 @@ def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
             resume.wait(WAIT)  # the leader row stays locked: a process stopped mid-commit
 
     after_each(store_engine(old), pause_after_fence)
+    batch = looked_up(old, epoch, 1, 3)  # hooked: on the connection commits keep
 
     failure: list[BaseException] = []
 
     def commit() -> None:
         try:
-            old.commit(epoch, BASE, looked_up(1, 3))
+            old.commit(epoch, BASE, batch)
         except BaseException as exc:
             failure.append(exc)
 
@@ -994,9 +1007,9 @@ def test_a_leader_paused_inside_a_commit_does_not_hold_off_standbys(
     # Without the idle timeout the takeover waits until the paused commit resumes (WAIT s).
     assert took < SHORT.lease_ttl.total_seconds() * 2 + SLACK
     assert failure and isinstance(failure[0], cq.StoreUnavailable | cq.Fenced)
-    assert stored_ids(engine) == set()
+    assert stored_ids(engine) == PAD
     standby.commit(new_epoch, BASE, [submit(2)])
-    assert stored_ids(engine) == {2}
+    assert stored_ids(engine) == {2} | PAD
 
 
 def _idle_setting(conn: Connection) -> int | None:

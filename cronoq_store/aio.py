@@ -451,11 +451,17 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     # Queries.
 
     async def get_task(self, ref: TaskRef) -> TaskRecord | None:
-        """As `SqlStore.get_task`: the task `ref` names (`ById(id)`, or `ByKey(key)` for the
-        newest with that key), or None if there is none.
+        """A task by id, or the newest task with a key (as `SqlStore.get_task`).
+
+        Args:
+            ref: `ById(id)` or `ByKey(key)`.
+
+        Returns:
+            The task, or None if there is none.
 
         Raises:
             InvalidValue: `ref` is neither `ById` nor `ByKey`.
+            CorruptValue: The row cannot be decoded.
             StoreUnavailable: The database cannot be reached.
         """
         return await self._drive(self._getting(ref))
@@ -467,8 +473,16 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         after: TaskId | None = None,
         limit: int = 100,
     ) -> list[TaskRecord]:
-        """As `SqlStore.list_finished`: at most `limit` finished tasks by ascending id above
-        `after`, in `pools` and with `statuses` (each: any when empty).
+        """Finished tasks by id above `after` (as `SqlStore.list_finished`).
+
+        Args:
+            pools: Only these pools; every pool when empty.
+            statuses: Only these terminal statuses; every one when empty.
+            after: Only ids above it (the last id of the previous page).
+            limit: At most this many.
+
+        Returns:
+            The tasks, by ascending id.
 
         Raises:
             StoreUnavailable: The database cannot be reached.
@@ -494,8 +508,16 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     async def read_inbox(
         self, limit: int = 1000, *, after: int | None = None, base: TimeBase = inbox.UNIX
     ) -> list[InboxItem]:
-        """As `SqlStore.read_inbox`: at most `limit` of the oldest inbox items above inbox id
-        `after`, left in place, their specs' times under `base`; oldest first.
+        """The oldest inbox items (above inbox id `after`), left in place (as
+        `SqlStore.read_inbox`, which says how to take them).
+
+        Args:
+            limit: At most this many items.
+            after: Only inbox ids above it.
+            base: The engine's time base for the specs' times.
+
+        Returns:
+            The items, oldest first.
 
         Raises:
             InvalidValue: `limit` or `after` out of range.
@@ -531,8 +553,14 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
             return await inbox.run_calls_async(calls)
 
     async def release_lease_of(self, holder: str) -> bool:
-        """As `SqlStore.release_lease_of`: free the lease that `holder` (as `inspection.lease_state`
-        names it), a process known to be dead, still holds; False if another holder has it now.
+        """Free the lease that `holder`, a process known to be dead, still holds (as
+        `SqlStore.release_lease_of`).
+
+        Args:
+            holder: The holder the lease names (`inspection.lease_state`).
+
+        Returns:
+            True if it was freed; False if another holder has it now.
 
         Raises:
             StoreUnavailable: The database cannot be reached.
@@ -540,6 +568,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         return await self._drive(self._releasing_lease_of(holder))
 
     async def close_held_connection(self) -> None:
-        """As `SqlStore.close_held_connection`: close the connection a leader keeps from one
-        commit to the next."""
+        """Close the connection a leader keeps from one commit to the next (as
+        `SqlStore.close_held_connection`).
+
+        Raises nothing: the pool's reset of the connection discards it on a failure.
+        """
         await self._close_held()

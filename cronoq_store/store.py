@@ -518,5 +518,8 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
     def close_held_connection(self) -> None:
         """Close the held connection (the one a leader keeps from one commit to the next), so
         that the store has none checked out until its next commit: for a process about to stop
-        itself (SIGSTOP) holding no connection."""
+        itself (SIGSTOP) holding no connection.
+
+        Raises nothing: the pool's reset of the connection discards it on a failure.
+        """
         self._close_held()

@@ -21,14 +21,15 @@ from typing import Any
 
 import pytest
 from builders import wait_until
+from drills import TAKEOVER_BOUND, Spawn, enqueuer, roles
 from figures import figures, rounds
 from sqlalchemy import URL
-from test_failover import TAKEOVER_BOUND, Spawn, _roles, enqueuer, reader, spawn
+from test_failover import reader
 
 from cronoq_store.testing import check
 from cronoq_store.testing.config import HangPoint
 
-__all__ = ["reader", "spawn"]  # fixtures, shared with test_failover
+__all__ = ["reader"]  # a fixture, shared with test_failover
 
 SUMMARY_PATH = Path(
     os.environ.get("CRONOQ_INBOX_FAULTS_SUMMARY", "/tmp/cronoq_inbox_faults_summary.json")
@@ -47,7 +48,7 @@ def _rounds(
     # Watching COMMITs: a kill lands between a commit and what follows it (AFTER_TX_COMMIT).
     procs = [spawn(f"d{i}", db_url, log, "--watch-statements") for i in range(2)]
     everyone = list(procs)
-    _roles(procs)  # migrated, one leads: the apps may start
+    roles(procs)  # migrated, one leads: the apps may start
     apps = [
         enqueuer(url, log, tmp_path / f"app{i}.stderr", name=f"app{i}", seed=i) for i in range(APPS)
     ]
@@ -56,7 +57,7 @@ def _rounds(
         for app in apps:
             app.wait("started")
         for r in range(rounds):
-            leader, standbys = _roles(procs)
+            leader, standbys = roles(procs)
             leader.wait("ack", start=leader.mark(), where=lambda e: e.get("inbox", 0) > 0)
             marks = [s.mark() for s in standbys]
             if r % 4 == 2:
@@ -95,7 +96,7 @@ def _rounds(
         assert all(s["errors"] == [] for s in summaries)
         # The leader drains what the apps left.
         wait_until(lambda: reader.read_inbox(limit=1) == [], "inbox drained", DRAIN_TIMEOUT, 0.05)
-        leader, _ = _roles(procs)
+        leader, _ = roles(procs)
         leader.wait("ack", start=leader.mark())
         for d in procs:
             assert d.stop()["errors"] == []

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 from builders import wait_until
+from drills import enqueuer
 from figures import figures
 from pgpair import PgPair
-from test_failover import enqueuer
 
 from cronoq_store import SqlStore, StoreConfig
 from cronoq_store.testing import DriverProcess, check

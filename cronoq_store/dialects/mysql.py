@@ -306,8 +306,11 @@ BATCH_CHARS: Final = 4 << 20
 MariaDB's default `max_allowed_packet`, room for a take's probe (`lease.probe`: 1 MiB, sent
 as 2 MiB of hex) and the statements around it."""
 
-_INSERT_VALUES: Final[Any] = importlib.import_module("pymysql.cursors").RE_INSERT_VALUES
-"""PyMySQL's own pattern of an INSERT ... VALUES it sends many rows of in one statement."""
+@functools.cache
+def _insert_values() -> Any:
+    """PyMySQL's own pattern of an INSERT ... VALUES it sends many rows of in one statement
+    (read once it is used: the package imports without PyMySQL installed)."""
+    return importlib.import_module("pymysql.cursors").RE_INSERT_VALUES
 
 _MULTI_STATEMENTS: Final = 1 << 16
 """PyMySQL's `CLIENT.MULTI_STATEMENTS`."""
@@ -316,7 +319,7 @@ _MULTI_STATEMENTS: Final = 1 << 16
 def _many(cursor: Any, sql: str, rows: Sequence[Any]) -> list[str]:
     """An executemany's statements: an INSERT ... VALUES as multi-row INSERTs of at most
     about `BATCH_CHARS` each (as PyMySQL's `executemany` sends it), else one per row."""
-    match = _INSERT_VALUES.match(sql) if len(rows) > 1 else None
+    match = _insert_values().match(sql) if len(rows) > 1 else None
     if match is None:
         return [cursor.mogrify(sql, row) for row in rows]
     prefix, values, postfix = match.group(1) % (), match.group(2).rstrip(), match.group(3) or ""

@@ -306,11 +306,13 @@ BATCH_CHARS: Final = 4 << 20
 MariaDB's default `max_allowed_packet`, room for a take's probe (`lease.probe`: 1 MiB, sent
 as 2 MiB of hex) and the statements around it."""
 
+
 @functools.cache
 def _insert_values() -> Any:
     """PyMySQL's own pattern of an INSERT ... VALUES it sends many rows of in one statement
     (read once it is used: the package imports without PyMySQL installed)."""
     return importlib.import_module("pymysql.cursors").RE_INSERT_VALUES
+
 
 _MULTI_STATEMENTS: Final = 1 << 16
 """PyMySQL's `CLIENT.MULTI_STATEMENTS`."""

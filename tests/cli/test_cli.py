@@ -23,7 +23,7 @@ import builders
 import pytest
 from builders import BASE, execute
 from click.testing import CliRunner, Result
-from sqlalchemy import URL, create_engine, inspect, text
+from sqlalchemy import URL, Engine, create_engine, event, inspect, text, update
 
 from cronoq_store import (
     ById,
@@ -45,6 +45,7 @@ from cronoq_store import (
 )
 from cronoq_store.cli import main, parse_duration
 from cronoq_store.errors import CorruptValue
+from cronoq_store.schema import tasks
 
 PASSWORD = "s3cr3t-pw"
 OLD = BASE  # November 2023: old enough to prune
@@ -262,6 +263,29 @@ def test_prune(db_url: URL, store: SqlStore) -> None:
     again = json.loads(run(url, "prune", "--older-than", "1h30m", "--json").stdout)
     assert again["count"] == 0 and again["dry_run"] is False
     assert "not a duration" in run(url, "prune", "--older-than", "7", code=2).stderr
+
+
+def test_prune_is_the_stores_prune(db_url: URL, store: SqlStore) -> None:
+    """`cronoq-store prune` takes `SqlStore.prune`'s way: finished tasks an older build left
+    without a finish time are stamped and pruned too, and on PostgreSQL the prune vacuums."""
+    with store.engine.begin() as conn:  # as release 0.1.0 finishes them (tests/migrations)
+        conn.execute(update(tasks).where(tasks.c.id.in_([4, 5])).values(finished_unix_ns=None))
+    sent: list[str] = []
+
+    def record(_c: object, _cursor: object, sql: str, *_: object) -> None:
+        if sql.lstrip().upper().startswith("VACUUM"):
+            sent.append(sql)
+
+    event.listen(Engine, "before_cursor_execute", record)  # the CLI's own engine too
+    try:
+        pruned = run(cli_url(db_url), "prune", "--older-than", "1d", "--json")
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+    assert json.loads(pruned.stdout)["count"] == 3  # 1, 4 and 5; 2 is needed by 3
+    assert store.get_task(ById(id=TaskId(4))) is None
+    postgresql = db_url.get_backend_name() == "postgresql"
+    assert len(sent) == (1 if postgresql else 0), sent
+    assert all("INDEX_CLEANUP" in sql for sql in sent)  # a small prune of a small table
 
 
 def test_lease_release(db_url: URL, store: SqlStore) -> None:

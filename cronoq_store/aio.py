@@ -41,6 +41,7 @@ from .face import Op, Outputs, Steps, engines, transactions
 from .face.transactions import Commit
 from .leadership import KeeperShell, Wait
 from .model import InboxItem
+from .repository.prune import PRUNE_BATCH
 
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
@@ -433,12 +434,22 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         """
         return await self._drive(self._recovering(base))
 
-    async def prune(self, older_than: timedelta) -> int:
+    async def prune(
+        self,
+        older_than: timedelta,
+        *,
+        batch_size: int = PRUNE_BATCH,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs; on
         PostgreSQL then vacuum the task tables (as `SqlStore.prune`).
 
         Args:
             older_than: How long ago a finished task was last updated, at least.
+            batch_size: Tasks deleted per transaction, at most (`cronoq-store prune
+                --batch-size`).
+            progress: Called with each transaction's count of deleted tasks (the CLI's
+                progress bar).
 
         Returns:
             How many tasks were deleted.
@@ -446,7 +457,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         Raises:
             StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
         """
-        return await self._drive(self._pruning(older_than))
+        return await self._drive(self._pruning(older_than, batch_size, progress))
 
     # Queries.
 

@@ -42,6 +42,7 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
+from .repository.prune import PRUNE_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -384,7 +385,13 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
         """
         return self._drive(self._recovering(base))
 
-    def prune(self, older_than: timedelta) -> int:
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        batch_size: int = PRUNE_BATCH,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs.
 
         On PostgreSQL a prune that deleted tasks then vacuums the task tables (a plain VACUUM,
@@ -393,6 +400,10 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
 
         Args:
             older_than: How long ago a finished task was last updated, at least.
+            batch_size: Tasks deleted per transaction, at most (`cronoq-store prune
+                --batch-size`).
+            progress: Called with each transaction's count of deleted tasks (the CLI's
+                progress bar).
 
         Returns:
             How many tasks were deleted (in short transactions; any instance may prune).
@@ -400,7 +411,7 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
         Raises:
             StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
         """
-        return self._drive(self._pruning(older_than))
+        return self._drive(self._pruning(older_than, batch_size, progress))
 
     # Queries.
 

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import inspection
 from ..face import translated
-from ..repository.prune import PRUNE_BATCH, prune_batch
+from ..repository.prune import PRUNE_BATCH
 from .output import duration_option, echo_json, progress_console
 from .status import lease_text
 from .target import Target, open_database
@@ -37,14 +37,18 @@ from .target import Target, open_database
 def prune(
     target: Target, older_than: timedelta, dry_run: bool, batch_size: int, as_json: bool
 ) -> None:
-    """Delete old finished tasks that no live task depends on, in short transactions."""
+    """Delete old finished tasks that no live task depends on, in short transactions.
+
+    The store's own prune (`SqlStore.prune`): finished tasks an older build left without a
+    finish time are stamped first, and on PostgreSQL the task tables are vacuumed after.
+    """
     # Saturates at the Unix epoch, before which no task was updated (never at int64's 1677).
     cutoff = max(0, time.time_ns() - (older_than // timedelta(microseconds=1)) * 1000)
     with open_database(target, write=True) as store, translated():
         with store.engine.connect() as conn:
             total = inspection.prunable_count(conn, cutoff)
         deleted = 0
-        if not dry_run and total:
+        if not dry_run:
             progress = Progress(
                 TextColumn("pruning"),
                 BarColumn(),
@@ -54,13 +58,13 @@ def prune(
             )
             with progress:
                 bar = progress.add_task("prune", total=total)
-                while True:
-                    with store.engine.begin() as conn:
-                        n = prune_batch(conn, cutoff, batch_size)
-                    deleted += n
+
+                def advance(n: int) -> None:
+                    nonlocal deleted
+                    deleted += n  # stamped rows were not in `total`: it grows to fit
                     progress.update(bar, advance=n, total=max(total, deleted))
-                    if n < batch_size:
-                        break
+
+                deleted = store.prune(older_than, batch_size=batch_size, progress=advance)
     when = inspection.when(cutoff)
     if as_json:
         count = total if dry_run else deleted

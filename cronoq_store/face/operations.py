@@ -161,10 +161,16 @@ class Operations:
         )
         return result
 
-    def _pruning(self, older_than: timedelta) -> Steps[int]:
-        """`prune`: one transaction per batch, so locks stay short while the leader commits."""
+    def _pruning(
+        self,
+        older_than: timedelta,
+        batch_size: int = prune.PRUNE_BATCH,
+        progress: Callable[[int], object] | None = None,
+    ) -> Steps[int]:
+        """`prune` (and `cronoq-store prune`): one transaction per batch, so locks stay short
+        while the leader commits; `progress` gets each batch's count of deleted tasks."""
         cutoff = self._now() - ns(older_than)
-        limit = prune.PRUNE_BATCH
+        limit = prune.check_batch(batch_size)
         total = 0
         # Rows an older build finished without a finish time first (`prune.unstamped_stmt`).
         while (yield Step("prune", partial(prune.stamp_batch, limit=limit))) == limit:
@@ -177,6 +183,8 @@ class Operations:
                         partial(prune.prune_batch, cutoff=cutoff, limit=limit),
                     )
                     total += n
+                    if progress is not None:
+                        progress(n)
                     if n < limit:
                         break
             finally:

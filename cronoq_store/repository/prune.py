@@ -24,10 +24,21 @@ from sqlalchemy import (
 )
 
 from .. import codec, dialects
+from ..errors import InvalidValue
 from ..schema import task_deps, tasks
 
 PRUNE_BATCH: Final = 1000
-"""Rows deleted per statement by `prune`."""
+"""Rows deleted per statement by `prune`, unless its `batch_size` says otherwise."""
+
+
+def check_batch(batch_size: object) -> int:
+    """`batch_size` as a prune's batch, refused (`InvalidValue`) unless an int of at least 1:
+    a batch of none would never end the loops that run until a batch comes back short."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+        raise InvalidValue(f"batch_size must be an int, not {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise InvalidValue("batch_size must be at least 1")
+    return batch_size
 
 
 def finished_flag() -> ColumnElement[bool]:

@@ -25,8 +25,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Any, Final, NamedTuple, TextIO
 
 from alembic import command
@@ -52,6 +50,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.schema import CreateSchema
 
 from . import builds, dialects, execution, galera
+from .builds import head_revision, script_location  # public here too, as they were
 from .errors import SchemaError, StoreError
 from .repository import recovery
 from .schema import check_schema_name, writers
@@ -110,18 +109,6 @@ include_name = cronoq_tables_only
 it read as the filter an app wants, which it is not)."""
 
 
-def script_location() -> Path:
-    """The migrations folder: inside the installed package, or the source tree's.
-
-    Returns:
-        The folder holding `env.py` and `versions/`.
-    """
-    packaged = Path(str(resources.files("cronoq_store"))) / "migrations"
-    if (packaged / "env.py").is_file():
-        return packaged
-    return Path(__file__).resolve().parent.parent / "migrations"
-
-
 def alembic_config(connection: Connection | None = None, *, schema: str | None = None) -> Config:
     """An Alembic `Config` for the packaged migrations, optionally bound to `connection`.
 
@@ -134,24 +121,11 @@ def alembic_config(connection: Connection | None = None, *, schema: str | None =
         A `Config` for `alembic.command` functions; it needs no alembic.ini.
     """
     cfg = Config()
-    cfg.set_main_option("script_location", str(script_location()))
+    cfg.set_main_option("script_location", str(builds.script_location()))
     cfg.set_main_option("path_separator", "os")
     cfg.attributes["connection"] = connection
     cfg.attributes["schema"] = schema
     return cfg
-
-
-@cache
-def head_revision() -> str:
-    """The newest revision this build knows (read once: Alembic loads every revision file to
-    say, 20-60 ms of an open's CPU each time, and the packaged files do not change).
-
-    Returns:
-        Its id, such as "0004_commit_seq".
-    """
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, "the packaged migrations have no head"
-    return head
 
 
 def _heads(conn: Connection, schema: str | None) -> tuple[str, ...]:

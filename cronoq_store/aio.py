@@ -41,7 +41,6 @@ from .face import Op, Outputs, Steps, engines, transactions
 from .face.transactions import Commit
 from .leadership import KeeperShell, Wait
 from .model import InboxItem
-from .repository.prune import PRUNE_BATCH
 
 if TYPE_CHECKING:
     from .model import Mutation, Recovered, TaskId, TaskRecord, TaskRef, TaskStatus, TimeBase
@@ -438,7 +437,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         self,
         older_than: timedelta,
         *,
-        batch_size: int = PRUNE_BATCH,
+        batch_size: int | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs; on
@@ -446,8 +445,8 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
 
         Args:
             older_than: How long ago a finished task was last updated, at least.
-            batch_size: Tasks deleted per transaction, at most (`cronoq-store prune
-                --batch-size`).
+            batch_size: Tasks deleted per transaction, at most; None: 1000 (`cronoq-store
+                prune --batch-size`).
             progress: Called with each transaction's count of deleted tasks (the CLI's
                 progress bar).
 

@@ -42,7 +42,6 @@ from .model import (
     TaskStatus,
     TimeBase,
 )
-from .repository.prune import PRUNE_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +388,7 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
         self,
         older_than: timedelta,
         *,
-        batch_size: int = PRUNE_BATCH,
+        batch_size: int | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs.
@@ -400,8 +399,8 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
 
         Args:
             older_than: How long ago a finished task was last updated, at least.
-            batch_size: Tasks deleted per transaction, at most (`cronoq-store prune
-                --batch-size`).
+            batch_size: Tasks deleted per transaction, at most; None: 1000 (`cronoq-store
+                prune --batch-size`).
             progress: Called with each transaction's count of deleted tasks (the CLI's
                 progress bar).
 

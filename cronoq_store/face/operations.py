@@ -164,13 +164,13 @@ class Operations:
     def _pruning(
         self,
         older_than: timedelta,
-        batch_size: int = prune.PRUNE_BATCH,
+        batch_size: int | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> Steps[int]:
         """`prune` (and `cronoq-store prune`): one transaction per batch, so locks stay short
         while the leader commits; `progress` gets each batch's count of deleted tasks."""
         cutoff = self._now() - ns(older_than)
-        limit = prune.check_batch(batch_size)
+        limit = prune.PRUNE_BATCH if batch_size is None else prune.check_batch(batch_size)
         total = 0
         # Rows an older build finished without a finish time first (`prune.unstamped_stmt`).
         while (yield Step("prune", partial(prune.stamp_batch, limit=limit))) == limit:

@@ -120,6 +120,29 @@ def revival_guard_stmt() -> Select[Any]:
 
 
 @cache
+def revival_guard_batched_stmt(count: int) -> dialects.FailsIfAny:
+    """MariaDB's `revival_guard_stmt`, in a multi-statement packet right behind the live
+    transitions of `count` tasks (`g0`...): a compound statement that SIGNALs when one of
+    them is stored finished. Behind one UPDATE it reads nothing when that matched its row
+    (`ROW_COUNT()`, matched rows): a revival, or a task not stored, did not."""
+    ids = [bindparam(f"g{i}", type_=tasks.c.id.type) for i in range(count)]
+    finished = select(literal(1, Integer)).where(
+        tasks.c.terminal == True,  # noqa: E712
+        tasks.c.id.in_(ids) if count > 1 else tasks.c.id == ids[0],
+    )
+    return dialects.FailsIfAny(finished, unless_counted=1 if count == 1 else None)
+
+
+@cache
+def delete_deps_of_stmt(count: int) -> Delete:
+    """MariaDB's `delete_deps_stmt` of `count` tasks (`d0`...), one bind each: it rides in
+    the packet (an expanding IN list runs on its own)."""
+    ids = [bindparam(f"d{i}", type_=task_deps.c.task_id.type) for i in range(count)]
+    where = task_deps.c.task_id.in_(ids) if count > 1 else task_deps.c.task_id == ids[0]
+    return delete(task_deps).where(where)
+
+
+@cache
 def status_output_stmt() -> Update:
     """A transition to succeeded that stores the task's output in the same statement."""
     return status_update_stmt().values(output=bindparam("b_output"))
@@ -226,6 +249,10 @@ class RevivalGuard:
     hence the flight, and nothing of it is written; the caller (`face.transactions.commit`)
     asks `failed` and commits the batch again without a guard, the way that reads which tasks
     revive and restores their dependency rows.
+
+    MariaDB's batched flight (one multi-statement packet) does the same with a compound
+    statement that SIGNALs (`revival_guard_batched_stmt`): a live transition then needs no
+    packet of its own for its row count.
     """
 
     # Class attributes as the defaults, not an `__init__`: every commit makes one (most never
@@ -237,12 +264,12 @@ class RevivalGuard:
 
     def failed(self, exc: BaseException) -> bool:
         """Whether `exc` is the guard's failure: a revival, to commit again."""
+        if self.flight is None or self.flight.failed != self.at:
+            return False
         orig = getattr(exc, "orig", None)
-        return (
-            self.flight is not None
-            and self.flight.failed == self.at
-            and getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO
-        )
+        if getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO:
+            return True
+        return getattr(orig, "args", ())[:1] == (dialects.FAILED_ERRNO,)  # PyMySQL's
 
 
 _DIVISION_BY_ZERO: Final = "22012"
@@ -270,9 +297,12 @@ def write(
     one array, schedules by upserts; so a commit is one round trip, COMMIT included.
     """
     inserts = folded.inserts
+    if not flight.defers:  # pipelined, or batched (MariaDB): nothing waits for the UPDATE
+        guard = None
     if len(inserts) > 1 and not flight.pipelined:
         inserts = _existing_dropped(conn, inserts, flight)
-    if not flight.pipelined:
+        # The fence was answered (it holds the leader row): a revival found after it would
+        # roll that back and let a takeover in before the commit ran again.
         guard = None
     # Each phase is entered only when it has something to write: a batch-1 commit's calls
     # are counted (`benchmarks/commit_calls.py`).
@@ -367,8 +397,13 @@ def _write_updates(
         again: set[int] = set()  # revived: written again, by `status_update_stmt`
         if guard is not None:  # nothing waits: the guard fails the flight on a revival
             sent.append(at)
-            ids = array_text([p["b_id"] for p in live])
-            guard.flight, guard.at = flight, flight.add(revival_guard_stmt(), {"ids": ids})
+            if flight.pipelined:
+                ids = array_text([p["b_id"] for p in live])
+                guard.at = flight.add(revival_guard_stmt(), {"ids": ids})
+            else:  # batched (MariaDB)
+                given = {f"g{i}": p["b_id"] for i, p in enumerate(live)}
+                guard.at = flight.add(revival_guard_batched_stmt(live_count), given)
+            guard.flight = flight
         elif flight.send()[at].rowcount == live_count:
             matched = live_count
         else:
@@ -384,12 +419,19 @@ def _write_updates(
     if sent:  # only a log line: the statements need not wait for it
         flight.then(partial(_warn_missing, sent, len(updates) - matched))
     if finished:
-        if len(finished) <= execution.IN_CHUNK:
+        if flight.batched and len(finished) <= FLIGHT_ROWS:  # in the packet, not on its own
+            flight.add(delete_deps_of_stmt(len(finished)), _numbered("d", finished))
+        elif len(finished) <= execution.IN_CHUNK:
             flight.add_in(delete_deps_stmt(), finished)
         else:
             for chunk in execution.chunks(finished):
                 flight.add_in(delete_deps_stmt(), chunk)
     return revived
+
+
+def _numbered(prefix: str, values: Sequence[Any]) -> dict[str, Any]:
+    """`values` as the parameters `prefix`0, `prefix`1, ..."""
+    return {f"{prefix}{i}": v for i, v in enumerate(values)}
 
 
 def _warn_missing(sent: Sequence[int], expected: int, ran: Sequence[execution.Ran]) -> None:
@@ -427,9 +469,8 @@ def _write_inserts(
     if len(inserts) == 1:
         (new,) = inserts.values()
         deps = folded.deps.get(new["id"], []) if folded.deps and not new["terminal"] else []
-        inserted = _insert_one(conn, new, deps, flight)
-        # Stored already (nothing of it is written), or its rows went in the same statement.
-        new_deps = [] if not inserted or flight.pipelined else deps
+        # None when stored already (nothing of it is written), or its rows went with it.
+        new_deps = deps if _insert_one(conn, new, deps, flight) else []
     else:
         new_deps = [
             d
@@ -563,32 +604,45 @@ def insert_arrays_stmt(keys: tuple[str, ...], same: frozenset[str], with_deps: b
 def _insert_one(
     conn: Connection, new: dict[str, Any], deps: list[dict[str, Any]], flight: execution.Flight
 ) -> bool:
-    """Insert one new task unless its id is stored already; whether it was inserted.
+    """Insert one new task unless its id is stored already; whether its dependency rows
+    `deps` are still to insert (it was inserted, and they did not go with it).
 
     Pipelined (PostgreSQL), it is not asked: the task goes with its live dependency rows
     in one statement (`insert_with_deps_stmt`), which inserts them only with the task, and
     nothing waits for its answer. Elsewhere the dialect's "ignore a stored id" form says it
     (`dialects.insert_ignoring`), or on MariaDB an INSERT ... SELECT of the row where its id
-    is absent (`insert_if_absent_stmt`). Either way a live-key clash is still refused.
+    is absent (`insert_if_absent_stmt`), batched with its dependency rows in a statement
+    that inserts them only if it did (`insert_deps_if_inserted_stmt`). Either way a
+    live-key clash is still refused.
     """
     if flight.pipelined and deps:
-        params = dict(new)
-        for i, d in enumerate(deps):
-            params[f"d{i}_ordinal"] = d["ordinal"]
-            params[f"d{i}_target_id"] = d["target_id"]
-            params[f"d{i}_target_key"] = d["target_key"]
-        flight.add(insert_with_deps_stmt(tuple(new), len(deps)), params)
-        return True
+        flight.add(insert_with_deps_stmt(tuple(new), len(deps)), {**new, **_dep_params(deps)})
+        return False
     ignoring = dialects.insert_ignoring(conn.dialect, tasks)
     if ignoring is None:
         at = flight.add(insert_if_absent_stmt(tuple(new)), new)
         if not deps:
-            return True  # nothing waits on the answer (MariaDB's batch leaves with the COMMIT)
+            return False  # nothing waits on the answer (MariaDB's batch leaves with the COMMIT)
+        if flight.batched:  # no answer waited for: its rows go only if it was inserted
+            params = {"id": new["id"], **_dep_params(deps)}
+            flight.add(insert_deps_if_inserted_stmt(len(deps)), params)
+            return False
         return flight.send()[at].rowcount != 0
     at = flight.add(ignoring, new)
     if flight.pipelined and not deps:
-        return True  # nothing waits on the answer
+        return False  # nothing waits on the answer
     return bool(flight.send()[at].rows)
+
+
+def _dep_params(deps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One new task's dependency rows as the parameters `d{i}_ordinal`, `d{i}_target_id`,
+    `d{i}_target_key` (`insert_with_deps_stmt`, `insert_deps_if_inserted_stmt`)."""
+    params: dict[str, Any] = {}
+    for i, d in enumerate(deps):
+        params[f"d{i}_ordinal"] = d["ordinal"]
+        params[f"d{i}_target_id"] = d["target_id"]
+        params[f"d{i}_target_key"] = d["target_key"]
+    return params
 
 
 @cache
@@ -603,6 +657,31 @@ def insert_if_absent_stmt(keys: tuple[str, ...]) -> Insert:
     return insert(tasks).from_select([c.name for c in columns], row)
 
 
+def _dep_selects(task_id: Any, count: int) -> list[Select[Any]]:
+    """`count` one-row SELECTs of a task's dependency rows (`_dep_params`), its id `task_id`."""
+    return [
+        select(
+            task_id,
+            bindparam(f"d{i}_ordinal", type_=task_deps.c.ordinal.type),
+            bindparam(f"d{i}_target_id", type_=task_deps.c.target_id.type),
+            bindparam(f"d{i}_target_key", type_=task_deps.c.target_key.type),
+        )
+        for i in range(count)
+    ]
+
+
+@cache
+def insert_deps_if_inserted_stmt(count: int) -> Insert:
+    """MariaDB: the `count` dependency rows of the new task `id` (`_dep_params`), inserted
+    only if the statement right before, its `insert_if_absent_stmt` in the same packet,
+    inserted the task (`ROW_COUNT()` is 1): a task stored already keeps the rows it has."""
+    task_id = bindparam("id", type_=task_deps.c.task_id.type)
+    rows = [s.where(func.row_count() == 1) for s in _dep_selects(task_id, count)]
+    return insert(task_deps).from_select(
+        list(DEP_COLUMNS), rows[0] if count == 1 else union_all(*rows)
+    )
+
+
 @cache
 def insert_with_deps_stmt(keys: tuple[str, ...], count: int) -> Insert:
     """PostgreSQL: one new task row of the columns `keys` (unless its id is stored) and, only
@@ -612,15 +691,7 @@ def insert_with_deps_stmt(keys: tuple[str, ...], count: int) -> Insert:
     assert ignoring is not None
     values = {c.name: bindparam(c.name, type_=c.type) for c in tasks.c if c.name in keys}
     new = ignoring.values(values).cte("new")
-    rows = [
-        select(
-            new.c.id,
-            bindparam(f"d{i}_ordinal", type_=task_deps.c.ordinal.type),
-            bindparam(f"d{i}_target_id", type_=task_deps.c.target_id.type),
-            bindparam(f"d{i}_target_key", type_=task_deps.c.target_key.type),
-        )
-        for i in range(count)
-    ]
+    rows = _dep_selects(new.c.id, count)
     names = ["task_id", "ordinal", "target_id", "target_key"]
     return (
         insert(task_deps)

@@ -33,6 +33,7 @@ from .mysql import FAILED_ERRNO as FAILED_ERRNO
 from .mysql import FailsIfAny as FailsIfAny
 from .mysql import FailsUnlessOne as FailsUnlessOne
 from .mysql import MySQLImpl as MySQLImpl
+from .mysql import OnlyIfCounted as OnlyIfCounted
 from .postgresql import PostgresqlImpl as PostgresqlImpl
 from .sessions import COMMITTED as COMMITTED
 from .sessions import IDLE_INFO as IDLE_INFO

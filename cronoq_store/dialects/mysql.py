@@ -35,6 +35,7 @@ __all__ = [
     "FailsIfAny",
     "FailsUnlessOne",
     "MySQLImpl",
+    "OnlyIfCounted",
 ]
 
 
@@ -488,6 +489,25 @@ def _fails_if_any(element: FailsIfAny, compiler: SQLCompiler, **kw: Any) -> str:
     if element.unless_counted is not None:
         check = f"IF ROW_COUNT() <> {int(element.unless_counted)} THEN {check} END IF;"
     return f"BEGIN NOT ATOMIC {check} END"
+
+
+class OnlyIfCounted(Executable, ClauseElement):
+    """MariaDB: `stmt`, run only if the statement before it counted `count` rows
+    (`ROW_COUNT()`), as a compound statement: a packet's statement that depends on the one
+    before it without waiting for its answer."""
+
+    inherit_cache = False
+    _inline = False  # what SQLAlchemy's compiler asks of an INSERT it compiled
+
+    def __init__(self, stmt: Executable, count: int) -> None:
+        self.stmt = stmt
+        self.count = count
+
+
+@compiles(OnlyIfCounted, "mysql", "mariadb")
+def _only_if_counted(element: OnlyIfCounted, compiler: SQLCompiler, **kw: Any) -> str:
+    stmt = compiler.process(element.stmt, **kw)  # type: ignore[arg-type]
+    return f"BEGIN NOT ATOMIC IF ROW_COUNT() = {int(element.count)} THEN {stmt}; END IF; END"
 
 
 FAILED_ERRNO: Final = 1365

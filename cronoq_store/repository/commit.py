@@ -119,12 +119,26 @@ def revival_guard_stmt() -> Select[Any]:
     return select(literal(1, Integer) // case((finished, 0), else_=1))
 
 
+def _guard_params(ids: Sequence[int]) -> dict[str, int]:
+    """`revival_guard_batched_stmt`'s parameters for `ids`: more than one padded to a power
+    of two with the last (the same id twice changes nothing), so that few statements serve
+    every batch size."""
+    size = len(ids)
+    if size > 1:
+        size = 1 << (size - 1).bit_length()
+    params = _numbered("g", ids)
+    for i in range(len(ids), size):
+        params[f"g{i}"] = ids[-1]
+    return params
+
+
 @cache
 def revival_guard_batched_stmt(count: int) -> dialects.FailsIfAny:
     """MariaDB's `revival_guard_stmt`, in a multi-statement packet right behind the live
-    transitions of `count` tasks (`g0`...): a compound statement that SIGNALs when one of
-    them is stored finished. Behind one UPDATE it reads nothing when that matched its row
-    (`ROW_COUNT()`, matched rows): a revival, or a task not stored, did not."""
+    transitions of `count` tasks (`g0`...: `_guard_params`): a compound statement that
+    SIGNALs when one of them is stored finished. Behind one UPDATE it reads nothing when
+    that matched its row (`ROW_COUNT()`, matched rows): a revival, or a task not stored,
+    did not."""
     ids = [bindparam(f"g{i}", type_=tasks.c.id.type) for i in range(count)]
     finished = select(literal(1, Integer)).where(
         tasks.c.terminal == True,  # noqa: E712
@@ -395,14 +409,16 @@ def _write_updates(
         stmt = status_update_live_stmt()
         at = flight.add(stmt, live[0]) if live_count == 1 else flight.add_many(stmt, live)
         again: set[int] = set()  # revived: written again, by `status_update_stmt`
+        if flight.batched and live_count > execution.IN_CHUNK:
+            guard = None  # MariaDB's guard binds each id: a batch this big waits instead
         if guard is not None:  # nothing waits: the guard fails the flight on a revival
             sent.append(at)
             if flight.pipelined:
                 ids = array_text([p["b_id"] for p in live])
                 guard.at = flight.add(revival_guard_stmt(), {"ids": ids})
             else:  # batched (MariaDB)
-                given = {f"g{i}": p["b_id"] for i, p in enumerate(live)}
-                guard.at = flight.add(revival_guard_batched_stmt(live_count), given)
+                given = _guard_params([p["b_id"] for p in live])
+                guard.at = flight.add(revival_guard_batched_stmt(len(given)), given)
             guard.flight = flight
         elif flight.send()[at].rowcount == live_count:
             matched = live_count
@@ -657,29 +673,24 @@ def insert_if_absent_stmt(keys: tuple[str, ...]) -> Insert:
     return insert(tasks).from_select([c.name for c in columns], row)
 
 
-def _dep_selects(task_id: Any, count: int) -> list[Select[Any]]:
-    """`count` one-row SELECTs of a task's dependency rows (`_dep_params`), its id `task_id`."""
-    return [
-        select(
-            task_id,
-            bindparam(f"d{i}_ordinal", type_=task_deps.c.ordinal.type),
-            bindparam(f"d{i}_target_id", type_=task_deps.c.target_id.type),
-            bindparam(f"d{i}_target_key", type_=task_deps.c.target_key.type),
-        )
-        for i in range(count)
-    ]
-
-
 @cache
-def insert_deps_if_inserted_stmt(count: int) -> Insert:
+def insert_deps_if_inserted_stmt(count: int) -> dialects.OnlyIfCounted:
     """MariaDB: the `count` dependency rows of the new task `id` (`_dep_params`), inserted
     only if the statement right before, its `insert_if_absent_stmt` in the same packet,
-    inserted the task (`ROW_COUNT()` is 1): a task stored already keeps the rows it has."""
+    inserted the task (`ROW_COUNT()` is 1): a task stored already keeps the rows it has. A
+    compound statement around one multi-row INSERT (an INSERT ... SELECT of a UNION, the
+    plain form of the same, fills a temporary table first)."""
     task_id = bindparam("id", type_=task_deps.c.task_id.type)
-    rows = [s.where(func.row_count() == 1) for s in _dep_selects(task_id, count)]
-    return insert(task_deps).from_select(
-        list(DEP_COLUMNS), rows[0] if count == 1 else union_all(*rows)
-    )
+    rows = [
+        {
+            "task_id": task_id,
+            "ordinal": bindparam(f"d{i}_ordinal", type_=task_deps.c.ordinal.type),
+            "target_id": bindparam(f"d{i}_target_id", type_=task_deps.c.target_id.type),
+            "target_key": bindparam(f"d{i}_target_key", type_=task_deps.c.target_key.type),
+        }
+        for i in range(count)
+    ]
+    return dialects.OnlyIfCounted(insert(task_deps).values(rows), 1)
 
 
 @cache
@@ -691,7 +702,15 @@ def insert_with_deps_stmt(keys: tuple[str, ...], count: int) -> Insert:
     assert ignoring is not None
     values = {c.name: bindparam(c.name, type_=c.type) for c in tasks.c if c.name in keys}
     new = ignoring.values(values).cte("new")
-    rows = _dep_selects(new.c.id, count)
+    rows = [
+        select(
+            new.c.id,
+            bindparam(f"d{i}_ordinal", type_=task_deps.c.ordinal.type),
+            bindparam(f"d{i}_target_id", type_=task_deps.c.target_id.type),
+            bindparam(f"d{i}_target_key", type_=task_deps.c.target_key.type),
+        )
+        for i in range(count)
+    ]
     names = ["task_id", "ordinal", "target_id", "target_key"]
     return (
         insert(task_deps)

@@ -157,3 +157,22 @@ def test_a_fenced_batch1_commit_writes_nothing(db_url: URL, kind: str) -> None:
             store.commit(epoch, BASE, batch, outputs)
         assert _tasks(store.engine) == before
         assert _deps(store.engine) == deps_before
+
+
+def test_a_revival_among_live_transitions_is_found(
+    db_url: URL, dialect: str, revivals: list[int]
+) -> None:
+    """Three live transitions, the last a finished task's (MariaDB's guard binds its ids
+    padded to four): the commit runs again and restores that task; the others move once."""
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, [_submit(1), _submit(2), _submit(3)])
+        before = _deps(store.engine)
+        store.commit(epoch, BASE, [status(3, TaskStatus.CANCELLED)])
+        store.commit(epoch, BASE, [status(i, TaskStatus.RUNNING) for i in (1, 2)])
+        assert revivals == []
+        store.commit(epoch, BASE, [status(i, TaskStatus.RUNNING) for i in (1, 2, 3)])
+        assert _tasks(store.engine) == {i: ("running", f"k{i}") for i in (1, 2, 3)}
+        assert _deps(store.engine) == before
+        assert revivals == ([] if dialect == "sqlite" else [1])
+        store.release_leadership()

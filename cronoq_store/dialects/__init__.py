@@ -30,8 +30,10 @@ from .locks import MIGRATION_LOCK_NAME as MIGRATION_LOCK_NAME
 from .locks import MIGRATION_LOCK_TIMEOUT_S as MIGRATION_LOCK_TIMEOUT_S
 from .locks import migration_lock as migration_lock
 from .mysql import FAILED_ERRNO as FAILED_ERRNO
+from .mysql import FailsIfAny as FailsIfAny
 from .mysql import FailsUnlessOne as FailsUnlessOne
 from .mysql import MySQLImpl as MySQLImpl
+from .mysql import OnlyIfCounted as OnlyIfCounted
 from .postgresql import PostgresqlImpl as PostgresqlImpl
 from .sessions import COMMITTED as COMMITTED
 from .sessions import IDLE_INFO as IDLE_INFO

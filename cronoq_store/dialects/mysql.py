@@ -28,7 +28,15 @@ from .base import (
 from .cursor import observed
 from .sockets import shut, shut_transport
 
-__all__ = ["FAILED_ERRNO", "IDLE_INFO", "JEPSEN_GALERA", "FailsUnlessOne", "MySQLImpl"]
+__all__ = [
+    "FAILED_ERRNO",
+    "IDLE_INFO",
+    "JEPSEN_GALERA",
+    "FailsIfAny",
+    "FailsUnlessOne",
+    "MySQLImpl",
+    "OnlyIfCounted",
+]
 
 
 class MySQLImpl(DefaultImpl):
@@ -456,6 +464,50 @@ def _compound(element: FailsUnlessOne, compiler: SQLCompiler, **kw: Any) -> str:
         f"SET MYSQL_ERRNO = {FAILED_ERRNO}, MESSAGE_TEXT = 'cronoq: no row matched'; "
         "END IF; END"
     )
+
+
+class FailsIfAny(Executable, ClauseElement):
+    """MariaDB: a compound statement that SIGNALs (`FAILED_ERRNO`) when `query` finds a row,
+    so that in a multi-statement packet nothing behind it runs. With `unless_counted`, the
+    query is asked only when the statement before it did not count that many rows
+    (`ROW_COUNT()`): a guard that costs no read when its statement matched them all."""
+
+    inherit_cache = False
+
+    def __init__(self, query: Select[Any], unless_counted: int | None = None) -> None:
+        self.query = query
+        self.unless_counted = unless_counted
+
+
+@compiles(FailsIfAny, "mysql", "mariadb")
+def _fails_if_any(element: FailsIfAny, compiler: SQLCompiler, **kw: Any) -> str:
+    query = compiler.process(element.query, **kw)
+    check = (
+        f"IF EXISTS ({query}) THEN SIGNAL SQLSTATE '22012' SET MYSQL_ERRNO = {FAILED_ERRNO}, "
+        "MESSAGE_TEXT = 'cronoq: a row matched'; END IF;"
+    )
+    if element.unless_counted is not None:
+        check = f"IF ROW_COUNT() <> {int(element.unless_counted)} THEN {check} END IF;"
+    return f"BEGIN NOT ATOMIC {check} END"
+
+
+class OnlyIfCounted(Executable, ClauseElement):
+    """MariaDB: `stmt`, run only if the statement before it counted `count` rows
+    (`ROW_COUNT()`), as a compound statement: a packet's statement that depends on the one
+    before it without waiting for its answer."""
+
+    inherit_cache = False
+    _inline = False  # what SQLAlchemy's compiler asks of an INSERT it compiled
+
+    def __init__(self, stmt: Executable, count: int) -> None:
+        self.stmt = stmt
+        self.count = count
+
+
+@compiles(OnlyIfCounted, "mysql", "mariadb")
+def _only_if_counted(element: OnlyIfCounted, compiler: SQLCompiler, **kw: Any) -> str:
+    stmt = compiler.process(element.stmt, **kw)  # type: ignore[arg-type]
+    return f"BEGIN NOT ATOMIC IF ROW_COUNT() = {int(element.count)} THEN {stmt}; END IF; END"
 
 
 FAILED_ERRNO: Final = 1365

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from functools import cache, partial
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from sqlalchemy import (
     Column,
@@ -117,6 +117,44 @@ def revival_guard_stmt() -> Select[Any]:
     ids = bindparam("ids", type_=ARRAY(tasks.c.id.type))  # one array (`array_text`)
     finished = exists().where(tasks.c.terminal == True, tasks.c.id == any_(ids))  # noqa: E712
     return select(literal(1, Integer) // case((finished, 0), else_=1))
+
+
+def _guard_params(ids: Sequence[int]) -> dict[str, int]:
+    """`revival_guard_batched_stmt`'s parameters for `ids`: more than one padded to a power
+    of two with the last (the same id twice changes nothing), so that few statements serve
+    every batch size."""
+    size = len(ids)
+    if size > 1:
+        size = 1 << (size - 1).bit_length()
+    params = _numbered("g", ids)
+    for i in range(len(ids), size):
+        params[f"g{i}"] = ids[-1]
+    return params
+
+
+@cache
+def revival_guard_batched_stmt(count: int) -> Select[Any]:
+    """MariaDB's `revival_guard_stmt`, in a multi-statement packet right behind the live
+    transitions of `count` tasks (`g0`...: `_guard_params`): a compound statement that
+    SIGNALs when one of them is stored finished. Behind one UPDATE it reads nothing when
+    that matched its row (`ROW_COUNT()`, matched rows): a revival, or a task not stored,
+    did not."""
+    ids = [bindparam(f"g{i}", type_=tasks.c.id.type) for i in range(count)]
+    finished = select(literal(1, Integer)).where(
+        tasks.c.terminal == True,  # noqa: E712
+        tasks.c.id.in_(ids) if count > 1 else tasks.c.id == ids[0],
+    )
+    guard = dialects.FailsIfAny(finished, unless_counted=1 if count == 1 else None)
+    return cast("Select[Any]", guard)  # compiled as any statement (`driver_sql`)
+
+
+@cache
+def delete_deps_of_stmt(count: int) -> Delete:
+    """MariaDB's `delete_deps_stmt` of `count` tasks (`d0`...), one bind each: it rides in
+    the packet (an expanding IN list runs on its own)."""
+    ids = [bindparam(f"d{i}", type_=task_deps.c.task_id.type) for i in range(count)]
+    where = task_deps.c.task_id.in_(ids) if count > 1 else task_deps.c.task_id == ids[0]
+    return delete(task_deps).where(where)
 
 
 @cache
@@ -226,6 +264,10 @@ class RevivalGuard:
     hence the flight, and nothing of it is written; the caller (`face.transactions.commit`)
     asks `failed` and commits the batch again without a guard, the way that reads which tasks
     revive and restores their dependency rows.
+
+    MariaDB's batched flight (one multi-statement packet) does the same with a compound
+    statement that SIGNALs (`revival_guard_batched_stmt`): a live transition then needs no
+    packet of its own for its row count.
     """
 
     # Class attributes as the defaults, not an `__init__`: every commit makes one (most never
@@ -237,12 +279,12 @@ class RevivalGuard:
 
     def failed(self, exc: BaseException) -> bool:
         """Whether `exc` is the guard's failure: a revival, to commit again."""
+        if self.flight is None or self.flight.failed != self.at:
+            return False
         orig = getattr(exc, "orig", None)
-        return (
-            self.flight is not None
-            and self.flight.failed == self.at
-            and getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO
-        )
+        if getattr(orig, "sqlstate", None) == _DIVISION_BY_ZERO:
+            return True
+        return getattr(orig, "args", ())[:1] == (dialects.FAILED_ERRNO,)  # PyMySQL's
 
 
 _DIVISION_BY_ZERO: Final = "22012"
@@ -270,9 +312,12 @@ def write(
     one array, schedules by upserts; so a commit is one round trip, COMMIT included.
     """
     inserts = folded.inserts
+    if not flight.defers:  # pipelined, or batched (MariaDB): nothing waits for the UPDATE
+        guard = None
     if len(inserts) > 1 and not flight.pipelined:
         inserts = _existing_dropped(conn, inserts, flight)
-    if not flight.pipelined:
+        # The fence was answered (it holds the leader row): a revival found after it would
+        # roll that back and let a takeover in before the commit ran again.
         guard = None
     # Each phase is entered only when it has something to write: a batch-1 commit's calls
     # are counted (`benchmarks/commit_calls.py`).
@@ -365,10 +410,17 @@ def _write_updates(
         stmt = status_update_live_stmt()
         at = flight.add(stmt, live[0]) if live_count == 1 else flight.add_many(stmt, live)
         again: set[int] = set()  # revived: written again, by `status_update_stmt`
+        if flight.batched and live_count > execution.IN_CHUNK:
+            guard = None  # MariaDB's guard binds each id: a batch this big waits instead
         if guard is not None:  # nothing waits: the guard fails the flight on a revival
             sent.append(at)
-            ids = array_text([p["b_id"] for p in live])
-            guard.flight, guard.at = flight, flight.add(revival_guard_stmt(), {"ids": ids})
+            if flight.pipelined:
+                ids = array_text([p["b_id"] for p in live])
+                guard.at = flight.add(revival_guard_stmt(), {"ids": ids})
+            else:  # batched (MariaDB)
+                given = _guard_params([p["b_id"] for p in live])
+                guard.at = flight.add(revival_guard_batched_stmt(len(given)), given)
+            guard.flight = flight
         elif flight.send()[at].rowcount == live_count:
             matched = live_count
         else:
@@ -384,12 +436,19 @@ def _write_updates(
     if sent:  # only a log line: the statements need not wait for it
         flight.then(partial(_warn_missing, sent, len(updates) - matched))
     if finished:
-        if len(finished) <= execution.IN_CHUNK:
+        if flight.batched and len(finished) <= FLIGHT_ROWS:  # in the packet, not on its own
+            flight.add(delete_deps_of_stmt(len(finished)), _numbered("d", finished))
+        elif len(finished) <= execution.IN_CHUNK:
             flight.add_in(delete_deps_stmt(), finished)
         else:
             for chunk in execution.chunks(finished):
                 flight.add_in(delete_deps_stmt(), chunk)
     return revived
+
+
+def _numbered(prefix: str, values: Sequence[Any]) -> dict[str, Any]:
+    """`values` as the parameters `prefix`0, `prefix`1, ..."""
+    return {f"{prefix}{i}": v for i, v in enumerate(values)}
 
 
 def _warn_missing(sent: Sequence[int], expected: int, ran: Sequence[execution.Ran]) -> None:
@@ -427,9 +486,8 @@ def _write_inserts(
     if len(inserts) == 1:
         (new,) = inserts.values()
         deps = folded.deps.get(new["id"], []) if folded.deps and not new["terminal"] else []
-        inserted = _insert_one(conn, new, deps, flight)
-        # Stored already (nothing of it is written), or its rows went in the same statement.
-        new_deps = [] if not inserted or flight.pipelined else deps
+        # None when stored already (nothing of it is written), or its rows went with it.
+        new_deps = deps if _insert_one(conn, new, deps, flight) else []
     else:
         new_deps = [
             d
@@ -563,32 +621,45 @@ def insert_arrays_stmt(keys: tuple[str, ...], same: frozenset[str], with_deps: b
 def _insert_one(
     conn: Connection, new: dict[str, Any], deps: list[dict[str, Any]], flight: execution.Flight
 ) -> bool:
-    """Insert one new task unless its id is stored already; whether it was inserted.
+    """Insert one new task unless its id is stored already; whether its dependency rows
+    `deps` are still to insert (it was inserted, and they did not go with it).
 
     Pipelined (PostgreSQL), it is not asked: the task goes with its live dependency rows
     in one statement (`insert_with_deps_stmt`), which inserts them only with the task, and
     nothing waits for its answer. Elsewhere the dialect's "ignore a stored id" form says it
     (`dialects.insert_ignoring`), or on MariaDB an INSERT ... SELECT of the row where its id
-    is absent (`insert_if_absent_stmt`). Either way a live-key clash is still refused.
+    is absent (`insert_if_absent_stmt`), batched with its dependency rows in a statement
+    that inserts them only if it did (`insert_deps_if_inserted_stmt`). Either way a
+    live-key clash is still refused.
     """
     if flight.pipelined and deps:
-        params = dict(new)
-        for i, d in enumerate(deps):
-            params[f"d{i}_ordinal"] = d["ordinal"]
-            params[f"d{i}_target_id"] = d["target_id"]
-            params[f"d{i}_target_key"] = d["target_key"]
-        flight.add(insert_with_deps_stmt(tuple(new), len(deps)), params)
-        return True
+        flight.add(insert_with_deps_stmt(tuple(new), len(deps)), {**new, **_dep_params(deps)})
+        return False
     ignoring = dialects.insert_ignoring(conn.dialect, tasks)
     if ignoring is None:
         at = flight.add(insert_if_absent_stmt(tuple(new)), new)
         if not deps:
-            return True  # nothing waits on the answer (MariaDB's batch leaves with the COMMIT)
+            return False  # nothing waits on the answer (MariaDB's batch leaves with the COMMIT)
+        if flight.batched:  # no answer waited for: its rows go only if it was inserted
+            params = {"id": new["id"], **_dep_params(deps)}
+            flight.add(insert_deps_if_inserted_stmt(len(deps)), params)
+            return False
         return flight.send()[at].rowcount != 0
     at = flight.add(ignoring, new)
     if flight.pipelined and not deps:
-        return True  # nothing waits on the answer
+        return False  # nothing waits on the answer
     return bool(flight.send()[at].rows)
+
+
+def _dep_params(deps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One new task's dependency rows as the parameters `d{i}_ordinal`, `d{i}_target_id`,
+    `d{i}_target_key` (`insert_with_deps_stmt`, `insert_deps_if_inserted_stmt`)."""
+    params: dict[str, Any] = {}
+    for i, d in enumerate(deps):
+        params[f"d{i}_ordinal"] = d["ordinal"]
+        params[f"d{i}_target_id"] = d["target_id"]
+        params[f"d{i}_target_key"] = d["target_key"]
+    return params
 
 
 @cache
@@ -601,6 +672,27 @@ def insert_if_absent_stmt(keys: tuple[str, ...]) -> Insert:
         ~exists().where(tasks.c.id == bindparam("id", type_=tasks.c.id.type))
     )
     return insert(tasks).from_select([c.name for c in columns], row)
+
+
+@cache
+def insert_deps_if_inserted_stmt(count: int) -> Insert:
+    """MariaDB: the `count` dependency rows of the new task `id` (`_dep_params`), inserted
+    only if the statement right before, its `insert_if_absent_stmt` in the same packet,
+    inserted the task (`ROW_COUNT()` is 1): a task stored already keeps the rows it has. A
+    compound statement around one multi-row INSERT (an INSERT ... SELECT of a UNION, the
+    plain form of the same, fills a temporary table first)."""
+    task_id = bindparam("id", type_=task_deps.c.task_id.type)
+    rows = [
+        {
+            "task_id": task_id,
+            "ordinal": bindparam(f"d{i}_ordinal", type_=task_deps.c.ordinal.type),
+            "target_id": bindparam(f"d{i}_target_id", type_=task_deps.c.target_id.type),
+            "target_key": bindparam(f"d{i}_target_key", type_=task_deps.c.target_key.type),
+        }
+        for i in range(count)
+    ]
+    either = dialects.OnlyIfCounted(insert(task_deps).values(rows), 1)
+    return cast("Insert", either)  # compiled as any statement (`driver_sql`)
 
 
 @cache

@@ -281,11 +281,11 @@ def raw(url: str) -> Figures:
     import psycopg
 
     from cronoq_store import SqlStore, TaskSpec
-    from cronoq_store.bench.inbox import _COLUMNS, _raw_row
+    from cronoq_store.bench.inbox import INBOX_COLUMNS, raw_inbox_row
 
     SqlStore.open(url).close()  # the inbox table
     spec = TaskSpec(payload=PAYLOAD, kind="job")
-    copy_sql = f"COPY cronoq_inbox ({', '.join(_COLUMNS)}) FROM STDIN"
+    copy_sql = f"COPY cronoq_inbox ({', '.join(INBOX_COLUMNS)}) FROM STDIN"
     with psycopg.connect(_dsn(url)) as conn:
         conn.execute(
             "CREATE TABLE jobs (id bigserial PRIMARY KEY, enqueued_unix_ns bigint NOT NULL, "
@@ -293,7 +293,7 @@ def raw(url: str) -> Figures:
         )
         with conn.cursor() as cur, cur.copy(copy_sql) as copy:
             for _ in range(1000):
-                copy.write_row(_raw_row(spec))
+                copy.write_row(raw_inbox_row(spec))
         conn.commit()
         sql = "INSERT INTO jobs (enqueued_unix_ns, kind, payload, tags) VALUES (%s, %s, %s, %s)"
         with Part(_dsn(url), SINGLE) as one:
@@ -304,7 +304,7 @@ def raw(url: str) -> Figures:
             for _ in range(BATCHES):
                 with conn.cursor() as cur, cur.copy(copy_sql) as copy:
                     for _ in range(1000):
-                        copy.write_row(_raw_row(spec))
+                        copy.write_row(raw_inbox_row(spec))
                 conn.commit()
     return figures(one, many)
 
@@ -352,10 +352,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rtt", type=float, default=0.0, help="round trip to add, ms")
+    parser.add_argument(
+        "--only", action="append", default=[], help="run the systems whose name has this word"
+    )
     args = parser.parse_args(argv)
     global RTT_MS
     RTT_MS = args.rtt
-    runs = systems(args.peers)
+    runs = {
+        name: fn
+        for name, fn in systems(args.peers).items()
+        if not args.only or any(word in name for word in args.only)
+    }
     samples: dict[str, list[Figures]] = {name: [] for name in runs}
     for repeat in range(args.repeats):
         order = list(runs.items())

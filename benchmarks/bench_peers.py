@@ -2,12 +2,16 @@
 
 One client, about 100-byte jobs, durable commits, each system in a fresh database of its own;
 jobs/s for one job per transaction and for 1,000 jobs per call (each shape run once untimed
-first: what a running app pays, not a first call's compiling), 3 repeats in alternating order,
+first: what a running app pays, not a first call's compiling), 5 repeats in alternating order,
 median; beside each rate the CPU per job (µs) of the client process and of the database's
 server backends (their /proc/PID/stat before and after each timed part: the server runs on this
 machine). The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
 
-    python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json] [--rtt MS]
+    python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 5] [--json] [--rtt MS]
+        [--only WORD ...]
+
+`--only WORD` runs the systems whose row name has WORD ("leader", "graphile", "pg-boss"):
+a change to one system, measured beside the peers it is compared with.
 
 With `--rtt MS` every system reaches the server through a latency proxy of its own
 (`cronoq_store.bench.proxy`, in a process of its own, so its CPU is no system's) that adds MS
@@ -349,7 +353,7 @@ def systems(peers: Path) -> dict[str, Callable[[str], Figures]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rtt", type=float, default=0.0, help="round trip to add, ms")
     parser.add_argument(

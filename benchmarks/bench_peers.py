@@ -2,12 +2,16 @@
 
 One client, about 100-byte jobs, durable commits, each system in a fresh database of its own;
 jobs/s for one job per transaction and for 1,000 jobs per call (each shape run once untimed
-first: what a running app pays, not a first call's compiling), 3 repeats in alternating order,
+first: what a running app pays, not a first call's compiling), 5 repeats in alternating order,
 median; beside each rate the CPU per job (µs) of the client process and of the database's
 server backends (their /proc/PID/stat before and after each timed part: the server runs on this
 machine). The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
 
-    python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 3] [--json] [--rtt MS]
+    python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 5] [--json] [--rtt MS]
+        [--only WORD ...]
+
+`--only WORD` runs the systems whose row name has WORD ("leader", "graphile", "pg-boss"):
+a change to one system, measured beside the peers it is compared with.
 
 With `--rtt MS` every system reaches the server through a latency proxy of its own
 (`cronoq_store.bench.proxy`, in a process of its own, so its CPU is no system's) that adds MS
@@ -281,11 +285,11 @@ def raw(url: str) -> Figures:
     import psycopg
 
     from cronoq_store import SqlStore, TaskSpec
-    from cronoq_store.bench.inbox import _COLUMNS, _raw_row
+    from cronoq_store.bench.inbox import INBOX_COLUMNS, raw_inbox_row
 
     SqlStore.open(url).close()  # the inbox table
     spec = TaskSpec(payload=PAYLOAD, kind="job")
-    copy_sql = f"COPY cronoq_inbox ({', '.join(_COLUMNS)}) FROM STDIN"
+    copy_sql = f"COPY cronoq_inbox ({', '.join(INBOX_COLUMNS)}) FROM STDIN"
     with psycopg.connect(_dsn(url)) as conn:
         conn.execute(
             "CREATE TABLE jobs (id bigserial PRIMARY KEY, enqueued_unix_ns bigint NOT NULL, "
@@ -293,7 +297,7 @@ def raw(url: str) -> Figures:
         )
         with conn.cursor() as cur, cur.copy(copy_sql) as copy:
             for _ in range(1000):
-                copy.write_row(_raw_row(spec))
+                copy.write_row(raw_inbox_row(spec))
         conn.commit()
         sql = "INSERT INTO jobs (enqueued_unix_ns, kind, payload, tags) VALUES (%s, %s, %s, %s)"
         with Part(_dsn(url), SINGLE) as one:
@@ -304,7 +308,7 @@ def raw(url: str) -> Figures:
             for _ in range(BATCHES):
                 with conn.cursor() as cur, cur.copy(copy_sql) as copy:
                     for _ in range(1000):
-                        copy.write_row(_raw_row(spec))
+                        copy.write_row(raw_inbox_row(spec))
                 conn.commit()
     return figures(one, many)
 
@@ -349,13 +353,20 @@ def systems(peers: Path) -> dict[str, Callable[[str], Figures]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rtt", type=float, default=0.0, help="round trip to add, ms")
+    parser.add_argument(
+        "--only", action="append", default=[], help="run the systems whose name has this word"
+    )
     args = parser.parse_args(argv)
     global RTT_MS
     RTT_MS = args.rtt
-    runs = systems(args.peers)
+    runs = {
+        name: fn
+        for name, fn in systems(args.peers).items()
+        if not args.only or any(word in name for word in args.only)
+    }
     samples: dict[str, list[Figures]] = {name: [] for name in runs}
     for repeat in range(args.repeats):
         order = list(runs.items())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from functools import cache, partial
+from operator import itemgetter
 from typing import Any, Final, cast
 
 from sqlalchemy import (
@@ -464,15 +465,16 @@ def _warn_missing(sent: Sequence[int], expected: int, ran: Sequence[execution.Ra
 
 FLIGHT_ROWS: Final = 8
 """Most dependency rows a flight carries as an executemany; more go by COPY, on their own."""
-ARRAY_ROWS: Final = 250
+ARRAY_ROWS: Final = 1000
 """Most new tasks one array statement (`insert_arrays_stmt`) carries; more go as several in
 the same flight, so a commit of any size is one round trip (issue 41; before, more were
 looked up and went by COPY, on their own). Measured on PostgreSQL 15 with no latency, on
 the bench's tasks (two dependencies each), arrays/COPY: 100 rows 1.7/2.1 ms of CPU and
-8.5/10.7 ms a commit; 250 4.1/4.3 and 25/22 ms; 1000 16.8/16.3 and 78/65 ms (the server's
-unnest, join and ON CONFLICT cost more than COPY's rows): b1000 0.80x of raw COPY against
-0.96x (3 bench runs). Through the bench's proxy b1000 is 1 round trip against 5: 13.8
-against 21.3 ms at 1 ms of RTT, 2.0 against 7.7 RTTs at 20 ms."""
+8.5/10.7 ms a commit; 250 4.1/4.3 and 25/22 ms; 1000 16.8/16.3 and 78/65 ms. Through the
+bench's proxy b1000 is 1 round trip against 5: 13.8 against 21.3 ms at 1 ms of RTT, 2.0
+against 7.7 RTTs at 20 ms. 1000, not 250: one statement of 1000 rows cost 6.2 µs of
+server CPU a task against 6.5 for four of 250 (the peers bench's tasks, no dependencies;
+their hash join stays linear, `insert_arrays_stmt`)."""
 
 
 def _write_inserts(
@@ -535,27 +537,52 @@ def _insert_arrays(
     """PostgreSQL: `rows` (new tasks, some perhaps stored already) and `deps` (the dependency
     rows of the live ones) in one statement of the flight, each column one array (in its
     text form: `array_text`), or one value where it is the same in every row (most are: a
-    batch's pool, status and NULLs seldom differ)."""
+    batch's pool, status and NULLs seldom differ). The rows are cut into columns in C
+    (`itemgetter`, `zip`): per row and column, Python did a lookup (a 1000-row commit's
+    27,000)."""
     keys = tuple(rows[0])
     params: dict[str, Any] = {}
     same: list[str] = []
-    for key in keys:
-        values = [r[key] for r in rows]
-        if values.count(values[0]) == len(values):
-            params[f"s_{key}"] = values[0]
+    for key, values in zip(keys, _columns(rows, keys), strict=True):
+        first = values[0]
+        # The id is always an array: with nothing to unnest (one row), no row is selected.
+        if values.count(first) == len(values) and key != "id":
+            params[f"s_{key}"] = first
             same.append(key)
         else:
             params[f"a_{key}"] = array_text(values)
     if deps:
-        params.update({f"d_{k}": array_text([d[k] for d in deps]) for k in DEP_COLUMNS})
+        columns = _columns(deps, DEP_COLUMNS)
+        params.update({f"d_{k}": array_text(v) for k, v in zip(DEP_COLUMNS, columns, strict=True)})
     flight.add(insert_arrays_stmt(keys, frozenset(same), bool(deps)), params)
+
+
+def _columns(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The values of `rows` under each of `keys` (two or more), one tuple per key."""
+    return list(zip(*map(itemgetter(*keys), rows), strict=True))
 
 
 def array_text(values: Sequence[Any]) -> str:
     """PostgreSQL's text form of an array of `values` (int, bool, str, bytes or None), which
     the statement casts to its column's array type: psycopg dumps a list element by element
     in Python, a quoted one through a regex substitution per quote (JSON columns are full
-    of them): twice a 100-row commit's CPU. Here each element is a few string methods."""
+    of them): twice a 100-row commit's CPU. Here an array of one type (ids, payloads, JSON
+    texts) is joined in C, escaped as one string; a mixed one (NULLs among them) element by
+    element, with a few string methods each."""
+    kinds = set(map(type, values))
+    if len(kinds) == 1:
+        (kind,) = kinds
+        if kind is int:
+            return "{" + ",".join(map(str, values)) + "}"
+        if kind is bytes:
+            return '{"\\\\x' + '","\\\\x'.join(map(bytes.hex, values)) + '"}'
+        if kind is str:
+            # Escaping commutes with joining on a separator that needs none; NUL is one no
+            # text value holds (the server refuses it: then element by element, below).
+            joined = "\0".join(values)
+            if joined.count("\0") == len(values) - 1:
+                escaped = joined.replace("\\", "\\\\").replace('"', '\\"')
+                return '{"' + escaped.replace("\0", '","') + '"}'
     return "{" + ",".join(map(_element_text, values)) + "}"
 
 
@@ -581,11 +608,17 @@ def _element_type(column: Column[Any]) -> TypeEngine[Any]:
 @cache
 def insert_arrays_stmt(keys: tuple[str, ...], same: frozenset[str], with_deps: bool) -> Insert:
     """PostgreSQL: new task rows of the columns `keys`, one array per column (`a_{key}`,
-    unnested) but those in `same` (one value for every row, `s_{key}`), except the rows whose
-    id is stored already (ON CONFLICT DO NOTHING on the primary key alone: a live key in use
-    still refuses the row); `with_deps`, also the dependency rows (`d_{column}` arrays) of
-    the tasks it did insert, selected from its RETURNING. So a replayed batch changes
-    nothing, its dependency rows included, without a lookup first."""
+    unnested; the id always) but those in `same` (one value for every row, `s_{key}`),
+    except the rows whose id is stored already (NOT EXISTS, a probe of the primary key per
+    row: a live key in use still refuses the row); `with_deps`, also the dependency rows
+    (`d_{column}` arrays) of the tasks it did insert, selected from its RETURNING. So a
+    replayed batch changes nothing, its dependency rows included, without a lookup first.
+
+    Not ON CONFLICT DO NOTHING: its speculative insertion (a token per row, confirmed after
+    its index entries) cost 6.3 µs of server CPU a task against 5.4 for the probe
+    (PostgreSQL 15, 1000-row commits of the peers bench's tasks, 4 x 250 rows). It would
+    also wait out another transaction inserting the same id, where this one fails on the
+    key: only another leader could, and the fence lets one commit at a time."""
     columns = [c for c in tasks.c if c.name in keys]
     names = [c.name for c in columns]
     varying = [c for c in columns if c.name not in same]
@@ -598,11 +631,9 @@ def insert_arrays_stmt(keys: tuple[str, ...], same: frozenset[str], with_deps: b
         bindparam(f"s_{c.name}", type_=_element_type(c)) if c.name in same else source.c[c.name]
         for c in columns
     ]
-    new = (
-        pg_insert(tasks)
-        .from_select(names, select(*values).select_from(source))
-        .on_conflict_do_nothing(index_elements=[tasks.c.id])
-    )
+    stored = tasks.alias("t")
+    absent = ~exists().where(stored.c.id == source.c.id)
+    new = insert(tasks).from_select(names, select(*values).select_from(source).where(absent))
     if not with_deps:
         return new
     inserted = new.returning(tasks.c.id).cte("new")

@@ -12,6 +12,7 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -289,7 +290,11 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
 ) -> None:
     """The server ends a commit's session between its statements (an idle bound that fired
     while the leader was paused, a restart): that commit fails, writing nothing, and the
-    connection its commits kept goes, so the next commit runs on a new one and lands."""
+    connection its commits kept goes, so the next commit runs on a new one and lands.
+
+    PostgreSQL sends the commit in one flight and answers it whole, after its COMMIT: no
+    answer comes between its statements to end the session on. There a lock on the task
+    table holds the flight at its first INSERT, and the session ends while it waits."""
     thread = threading.get_ident()
     armed: list[int] = []
     killed: list[int] = []
@@ -301,18 +306,48 @@ def test_a_commit_whose_session_ends_inside_it_fails_and_the_next_lands(
         killed.append(1)
         kill_other_sessions(admin, dialect)
 
-    with cq.SqlStore.open(db_url, QUIET) as store:
+    def kill_when_held(blocker: int) -> None:
+        with admin.connect() as conn:
+            for _ in range(1000):  # 10 s at most
+                held = conn.execute(
+                    text(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock' AND pid <> :blocker"
+                    ),
+                    {"blocker": blocker},
+                ).scalars()
+                for pid in held:
+                    conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+                    killed.append(pid)
+                if killed:
+                    return
+                time.sleep(0.01)
+
+    with cq.SqlStore.open(db_url, QUIET) as store, admin.connect() as lock:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(1)])
         store.release_leadership()  # which returns the connection its commits kept
-        after_statements(store.engine, kill_after_fence)  # from the next connection on
+        if dialect != "postgresql":
+            after_statements(store.engine, kill_after_fence)  # from the next connection on
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [keyed(5)])  # the connection kept
         armed.append(1)
+        killer = None
+        if dialect == "postgresql":
+            lock.exec_driver_sql("BEGIN")
+            lock.exec_driver_sql(f"LOCK TABLE {tasks.name} IN SHARE MODE")
+            blocker = lock.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            killer = threading.Thread(target=kill_when_held, args=(blocker,))
+            killer.start()
         # More tasks than one array statement carries (PostgreSQL: several, in one flight).
         batch = [keyed(i) for i in range(10, 11 + ARRAY_ROWS)]
-        with pytest.raises(cq.StoreUnavailable):
-            store.commit(epoch, BASE, batch)
+        try:
+            with pytest.raises(cq.StoreUnavailable):
+                store.commit(epoch, BASE, batch)
+        finally:
+            if killer is not None:
+                killer.join()
+                lock.exec_driver_sql("ROLLBACK")
         assert killed
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         store.commit(epoch, BASE, [keyed(4)])

@@ -125,6 +125,25 @@ def test_a_replayed_batch_changes_no_stored_row(db_url: URL, size: int, stored_e
         store.release_leadership()
 
 
+@pytest.mark.parametrize("with_deps", [False, True])
+def test_a_batch_one_past_an_array_statement_lands(db_url: URL, with_deps: bool) -> None:
+    """`ARRAY_ROWS` + 1 new tasks of one spec (PostgreSQL: a last array statement of one
+    row, every column of it one value, none an array): all of them land with their
+    dependency rows, and a replay changes nothing."""
+    deps = (Dep(target=ById(id=TaskId(1))),) if with_deps else ()
+    spec = TaskSpec(payload=b"p", deps=deps)
+    batch = [Submitted(id=TaskId(i), seq=i, arrival=0, spec=spec) for i in range(ARRAY_ROWS + 1)]
+    with SqlStore.open(db_url) as store:
+        epoch = store.acquire_leadership()
+        store.commit(epoch, BASE, batch)
+        after, rows = _tasks(store.engine), _deps(store.engine)
+        assert sorted(after) == list(range(ARRAY_ROWS + 1))
+        assert len(rows) == (ARRAY_ROWS + 1 if with_deps else 0)
+        store.commit(epoch, BASE, batch)
+        assert (_tasks(store.engine), _deps(store.engine)) == (after, rows)
+        store.release_leadership()
+
+
 def test_a_live_key_clash_in_a_big_batch_is_refused(db_url: URL) -> None:
     """A batch of more new tasks than one array statement carries (PostgreSQL: several), the
     last with the live key of a stored live task: the commit is refused (the store's

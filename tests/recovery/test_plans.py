@@ -28,12 +28,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, Executable, event
+from sqlalchemy import URL, Engine, Executable, event, func, select
 
 from cronoq_store import ById, ByKey, Dep, SqlStore, StoreConfig, TaskId, TimeBase
 from cronoq_store.bench import history
 from cronoq_store.model import StatusChanged, Submitted, TaskSpec, TaskStatus
-from cronoq_store.repository import operators, prune, queries, recovery
+from cronoq_store.repository import commit, folding, operators, prune, queries, recovery
 from cronoq_store.schema import tasks
 
 HISTORY = 100_000
@@ -332,3 +332,36 @@ def test_recovery_returns_the_old_tasks_live_ones_need(filled: Engine) -> None:
     by_key = {_by_key(i) for i in range(LIVE)}
     recent = {LIVE_IDS + LIVE + i for i in range(RECENT)}
     assert sorted(ids) == sorted(by_id | by_key | recent)
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_new_tasks_in_arrays_probe_the_history_by_id(filled: Engine) -> None:
+    """PostgreSQL's array INSERT of a commit's new tasks (`commit.insert_arrays_stmt`) skips
+    those stored by a probe of the primary key per row (NOT EXISTS), not by a scan of the
+    history: 1000 rows, the first 100 replayed old ids, with dependency rows."""
+    spec = TaskSpec(payload=b"p", deps=(Dep(target=ById(id=TaskId(1))),))
+    new = [*range(1, 101), *range(2 * LIVE_IDS, 2 * LIVE_IDS + 900)]
+    folded = folding.fold(
+        TimeBase(unix_ns=time.time_ns()),
+        time.time_ns(),
+        [Submitted(id=TaskId(i), seq=i, arrival=0, spec=spec) for i in new],
+    )
+    sent: list[tuple[Executable, dict[str, Any]]] = []
+
+    class Flight:
+        def add(self, stmt: Executable, params: dict[str, Any]) -> None:
+            sent.append((stmt, params))
+
+    deps = [d for i in folded.inserts for d in folded.deps[i]]
+    commit._insert_arrays(list(folded.inserts.values()), deps, Flight())  # type: ignore[arg-type]
+    ((stmt, params),) = sent
+    sql, values = _compiled(filled, Case("insert_arrays", stmt, params))
+    with filled.connect() as conn:
+        doc = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", values).scalar()
+        inserted = conn.execute(select(func.count()).select_from(tasks)).scalar()
+        conn.rollback()
+    plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
+    text = json.dumps(plan, indent=1)
+    assert "Seq Scan" not in [t for t, rel in _pg_node_types(plan) if rel == tasks.name], text
+    assert _pg_rows_read(plan) <= BUDGET, text
+    assert inserted == HISTORY + LIVE + RECENT + 900

@@ -25,7 +25,8 @@ from sqlalchemy import exc as sa_exc
 import cronoq_store as cq
 from cronoq_store import execution
 from cronoq_store.face import HOLD_MIN_POOL
-from cronoq_store.repository.commit import ARRAY_ROWS, FLIGHT_ROWS, insert_deps_stmt
+from cronoq_store.repository.arrays import ARRAY_ROWS
+from cronoq_store.repository.commit import FLIGHT_ROWS, insert_deps_stmt
 from cronoq_store.schema import tasks
 from cronoq_store.store import StoreConfig
 from cronoq_store.testing.statements import after_statements

@@ -34,7 +34,7 @@ from cronoq_store.bench.proxy import proxied_url
 from cronoq_store.errors import StoreError
 from cronoq_store.face import transactions
 from cronoq_store.inbox import enqueue
-from cronoq_store.repository.commit import ARRAY_ROWS, array_text
+from cronoq_store.repository.arrays import ARRAY_ROWS, array_text
 from cronoq_store.schema import leader, task_deps, tasks
 
 

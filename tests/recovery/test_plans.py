@@ -33,7 +33,7 @@ from sqlalchemy import URL, Engine, Executable, event, func, select
 from cronoq_store import ById, ByKey, Dep, SqlStore, StoreConfig, TaskId, TimeBase
 from cronoq_store.bench import history
 from cronoq_store.model import StatusChanged, Submitted, TaskSpec, TaskStatus
-from cronoq_store.repository import commit, folding, operators, prune, queries, recovery
+from cronoq_store.repository import arrays, folding, operators, prune, queries, recovery
 from cronoq_store.schema import tasks
 
 HISTORY = 100_000
@@ -336,7 +336,7 @@ def test_recovery_returns_the_old_tasks_live_ones_need(filled: Engine) -> None:
 
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_new_tasks_in_arrays_probe_the_history_by_id(filled: Engine) -> None:
-    """PostgreSQL's array INSERT of a commit's new tasks (`commit.insert_arrays_stmt`) skips
+    """PostgreSQL's array INSERT of a commit's new tasks (`arrays.insert_arrays_stmt`) skips
     those stored by a probe of the primary key per row (NOT EXISTS), not by a scan of the
     history: 1000 rows, the first 100 replayed old ids, with dependency rows."""
     spec = TaskSpec(payload=b"p", deps=(Dep(target=ById(id=TaskId(1))),))
@@ -353,7 +353,7 @@ def test_new_tasks_in_arrays_probe_the_history_by_id(filled: Engine) -> None:
             sent.append((stmt, params))
 
     deps = [d for i in folded.inserts for d in folded.deps[i]]
-    commit._insert_arrays(list(folded.inserts.values()), deps, Flight())  # type: ignore[arg-type]
+    arrays.insert_chunks(list(folded.inserts.values()), deps, Flight())  # type: ignore[arg-type]
     ((stmt, params),) = sent
     sql, values = _compiled(filled, Case("insert_arrays", stmt, params))
     with filled.connect() as conn:

@@ -14,20 +14,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy import URL, Engine, create_engine, select, text
 
 from cronoq_store import StatusChanged, Submitted, TaskId, TaskSpec, TaskStatus
+from cronoq_store.schema import task_deps, tasks
 from cronoq_store.testing import BASE
 
 __all__ = [
     "BASE",
     "captured",
+    "dep_rows",
     "execute",
     "found_empty",
     "keyed",
     "no_connection_left",
     "status",
     "submit",
+    "task_rows",
     "wait_until",
 ]
 
@@ -53,6 +56,20 @@ def submit(
 def keyed(i: int, **spec: Any) -> Submitted:
     """Task `i` submitted with key `k<i>`: every commit of it also claims a live key."""
     return submit(i, key=f"k{i}", **spec)
+
+
+def task_rows(engine: Engine) -> dict[int, tuple[Any, ...]]:
+    """Every stored task's status and live key, by id."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(tasks.c.id, tasks.c.status, tasks.c.live_key)).all()
+    return {r.id: (r.status, r.live_key) for r in rows}
+
+
+def dep_rows(engine: Engine) -> list[tuple[Any, ...]]:
+    """Every stored dependency row, by task and ordinal."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(task_deps).order_by(task_deps.c.task_id, task_deps.c.ordinal))
+        return [tuple(r) for r in rows]
 
 
 def status(

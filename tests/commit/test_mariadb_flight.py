@@ -9,36 +9,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from builders import BASE, status
-from sqlalchemy import URL, Engine, select, update
+from builders import BASE, dep_rows, keyed, status, task_rows
+from sqlalchemy import URL, update
 
-from cronoq_store import ById, ByKey, Dep, Fenced, SqlStore, Submitted, TaskId, TaskSpec, TaskStatus
+from cronoq_store import ById, ByKey, Dep, Fenced, SqlStore, Submitted, TaskId, TaskStatus
 from cronoq_store.bench.proxy import Proxy, proxied_url
-from cronoq_store.face import transactions
-from cronoq_store.schema import leader, task_deps, tasks
+from cronoq_store.schema import leader
 
 DEPS = (Dep(target=ById(id=TaskId(50))), Dep(target=ByKey(key="other")))
 
 
 def _submit(i: int, deps: tuple[Dep, ...] = DEPS) -> Submitted:
-    return Submitted(
-        id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=f"k{i}", deps=deps)
-    )
-
-
-def _tasks(engine: Engine) -> dict[int, tuple[Any, ...]]:
-    with engine.connect() as conn:
-        rows = conn.execute(select(tasks.c.id, tasks.c.status, tasks.c.live_key)).all()
-    return {r.id: (r.status, r.live_key) for r in rows}
-
-
-def _deps(engine: Engine) -> list[tuple[Any, ...]]:
-    with engine.connect() as conn:
-        rows = conn.execute(select(task_deps).order_by(task_deps.c.task_id, task_deps.c.ordinal))
-        return [tuple(r) for r in rows]
+    return keyed(i, payload=b"p", deps=deps)
 
 
 @contextlib.contextmanager
@@ -49,20 +33,6 @@ def _store(db_url: URL, dialect: str) -> Iterator[tuple[SqlStore, Proxy | None]]
         if dialect != "sqlite":
             url, proxy = stack.enter_context(proxied_url(db_url, delay=0))
         yield stack.enter_context(SqlStore.open(url)), proxy
-
-
-@pytest.fixture
-def revivals(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Each time a commit ran again after its guard found a revival."""
-    again: list[int] = []
-    real = transactions._revived_again
-
-    def counted(*args: Any) -> None:
-        again.append(1)
-        real(*args)
-
-    monkeypatch.setattr(transactions, "_revived_again", counted)
-    return again
 
 
 def test_a_batch1_commit_is_one_packet(db_url: URL, dialect: str) -> None:
@@ -89,8 +59,8 @@ def test_a_batch1_commit_is_one_packet(db_url: URL, dialect: str) -> None:
                 row.append(proxy.count - before)
             counts.append(row)
         assert counts == [[1, 1, 1]] * 3
-        assert _deps(store.engine) == []
-        assert _tasks(store.engine) == {i: ("succeeded", None) for i in range(1, 5)}
+        assert dep_rows(store.engine) == []
+        assert task_rows(store.engine) == {i: ("succeeded", None) for i in range(1, 5)}
         assert store.load_output(TaskId(3)) == b"out"
         store.release_leadership()
 
@@ -103,14 +73,14 @@ def test_a_replayed_batch1_submission_adds_no_dependency_row(db_url: URL) -> Non
         store.commit(epoch, BASE, [_submit(1), _submit(2)])
         store.commit(epoch, BASE, [status(1, TaskStatus.RUNNING)])
         store.commit(epoch, BASE, [status(2, TaskStatus.SUCCEEDED)])
-        before, deps_before = _tasks(store.engine), _deps(store.engine)
+        before, deps_before = task_rows(store.engine), dep_rows(store.engine)
         assert [d[:2] for d in deps_before] == [(1, 0), (1, 1)]
         for i in (1, 2):
             store.commit(epoch, BASE, [_submit(i)])
-        assert _tasks(store.engine) == before
-        assert _deps(store.engine) == deps_before
+        assert task_rows(store.engine) == before
+        assert dep_rows(store.engine) == deps_before
         store.commit(epoch, BASE, [_submit(3)])
-        assert [d[:2] for d in _deps(store.engine)] == [(1, 0), (1, 1), (3, 0), (3, 1)]
+        assert [d[:2] for d in dep_rows(store.engine)] == [(1, 0), (1, 1), (3, 0), (3, 1)]
         store.release_leadership()
 
 
@@ -123,15 +93,15 @@ def test_a_batch1_revival_restores_dependency_rows_and_live_key(
     with SqlStore.open(db_url) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [_submit(1), _submit(2)])
-        before = _deps(store.engine)
+        before = dep_rows(store.engine)
         store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)], [(TaskId(1), b"out")])
-        assert [d[0] for d in _deps(store.engine)] == [2, 2]
+        assert [d[0] for d in dep_rows(store.engine)] == [2, 2]
         store.commit(epoch, BASE, [status(2, TaskStatus.RUNNING)])
         store.commit(epoch, BASE, [status(99, TaskStatus.RUNNING)])  # not stored: logged
         assert revivals == []
         store.commit(epoch, BASE, [status(1, TaskStatus.RUNNING)])
-        assert _tasks(store.engine) == {1: ("running", "k1"), 2: ("running", "k2")}
-        assert _deps(store.engine) == before
+        assert task_rows(store.engine) == {1: ("running", "k1"), 2: ("running", "k2")}
+        assert dep_rows(store.engine) == before
         assert revivals == ([] if dialect == "sqlite" else [1])
         store.release_leadership()
 
@@ -144,7 +114,7 @@ def test_a_fenced_batch1_commit_writes_nothing(db_url: URL, kind: str) -> None:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [_submit(1), _submit(2)])
         store.commit(epoch, BASE, [status(2, TaskStatus.SUCCEEDED)])
-        before, deps_before = _tasks(store.engine), _deps(store.engine)
+        before, deps_before = task_rows(store.engine), dep_rows(store.engine)
         with store.engine.begin() as conn:
             conn.execute(update(leader).values(epoch=leader.c.epoch + 1, holder="someone else"))
         batch, outputs = {
@@ -155,8 +125,8 @@ def test_a_fenced_batch1_commit_writes_nothing(db_url: URL, kind: str) -> None:
         }[kind]
         with pytest.raises(Fenced):
             store.commit(epoch, BASE, batch, outputs)
-        assert _tasks(store.engine) == before
-        assert _deps(store.engine) == deps_before
+        assert task_rows(store.engine) == before
+        assert dep_rows(store.engine) == deps_before
 
 
 def test_a_revival_among_live_transitions_is_found(
@@ -167,12 +137,12 @@ def test_a_revival_among_live_transitions_is_found(
     with SqlStore.open(db_url) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [_submit(1), _submit(2), _submit(3)])
-        before = _deps(store.engine)
+        before = dep_rows(store.engine)
         store.commit(epoch, BASE, [status(3, TaskStatus.CANCELLED)])
         store.commit(epoch, BASE, [status(i, TaskStatus.RUNNING) for i in (1, 2)])
         assert revivals == []
         store.commit(epoch, BASE, [status(i, TaskStatus.RUNNING) for i in (1, 2, 3)])
-        assert _tasks(store.engine) == {i: ("running", f"k{i}") for i in (1, 2, 3)}
-        assert _deps(store.engine) == before
+        assert task_rows(store.engine) == {i: ("running", f"k{i}") for i in (1, 2, 3)}
+        assert dep_rows(store.engine) == before
         assert revivals == ([] if dialect == "sqlite" else [1])
         store.release_leadership()

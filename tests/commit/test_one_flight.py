@@ -9,10 +9,10 @@ import contextlib
 from typing import Any
 
 import pytest
-from builders import BASE, status
+from builders import BASE, dep_rows, keyed, status, task_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import URL, Engine, create_engine, select, text, update
+from sqlalchemy import URL, create_engine, text, update
 
 from cronoq_store import (
     ById,
@@ -32,64 +32,42 @@ from cronoq_store import (
 )
 from cronoq_store.bench.proxy import proxied_url
 from cronoq_store.errors import StoreError
-from cronoq_store.face import transactions
 from cronoq_store.inbox import enqueue
 from cronoq_store.repository.arrays import ARRAY_ROWS, array_text
-from cronoq_store.schema import leader, task_deps, tasks
+from cronoq_store.schema import leader
 
 
 def _submit(i: int, deps: tuple[Dep, ...] = ()) -> Submitted:
-    return Submitted(
-        id=TaskId(i), seq=i, arrival=i, spec=TaskSpec(payload=b"p", key=f"k{i}", deps=deps)
-    )
-
-
-def _tasks(engine: Engine) -> dict[int, tuple[Any, ...]]:
-    with engine.connect() as conn:
-        rows = conn.execute(select(tasks.c.id, tasks.c.status, tasks.c.live_key)).all()
-    return {r.id: (r.status, r.live_key) for r in rows}
-
-
-def _deps(engine: Engine) -> list[tuple[Any, ...]]:
-    with engine.connect() as conn:
-        rows = conn.execute(select(task_deps).order_by(task_deps.c.task_id, task_deps.c.ordinal))
-        return [tuple(r) for r in rows]
+    return keyed(i, payload=b"p", deps=deps)
 
 
 def test_a_revival_restores_dependency_rows_and_live_key(
-    db_url: URL, dialect: str, monkeypatch: pytest.MonkeyPatch
+    db_url: URL, dialect: str, revivals: list[int]
 ) -> None:
     """A live transition of a finished task, beside a live task's and a new task's: the
     guarded flight fails on it (PostgreSQL, MariaDB), and the commit run again restores its
     dependency rows and its live key, and writes the rest once."""
-    again: list[int] = []
-    real = transactions._revived_again
-
-    def counted(*args: Any) -> None:
-        again.append(1)
-        real(*args)
-
-    monkeypatch.setattr(transactions, "_revived_again", counted)
+    again = revivals
     deps = (Dep(target=ById(id=TaskId(50))), Dep(target=ByKey(key="other")))
     with SqlStore.open(db_url) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [_submit(1, deps), _submit(2)])
-        before = _deps(store.engine)
+        before = dep_rows(store.engine)
         assert [d[0] for d in before] == [1, 1]
         store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)], [(TaskId(1), b"out")])
-        assert _deps(store.engine) == []
-        assert _tasks(store.engine)[1] == ("succeeded", None)
+        assert dep_rows(store.engine) == []
+        assert task_rows(store.engine)[1] == ("succeeded", None)
         store.commit(
             epoch,
             BASE,
             [status(1, TaskStatus.RUNNING), status(2, TaskStatus.RUNNING), _submit(3)],
         )
-        assert _tasks(store.engine) == {
+        assert task_rows(store.engine) == {
             1: ("running", "k1"),
             2: ("running", "k2"),
             3: ("queued", "k3"),
         }
-        assert _deps(store.engine) == before
+        assert dep_rows(store.engine) == before
         assert again == ([] if dialect == "sqlite" else [1])
         store.release_leadership()
 
@@ -109,19 +87,19 @@ def test_a_replayed_batch_changes_no_stored_row(db_url: URL, size: int, stored_e
         first = [m for m in batch if m.id % stored_every == 0]
         store.commit(epoch, BASE, first)
         store.commit(epoch, BASE, [status(m.id, TaskStatus.RUNNING) for m in first])
-        stored = _tasks(store.engine)
+        stored = task_rows(store.engine)
         store.commit(epoch, BASE, batch)
-        after = _tasks(store.engine)
+        after = task_rows(store.engine)
         assert {i: after[i] for i in stored} == stored
         assert {i: v for i, v in after.items() if i not in stored} == {
             i: ("queued", f"k{i}") for i in range(size) if i not in stored
         }
         assert len(after) == size
-        rows = _deps(store.engine)
+        rows = dep_rows(store.engine)
         assert len(rows) == len({(r[0], r[1]) for r in rows}) == 2 * size
         store.commit(epoch, BASE, batch)  # once more: nothing changes
-        assert _tasks(store.engine) == after
-        assert _deps(store.engine) == rows
+        assert task_rows(store.engine) == after
+        assert dep_rows(store.engine) == rows
         store.release_leadership()
 
 
@@ -136,11 +114,11 @@ def test_a_batch_one_past_an_array_statement_lands(db_url: URL, with_deps: bool)
     with SqlStore.open(db_url) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, batch)
-        after, rows = _tasks(store.engine), _deps(store.engine)
+        after, rows = task_rows(store.engine), dep_rows(store.engine)
         assert sorted(after) == list(range(ARRAY_ROWS + 1))
         assert len(rows) == (ARRAY_ROWS + 1 if with_deps else 0)
         store.commit(epoch, BASE, batch)
-        assert (_tasks(store.engine), _deps(store.engine)) == (after, rows)
+        assert (task_rows(store.engine), dep_rows(store.engine)) == (after, rows)
         store.release_leadership()
 
 
@@ -151,7 +129,7 @@ def test_a_live_key_clash_in_a_big_batch_is_refused(db_url: URL) -> None:
     with SqlStore.open(db_url) as store:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [_submit(1)])
-        before, deps_before = _tasks(store.engine), _deps(store.engine)
+        before, deps_before = task_rows(store.engine), dep_rows(store.engine)
         size = ARRAY_ROWS * 2 + 10
         deps = (Dep(target=ById(id=TaskId(1))),)
         batch = [_submit(i, deps) for i in range(10, 10 + size - 1)]
@@ -160,10 +138,10 @@ def test_a_live_key_clash_in_a_big_batch_is_refused(db_url: URL) -> None:
         )
         with pytest.raises(StoreError, match="live key in use"):
             store.commit(epoch, BASE, [*batch, clash])
-        assert _tasks(store.engine) == before
-        assert _deps(store.engine) == deps_before
+        assert task_rows(store.engine) == before
+        assert dep_rows(store.engine) == deps_before
         store.commit(epoch, BASE, batch)  # the rest lands on its own
-        assert len(_tasks(store.engine)) == size
+        assert len(task_rows(store.engine)) == size
         store.release_leadership()
 
 
@@ -174,15 +152,15 @@ def test_a_fenced_commit_writes_nothing(db_url: URL) -> None:
         epoch = store.acquire_leadership()
         store.commit(epoch, BASE, [_submit(1), _submit(2)])
         store.commit(epoch, BASE, [status(1, TaskStatus.SUCCEEDED)])
-        before, deps_before = _tasks(store.engine), _deps(store.engine)
+        before, deps_before = task_rows(store.engine), dep_rows(store.engine)
         with store.engine.begin() as conn:
             conn.execute(update(leader).values(epoch=leader.c.epoch + 1, holder="someone else"))
         batch = [status(1, TaskStatus.RUNNING), status(2, TaskStatus.RUNNING)]
         batch += [_submit(i, (Dep(target=ById(id=TaskId(1))),)) for i in range(10, 110)]
         with pytest.raises(Fenced):
             store.commit(epoch, BASE, batch)
-        assert _tasks(store.engine) == before
-        assert _deps(store.engine) == deps_before
+        assert task_rows(store.engine) == before
+        assert dep_rows(store.engine) == deps_before
         with store.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM cronoq_tasks")).scalar_one() == 2
 
@@ -225,15 +203,15 @@ def test_a_commit_of_every_kind_is_one_round_trip(db_url: URL, dialect: str) -> 
         if proxy is not None:
             assert proxy.count - before == 1
         big_ids = {m.id for m in big}
-        assert {i for i in _tasks(store.engine) if i in big_ids} == big_ids
-        assert sum(1 for d in _deps(store.engine) if d[0] in big_ids) == len(big)
+        assert {i for i in task_rows(store.engine) if i in big_ids} == big_ids
+        assert sum(1 for d in dep_rows(store.engine) if d[0] in big_ids) == len(big)
         store.commit(epoch, BASE, [status(i, TaskStatus.CANCELLED) for i in range(100, 700)])
         rec = store.recover(BASE)
         assert [t.id for t in rec.tasks] == [2, 3, 4, 5]
-        assert _tasks(store.engine)[1] == ("succeeded", None)
+        assert task_rows(store.engine)[1] == ("succeeded", None)
         assert [(r.spec, r.next, r.last) for r in rec.recurring] == [(second, 500, 3)]
         assert store.load_output(TaskId(1)) == b"out"
-        assert [d[:2] for d in _deps(store.engine)] == [(3, 0), (4, 0), (5, 0)]
+        assert [d[:2] for d in dep_rows(store.engine)] == [(3, 0), (4, 0), (5, 0)]
         with store.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM cronoq_inbox")).scalar_one() == 0
         store.release_leadership()

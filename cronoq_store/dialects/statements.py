@@ -286,18 +286,19 @@ MYSQL_DURABILITY: Final = (
 """MariaDB/MySQL's: InnoDB's flush and doublewrite, the binary log's sync, Galera."""
 
 
-def durability_settings(conn: Connection) -> dict[str, str | None]:
+def durability_settings(conn: Connection, flight: Any = None) -> dict[str, str | None]:
     """The settings `durability.classify` judges, as the server reports them to this session
     (PostgreSQL: `current_setting`, so a per-database or per-role `synchronous_commit` shows;
     MySQL: the global variables, in one `SHOW`, which lists only those the server has, so a
     server without Galera has no `wsrep_on`; SQLite: this connection's pragmas, `synchronous`
     being per connection). One round trip on the servers (PostgreSQL pipelined: its BEGIN and
-    COMMIT too, which ends the transaction); nothing is changed."""
+    COMMIT too, which ends the transaction); nothing is changed. `flight`: an
+    `execution.Flight` on `conn`, which PostgreSQL's read rides in (given by the caller: this
+    floor does not reach up to `execution`)."""
     which = name(conn.dialect)
     if which == "postgresql":
-        from .. import execution  # BEGIN, the read and COMMIT in one flight where pipelined
-
-        flight = execution.Flight(conn)
+        if flight is None:
+            raise TypeError("PostgreSQL's durability settings are read in a flight")
         at = flight.add(select(*(func.current_setting(s) for s in PG_DURABILITY)))
         row = flight.commit()[at].rows[0]
         return {s: str(v) for s, v in zip(PG_DURABILITY, row, strict=True)}

@@ -174,8 +174,9 @@ class Line:
     """What the store works out once about one SQLAlchemy connection, for every commit run on
     it (`line_of`): its database's class, its DB-API connection, its `info`, how another
     thread interrupts it, whether its statements are `observed` and under which dialect and
-    schema their compiled forms are kept (`where`), how a commit begins on it (`begin`), and
-    whether a statement on the database's clock is given the host's (`host_clock`).
+    schema their compiled forms are kept (`where`), and whether a statement on the database's
+    clock is given the host's (`host_clock`). How a transaction begins on it is asked anew
+    each time (`driver_begin`): an app may add a listener to its engine at any time.
 
     A connection a leader keeps for its commits (`face.Face._keep_held`) pays for these once,
     not per commit. Only commits run on it, so its execution options stay as they were; its
@@ -183,7 +184,7 @@ class Line:
     own `echo` once, when it opens. One whose DB-API connection goes (invalidated) is closed
     by its holder, never used again."""
 
-    __slots__ = ("begin", "dbapi", "host_clock", "impl", "info", "interrupter", "observed", "where")
+    __slots__ = ("dbapi", "host_clock", "impl", "info", "interrupter", "observed", "where")
 
     def __init__(self, conn: Connection) -> None:
         fairy = conn.connection
@@ -202,19 +203,17 @@ class Line:
         )
         """The dialect and schema its statements' compiled forms are kept under
         (`compiled.COMPILED`)."""
-        self.begin = _driver_begin(conn)
-        """The statements a commit may begin with on the driver's own transaction (the
-        store's `begin` listener's: SQLite's BEGIN IMMEDIATE; none where the driver begins
-        one itself); None: only SQLAlchemy's transaction will do (another listener)."""
         self.host_clock = not impl.server
         """No server: the database's clock is the host's, passed with a statement that reads
         it (`statements.db_now_ns`, as `b_host_now`)."""
 
 
-def _driver_begin(conn: Connection) -> tuple[str, ...] | None:
-    """What a transaction on `conn` begins with when the store sends it itself (`Line.begin`):
-    every `begin` listener is the store's own (`STORE_BEGIN`) and nothing listens to a
-    commit or a rollback; None otherwise (or when that cannot be told)."""
+def driver_begin(conn: Connection) -> tuple[str, ...] | None:
+    """What a transaction on `conn` begins with when the store sends it itself, on the
+    driver's own transaction (the store's `begin` listener's statements: SQLite's BEGIN
+    IMMEDIATE; none where the driver begins one itself): when every `begin` listener is the
+    store's own (`STORE_BEGIN`) and nothing listens to a commit or a rollback. None: only
+    SQLAlchemy's transaction will do (another listener, or it cannot be told)."""
     found = compat.transaction_listeners(conn)
     if found is None or found[1]:
         return None

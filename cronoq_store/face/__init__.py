@@ -1,10 +1,10 @@
 """What both faces of the store share (`SqlStore` in store.py, `AsyncSqlStore` in aio.py), none
-of it blocking or awaiting: who leads, the connection a leader's commits keep, the leader's
-operations written once as `Steps` generators, and the one driver (`Face._driving`) that a
-face runs blocking or awaits.
+of it blocking or awaiting: who leads, the leader's operations written once as `Steps`
+generators, and the one driver (`Face._driving`) that a face runs blocking or awaits.
 
 The other operations, and what an operation is, are `operations`; how a transaction runs
-(its kind, the runner, the way of a commit) is `transactions`; the engine factory is
+(its kind, the runner) and the way of a commit (`transactions.Committing`: its plan, the
+connection a leader's commits keep, BEGIN to COMMIT) are `transactions`; the engine factory is
 `engines`. A face adds only what differs by nature: blocking or awaiting,
 and a keeper of threads or of an asyncio task.
 """
@@ -93,7 +93,7 @@ H = TypeVar("H")
 class Face(Committing[H], Operations, Generic[E, K, C, H]):
     """What `SqlStore` and `aio.AsyncSqlStore` share, none of it blocking or awaiting: the
     configuration, the engine, the holder's name, who leads (`leadership.Leadership`), and
-    the connection a leader's commits keep (`_keep_held`)."""
+    the way of a commit (`transactions.Committing`, with the connection its commits keep)."""
 
     _log: ClassVar[logging.Logger]
     _new_flag: ClassVar[Callable[[], _Flag]]

@@ -1,7 +1,9 @@
 """How the store runs a transaction, for both faces, none of it blocking or awaiting by
 itself: the kind of transaction each operation runs (`KINDS`, `plan`), the runner of every
-transaction (`transaction`), the way of a commit from BEGIN to COMMIT (`commit`), and the one
-place database errors are translated (`translated`).
+transaction (`transaction`), the way of a commit (`Committing`: planned before any I/O, the
+connection a leader's commits keep, what a landed or fenced commit means for the term; and
+`commit`, from BEGIN to COMMIT), and the one place database errors are translated
+(`translated`).
 
 A face (`SqlStore`, `AsyncSqlStore`) only checks a connection out and calls these, blocking
 or inside `run_sync`.
@@ -602,20 +604,20 @@ def _opened(
 ) -> contextlib.AbstractContextManager[Any]:
     """The commit's transaction: SQLAlchemy's (`Connection.begin`), or, where nothing but the
     store would see the difference, the driver's own (`_Driven`): no listener of the engine's
-    but the store's own `begin` (`Line.begin`, worked out once per connection), no statement
-    through SQLAlchemy's execution (`Flight.watched`; a recurring schedule's `conn.execute`;
-    an IN list of more than `execution.SMALL_IN` ids), no transaction open: a small commit's
-    case, where SQLAlchemy's bookkeeping of a transaction cost a batch-1 commit 10 us of CPU."""
+    but the store's own `begin` (`dialects.driver_begin`, asked on each commit: an app may
+    add one at any time), no statement through SQLAlchemy's execution (`Flight.watched`; a
+    recurring schedule's `conn.execute`; an IN list of more than `execution.SMALL_IN` ids),
+    no transaction open: a small commit's case, where SQLAlchemy's bookkeeping of a
+    transaction cost a batch-1 commit 10 us of CPU."""
     small = execution.SMALL_IN
-    begin = line.begin
     if (
-        begin is None
-        or flight.watched
+        flight.watched
         or folded.recurring
         or len(folded.inserts) > small
         or len(folded.updates) > small
         or len(folded.inbox_taken) > small
         or conn.in_transaction()
+        or (begin := dialects.driver_begin(conn)) is None
     ):
         return conn.begin()
     return _Driven(conn, begin, line.dbapi)

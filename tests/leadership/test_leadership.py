@@ -460,8 +460,14 @@ def test_race_harness_catches_a_plain_select_check(
     engine: Engine,
     dialect: str,
     monkeypatch: pytest.MonkeyPatch,
+    face: str,
 ) -> None:
     """Proof that the race test can fail: a fence that only reads the epoch is caught."""
+    if face == "async" and dialect == "postgresql":
+        pytest.skip(
+            "the stand-in fence is a SELECT, counted by its row count: SQLAlchemy's execution "
+            "on asyncio psycopg does not give it as 1"
+        )
 
     def plain_select_fence() -> Select[Any]:
         """The row when it names our epoch and holder, read (one row: "matched")."""

@@ -115,7 +115,7 @@ def durability_view(conn: Connection) -> dict[str, Any] | None:
     its `StoreConfig.full_sync`: a reader's own says nothing of the leader's, so it is left
     out (unknown) and a note says so."""
     try:
-        settings = dialects.durability_settings(conn, execution.Flight(conn))
+        settings = dialects.durability_settings(conn, execution.Flight)
     except sa_exc.DBAPIError:
         conn.rollback()
         return None

@@ -622,14 +622,12 @@ def fence(
     seq: int,
     acked: int,
     flight: execution.Flight | None = None,
-    host_now: int | None = None,
 ) -> bool:
-    """Run the fence check, raising the high-water to `next_id` and the commit sequence to
-    `seq`; False when we do not lead (`LeaderRowMissing` when nobody can: the row is gone;
-    `DatabaseBehind` when it lost commits we `acked`). `flight`: the commit's, not pipelined
-    (its statements run as they are added), which runs it. `host_now`: the database's clock
-    where it is the host's (SQLite: `dialects.Line.host_clock`), passed by the caller, so
-    the statement needs no value of its own filled in (`dialects.db_now_ns`)."""
+    """Run the fence check on its own, raising the high-water to `next_id` and the commit
+    sequence to `seq`; False when we do not lead (`LeaderRowMissing` when nobody can: the row
+    is gone; `DatabaseBehind` when it lost commits we `acked`). `flight`: one whose statements
+    run as they are added, which runs it. (A commit runs `fence_stmt` itself, and asks
+    `diagnose` of a miss: `face.transactions.commit`.)"""
     params = {
         "b_epoch": epoch,
         "b_holder": holder,
@@ -638,8 +636,6 @@ def fence(
         "b_seq": seq,
         "b_acked": acked,
     }
-    if host_now is not None:
-        params["b_host_now"] = host_now
     if flight is None:
         result = execution.run_stmt(conn, fence_stmt(), params)
     else:

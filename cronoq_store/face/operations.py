@@ -50,7 +50,7 @@ the one driver of both faces), blocking or awaiting."""
 
 def read_durability(conn: Connection) -> Durability:
     """What the server `conn` reaches does with a commit (`durability.classify`)."""
-    settings = dialects.durability_settings(conn, execution.Flight(conn))
+    settings = dialects.durability_settings(conn, execution.Flight)
     return durability.classify(dialects.name(conn.dialect), settings)
 
 

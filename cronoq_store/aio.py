@@ -339,9 +339,9 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
 
     _awaits = True
 
-    async def _drive(self, steps: Steps[T]) -> T:
+    async def _drive(self, steps: Steps[T], thrown: BaseException | None = None) -> T:
         """Drive `steps` awaiting (`face.Face._driving`)."""
-        return await self._driving(steps)
+        return await self._driving(steps, thrown)
 
     # Leadership.
 

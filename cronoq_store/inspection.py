@@ -17,7 +17,7 @@ from typing import Any, Final, Literal, TypedDict
 from sqlalchemy import Connection, Select
 from sqlalchemy import exc as sa_exc
 
-from . import codec, dialects, durability, inbox, lease, migrate
+from . import codec, dialects, durability, execution, inbox, lease, migrate
 from .errors import CorruptValue
 from .model import INT64_MAX, INT64_MIN, TaskStatus, TimeBase
 from .repository import operators, recovery
@@ -115,7 +115,7 @@ def durability_view(conn: Connection) -> dict[str, Any] | None:
     its `StoreConfig.full_sync`: a reader's own says nothing of the leader's, so it is left
     out (unknown) and a note says so."""
     try:
-        settings = dialects.durability_settings(conn)
+        settings = dialects.durability_settings(conn, execution.Flight)
     except sa_exc.DBAPIError:
         conn.rollback()
         return None

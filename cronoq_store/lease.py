@@ -174,8 +174,13 @@ def diagnosis_stmt() -> Select[Any]:
 def _oldest_writer() -> ColumnElement[int]:
     """The schema's oldest writer (`cronoq_writers`; 0 without its row), as a scalar subquery
     of the statement that needs it."""
-    floor = select(writers.c.oldest_writer).where(writers.c.id == 1).scalar_subquery()
-    return func.coalesce(floor, 0)
+    floor = select(writers.c.oldest_writer).where(writers.c.id == _ONE).scalar_subquery()
+    return func.coalesce(floor, literal_column("0"))
+
+
+_ONE: Final = literal_column("1", Integer)
+"""The one row's id, in the text of a statement every commit runs (the fence): a constant
+parameter would be a value to fill in on each run (`dialects.compiled`)."""
 
 
 def _writable() -> ColumnElement[bool]:
@@ -189,7 +194,7 @@ def _held() -> ColumnElement[bool]:
     """The lease row while `b_holder` holds it under `b_epoch`, and it holds every commit we
     acknowledged (`b_acked`), on a schema this build may write."""
     return and_(
-        leader.c.id == 1,
+        leader.c.id == _ONE,
         _writable(),
         leader.c.epoch == bindparam("b_epoch"),
         leader.c.holder == bindparam("b_holder"),
@@ -618,10 +623,11 @@ def fence(
     acked: int,
     flight: execution.Flight | None = None,
 ) -> bool:
-    """Run the fence check, raising the high-water to `next_id` and the commit sequence to
-    `seq`; False when we do not lead (`LeaderRowMissing` when nobody can: the row is gone;
-    `DatabaseBehind` when it lost commits we `acked`). `flight`: the commit's, not pipelined
-    (its statements run as they are added), which runs it."""
+    """Run the fence check on its own, raising the high-water to `next_id` and the commit
+    sequence to `seq`; False when we do not lead (`LeaderRowMissing` when nobody can: the row
+    is gone; `DatabaseBehind` when it lost commits we `acked`). `flight`: one whose statements
+    run as they are added, which runs it. (A commit runs `fence_stmt` itself, and asks
+    `diagnose` of a miss: `face.transactions.commit`.)"""
     params = {
         "b_epoch": epoch,
         "b_holder": holder,

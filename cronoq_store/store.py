@@ -282,10 +282,10 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
 
     _awaits = False
 
-    def _drive(self, steps: Steps[T]) -> T:
+    def _drive(self, steps: Steps[T], thrown: BaseException | None = None) -> T:
         """Drive `steps` blocking (`face.Face._driving`): nothing is awaited on this face, so
         the driver ends at its first `send`."""
-        driving = self._driving(steps)
+        driving = self._driving(steps, thrown)
         try:
             driving.send(None)
         except StopIteration as done:
@@ -366,7 +366,21 @@ class SqlStore(_Face[Engine, Keeper, Callable[[], None], Connection]):
                 or two new tasks of the batch that live under one key (nothing written).
             StoreError: Anything else the database refused; nothing was written.
         """
-        self._drive(self._committing(epoch, base, batch, outputs))
+        # `_committing`, driven here: it asks for one `Commit`, carried out at once, and, only
+        # when that raised, for what ends the term (the one driver runs the rest of it).
+        steps = self._committing(epoch, base, batch, outputs)
+        c = next(steps)  # planned, before any I/O (refused: raised here)
+        try:
+            self._transact_commit(c)
+        except BaseException as exc:
+            self._drive(steps, exc)  # raises: `_committing` raises what ended the commit
+            raise
+        try:
+            steps.send(None)
+        except StopIteration:
+            return
+        steps.close()
+        raise AssertionError("a landed commit asked for more")
 
     def recover(self, base: TimeBase) -> Recovered:
         """Everything a new leader needs to resume (quarantining undecodable rows).

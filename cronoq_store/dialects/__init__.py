@@ -25,6 +25,11 @@ from .base import Bounds as Bounds
 from .base import DefaultImpl as DefaultImpl
 from .base import class_of as class_of
 from .base import dialect_of as dialect_of
+from .cursor import LINE as LINE
+from .cursor import STORE_BEGIN as STORE_BEGIN
+from .cursor import Line as Line
+from .cursor import driver_begin as driver_begin
+from .cursor import line_of as line_of
 from .locks import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
 from .locks import MIGRATION_LOCK_NAME as MIGRATION_LOCK_NAME
 from .locks import MIGRATION_LOCK_TIMEOUT_S as MIGRATION_LOCK_TIMEOUT_S
@@ -38,8 +43,6 @@ from .postgresql import PostgresqlImpl as PostgresqlImpl
 from .sessions import COMMITTED as COMMITTED
 from .sessions import IDLE_INFO as IDLE_INFO
 from .sessions import READ_ONLY as READ_ONLY
-from .sessions import STORE_BEGIN as STORE_BEGIN
-from .sessions import Line as Line
 from .sessions import bound as bound
 from .sessions import bound_idle as bound_idle
 from .sessions import committed as committed
@@ -47,7 +50,6 @@ from .sessions import configure_sqlite as configure_sqlite
 from .sessions import idle_bound_supported as idle_bound_supported
 from .sessions import interrupter as interrupter
 from .sessions import interrupter_of as interrupter_of
-from .sessions import line_of as line_of
 from .sessions import net_options as net_options
 from .sessions import pool_options as pool_options
 from .sessions import reset_after_commit as reset_after_commit

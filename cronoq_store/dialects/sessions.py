@@ -17,17 +17,12 @@ from sqlalchemy import URL, Connection, Engine, Select, event
 from sqlalchemy.engine.interfaces import Dialect
 
 from .base import Bounds, dialect_of
-from .cursor import run
+from .cursor import STORE_BEGIN, run
 from .mysql import IDLE_INFO as IDLE_INFO
 from .sqlite import SQLITE_TRANSIENT
 
 # SQLite: WAL, synchronous, busy timeout, and BEGIN IMMEDIATE for every transaction.
 
-
-STORE_BEGIN: Final = "_cronoq_store_begin"
-"""The attribute that marks the store's own `begin` listener (`configure_sqlite`), holding the
-statement it begins a writing transaction with: a commit may send it itself
-(`face.transactions.commit`, past SQLAlchemy's transaction)."""
 
 READ_ONLY: Final = "cronoq_read_only"
 """Execution option marking a transaction that only reads (SQLite begins it deferred)."""
@@ -202,40 +197,6 @@ def bound(
 def interrupter(conn: Connection) -> Callable[[], None] | None:
     """`interrupter_of` `conn`'s driver connection."""
     return dialect_of(conn).interrupter(conn.connection.driver_connection)
-
-
-class Line:
-    """What the store works out once about one SQLAlchemy connection, for every commit run on
-    it (`line_of`): its database's class, its DB-API connection, its `info` and how another
-    thread interrupts it. A connection a leader keeps for its commits (`face.Face._keep_held`)
-    pays for these once, not per commit; one whose DB-API connection goes (invalidated) is
-    closed by its holder, never used again."""
-
-    __slots__ = ("dbapi", "impl", "info", "interrupter")
-
-    def __init__(self, conn: Connection) -> None:
-        fairy = conn.connection
-        self.impl = dialect_of(conn)
-        self.dbapi: Any = fairy.dbapi_connection
-        self.info: dict[Any, Any] = fairy.info
-        """`conn.info`, kept: once invalidated, reading `conn.info` would connect again."""
-        self.interrupter = self.impl.interrupter(fairy.driver_connection)
-
-
-_LINE: Final = "_cronoq_line"
-"""The attribute of a SQLAlchemy `Connection` that keeps its `Line` (as `dialect_of` keeps
-its class on the dialect: read with no call)."""
-
-
-def line_of(conn: Connection) -> Line:
-    """`conn`'s `Line`, made on first use and kept on it."""
-    try:
-        line: Line = conn._cronoq_line  # type: ignore[attr-defined]
-    except AttributeError:
-        line = Line(conn)
-        with contextlib.suppress(AttributeError):  # a `Connection` without room: made anew
-            setattr(conn, _LINE, line)
-    return line
 
 
 def interrupter_of(dialect: Dialect, driver: Any) -> Callable[[], None] | None:

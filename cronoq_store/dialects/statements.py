@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -286,18 +287,22 @@ MYSQL_DURABILITY: Final = (
 """MariaDB/MySQL's: InnoDB's flush and doublewrite, the binary log's sync, Galera."""
 
 
-def durability_settings(conn: Connection) -> dict[str, str | None]:
+def durability_settings(
+    conn: Connection, flight_of: Callable[[Connection], Any] | None = None
+) -> dict[str, str | None]:
     """The settings `durability.classify` judges, as the server reports them to this session
     (PostgreSQL: `current_setting`, so a per-database or per-role `synchronous_commit` shows;
     MySQL: the global variables, in one `SHOW`, which lists only those the server has, so a
     server without Galera has no `wsrep_on`; SQLite: this connection's pragmas, `synchronous`
     being per connection). One round trip on the servers (PostgreSQL pipelined: its BEGIN and
-    COMMIT too, which ends the transaction); nothing is changed."""
+    COMMIT too, which ends the transaction); nothing is changed. `flight_of`: what makes
+    the flight PostgreSQL's read rides in (`execution.Flight`, given by the caller: this
+    floor does not reach up to `execution`)."""
     which = name(conn.dialect)
     if which == "postgresql":
-        from .. import execution  # BEGIN, the read and COMMIT in one flight where pipelined
-
-        flight = execution.Flight(conn)
+        if flight_of is None:
+            raise TypeError("PostgreSQL's durability settings are read in a flight")
+        flight = flight_of(conn)
         at = flight.add(select(*(func.current_setting(s) for s in PG_DURABILITY)))
         row = flight.commit()[at].rows[0]
         return {s: str(v) for s, v in zip(PG_DURABILITY, row, strict=True)}

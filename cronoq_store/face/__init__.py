@@ -1,10 +1,10 @@
 """What both faces of the store share (`SqlStore` in store.py, `AsyncSqlStore` in aio.py), none
-of it blocking or awaiting: who leads, the connection a leader's commits keep, the leader's
-operations written once as `Steps` generators, and the one driver (`Face._driving`) that a
-face runs blocking or awaits.
+of it blocking or awaiting: who leads, the leader's operations written once as `Steps`
+generators, and the one driver (`Face._driving`) that a face runs blocking or awaits.
 
 The other operations, and what an operation is, are `operations`; how a transaction runs
-(its kind, the runner, the way of a commit) is `transactions`; the engine factory is
+(its kind, the runner) and the way of a commit (`transactions.Committing`: its plan, the
+connection a leader's commits keep, BEGIN to COMMIT) are `transactions`; the engine factory is
 `engines`. A face adds only what differs by nature: blocking or awaiting,
 and a keeper of threads or of an asyncio task.
 """
@@ -18,31 +18,31 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 
-from .. import codec, dialects, durability, execution, inbox, leadership, lease, telemetry
+from .. import codec, dialects, durability, inbox, leadership, lease, telemetry
 from ..config import StoreConfig
 from ..errors import (
     DatabaseBehind,
-    Fenced,
     LeaderRowMissing,
     StoreError,
     StoreUnavailable,
 )
-from ..model import INT64_MAX, Mutation, TaskId, TimeBase
-from ..repository import folding
+from ..model import TaskId
 from .operations import Effect as Effect
 from .operations import Operations
 from .operations import Step as Step
 from .operations import Steps as Steps
 from .operations import judge_durability as judge_durability
 from .operations import read_durability as read_durability
+from .transactions import HOLD_MIN_POOL as HOLD_MIN_POOL
 from .transactions import RETRIED as RETRIED
 from .transactions import RETRY_COMMIT as RETRY_COMMIT
 from .transactions import Commit as Commit
+from .transactions import Committing
 from .transactions import Kind as Kind
 from .transactions import Op as Op
 from .transactions import Tx as Tx
@@ -90,15 +90,10 @@ C = TypeVar("C", bound=Callable[[], object])
 H = TypeVar("H")
 
 
-HOLD_MIN_POOL: Final = 3
-"""The smallest pool (`StoreConfig.pool_size`) from which a leader keeps a connection for its
-commits (`Face._keep_held`)."""
-
-
-class Face(Operations, Generic[E, K, C, H]):
+class Face(Committing[H], Operations, Generic[E, K, C, H]):
     """What `SqlStore` and `aio.AsyncSqlStore` share, none of it blocking or awaiting: the
     configuration, the engine, the holder's name, who leads (`leadership.Leadership`), and
-    the connection a leader's commits keep (`_keep_held`)."""
+    the way of a commit (`transactions.Committing`, with the connection its commits keep)."""
 
     _log: ClassVar[logging.Logger]
     _new_flag: ClassVar[Callable[[], _Flag]]
@@ -147,6 +142,8 @@ class Face(Operations, Generic[E, K, C, H]):
         self._ttl_ns = ns(self.config.lease_ttl)
         self._max_payload = self.config.max_payload_bytes
         self._telemetry = telemetry.Telemetry(dialects.name(self.engine.dialect))
+        self._traced = False
+        """Whether commits are measured and traced: decided as a term begins (`_lead`)."""
         # PostgreSQL wakes `wait_inbox` by LISTEN on a connection of its own; elsewhere (and
         # behind a transaction pooler, which delivers no notification, or when told) it polls.
         listens = self.config.inbox_listen and inbox.can_listen(
@@ -185,47 +182,6 @@ class Face(Operations, Generic[E, K, C, H]):
         except BaseException:
             yield self._raw_engine.dispose
             raise
-
-    # The connection a leader's commits keep.
-
-    def _take_held(self) -> tuple[H, bool] | None:
-        """The connection the last commit kept, if any, and whether it sat unused for
-        `execution.PING_IDLE` (then it is checked first, as the pool checks an idle one: by
-        `execution.still_there`). No other commit gets it meanwhile."""
-        with self._lock:
-            held, self._held = self._held, None
-        if held is None:
-            return None
-        conn, used = held
-        return conn, time.monotonic() - used >= execution.PING_IDLE
-
-    def _keep_held(self, conn: H) -> bool:
-        """Keep `conn`, on which a commit just ran, for the next commit, instead of returning
-        it to the pool: False (close it) unless the store made its engine with a pool of at
-        least `HOLD_MIN_POOL` (an app's engine keeps its own pool's budget), this instance
-        leads, and no other is kept.
-
-        A checkout and a SQLAlchemy `Connection` per commit cost a batch-1 commit about 30 us
-        of its CPU (a sixth on SQLite). Only commits run on it: other transactions change a
-        connection's execution options (a read's deferred BEGIN, autocommit for a VACUUM),
-        which the pool resets only when it comes back. It goes back when a commit on it
-        fails, when leadership ends (`_drop_held`), and at `close`.
-        """
-        with self._lock:
-            if not self._holds or self._held is not None or self._leadership.leading is None:
-                return False
-            self._held = (conn, time.monotonic())
-            return True
-
-    def _drop_held(self) -> H | None:
-        """The kept connection, to be closed (back to the pool), if any."""
-        with self._lock:
-            held, self._held = self._held, None
-        return None if held is None else held[0]
-
-    @staticmethod
-    def _now() -> int:
-        return time.time_ns()
 
     @property
     def epoch(self) -> int | None:
@@ -281,6 +237,8 @@ class Face(Operations, Generic[E, K, C, H]):
     def _lead(self, epoch: int, keeper: K, commit_seq: int) -> int:
         """Lead under `epoch`, kept by `keeper` (started here), the lease row's commit sequence
         standing at `commit_seq`."""
+        # Decided once a term, not per commit: an app sets its SDK up before it leads.
+        self._traced = self._telemetry.enabled and telemetry.configured()
         with self._lock:
             self._leadership.acquired(epoch, keeper, commit_seq)
             self._lost.clear()
@@ -297,61 +255,6 @@ class Face(Operations, Generic[E, K, C, H]):
         """The keeper, to be stopped and joined: none keeps the lease from here on."""
         with self._lock:
             return self._leadership.detach()
-
-    def _commit_plan(
-        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs
-    ) -> Commit:
-        """A commit ready to run (`transactions.commit`): `Fenced` at once if `epoch` does not
-        lead; its sequence number and the fence's floor (`leadership.Leadership`); the batch
-        folded, and bad values refused, before any I/O."""
-        with self._lock:
-            numbers = self._leadership.begin_commit(epoch)
-        if numbers is None:
-            raise Fenced(f"epoch {epoch} does not lead")
-        folded = folding.fold(
-            base, self._now(), batch, self._inbox_specs, max_payload=self._max_payload
-        )
-        # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
-        # that as "no id left below 2**63").
-        next_id = min(max(folded.inserts, default=-1) + 1, INT64_MAX)
-        return Commit(
-            epoch,
-            self.holder,
-            *numbers,
-            next_id,
-            self._ttl_ns,
-            base,
-            folded,
-            folding.checked_outputs(outputs) if outputs else (),
-            time.monotonic(),
-        )
-
-    def _committing(
-        self, epoch: int, base: TimeBase, batch: Sequence[Mutation], outputs: Outputs
-    ) -> Steps[None]:
-        """`commit`: the batch folded (`_commit_plan`), then its one transaction
-        (`transactions.commit`). Landed, its fence check extended the lease: a renewal. A
-        fenced one ends the term; one that found the database behind records the gap first.
-
-        The collector is paused from the fold to the COMMIT (`execution.collection_paused`):
-        a batch's rows are all kept until written, so its passes would find no garbage."""
-        with self._telemetry.commit(epoch, batch):
-            c = None
-            try:
-                with execution.collection_paused():
-                    c = self._commit_plan(epoch, base, batch, outputs)
-                    yield c
-            except (DatabaseBehind, Fenced) as exc:
-                if c is None:  # refused before any I/O: this epoch does not lead
-                    raise
-                if isinstance(exc, DatabaseBehind):
-                    yield from self._recording_lost(exc)
-                yield partial(self._end_term, exc, about=epoch)
-                raise exc
-            with self._lock:
-                keeper = self._leadership.fence_renewed(epoch, c.seq)
-            if keeper is not None:
-                keeper.renewed(c.started)
 
     def _acquiring(self, timeout: float | None) -> Steps[int]:
         """`acquire_leadership`: end the term first (the timeout counts from before it), then
@@ -442,15 +345,16 @@ class Face(Operations, Generic[E, K, C, H]):
     _awaits: ClassVar[bool]
     """Whether what a step starts is awaited (`_driving`): the asyncio face's."""
 
-    async def _driving(self, steps: Steps[T]) -> T:
+    async def _driving(self, steps: Steps[T], thrown: BaseException | None = None) -> T:
         """The one driver of both faces: what `steps` asks for, in turn (a transaction:
         `_transact`; a commit: `_transact_commit`; or an effect), its result sent back and its
         error thrown in. The asyncio face awaits it, and what a step starts is awaited; the
         blocking face awaits nothing, so it never suspends and `SqlStore._drive` runs it to its
-        end in one `send`."""
+        end in one `send`. `thrown`: `steps` is under way, and the error of what it last asked
+        for is thrown in first (`SqlStore.commit`, which carried out its transaction itself)."""
         awaits = self._awaits
         try:
-            step = next(steps)
+            step = next(steps) if thrown is None else steps.throw(thrown)
             while True:
                 try:
                     if type(step) is Step:
@@ -469,8 +373,8 @@ class Face(Operations, Generic[E, K, C, H]):
             value: T = stop.value
             return value
 
-    def _drive(self, steps: Steps[T]) -> Any:
-        """Run what `steps` asks for (`_driving`): blocking, or awaiting."""
+    def _drive(self, steps: Steps[T], thrown: BaseException | None = None) -> Any:
+        """Run what `steps` asks for (`_driving`, `thrown` in first): blocking, or awaiting."""
         raise NotImplementedError
 
     def _transact(

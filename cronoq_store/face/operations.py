@@ -14,7 +14,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 
-from .. import codec, dialects, durability, inbox, lease, model, telemetry
+from .. import codec, dialects, durability, execution, inbox, lease, model, telemetry
 from ..config import StoreConfig
 from ..durability import Durability
 from ..errors import InvalidValue, NotDurable, StoreError, StoreUnavailable
@@ -50,7 +50,8 @@ the one driver of both faces), blocking or awaiting."""
 
 def read_durability(conn: Connection) -> Durability:
     """What the server `conn` reaches does with a commit (`durability.classify`)."""
-    return durability.classify(dialects.name(conn.dialect), dialects.durability_settings(conn))
+    settings = dialects.durability_settings(conn, execution.Flight)
+    return durability.classify(dialects.name(conn.dialect), settings)
 
 
 def judge_durability(found: Durability | StoreError, config: StoreConfig) -> None:

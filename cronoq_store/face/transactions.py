@@ -1,7 +1,9 @@
 """How the store runs a transaction, for both faces, none of it blocking or awaiting by
 itself: the kind of transaction each operation runs (`KINDS`, `plan`), the runner of every
-transaction (`transaction`), the way of a commit from BEGIN to COMMIT (`commit`), and the one
-place database errors are translated (`translated`).
+transaction (`transaction`), the way of a commit (`Committing`: planned before any I/O, the
+connection a leader's commits keep, what a landed or fenced commit means for the term; and
+`commit`, from BEGIN to COMMIT), and the one place database errors are translated
+(`translated`).
 
 A face (`SqlStore`, `AsyncSqlStore`) only checks a connection out and calls these, blocking
 or inside `run_sync`.
@@ -11,23 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import gc
+import logging
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from datetime import timedelta
+from functools import partial
 from types import MappingProxyType
-from typing import Any, Final, Literal, NamedTuple, TypeVar
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
-from .. import compat, dialects, execution, lease
+from .. import codec, compat, dialects, execution, leadership, lease, telemetry
 from ..config import StoreConfig
-from ..errors import Fenced, StoreError, StoreUnavailable
-from ..model import TaskId, TimeBase
+from ..errors import DatabaseBehind, Fenced, StoreError, StoreUnavailable
+from ..model import INT64_MAX, Mutation, TaskId, TimeBase
 from ..repository import commit as writing
 from ..repository import folding
 
 T = TypeVar("T")
+H = TypeVar("H")
 
 
 def ns(d: timedelta) -> int:
@@ -138,31 +145,29 @@ KINDS: Final[Mapping[Op, Kind]] = MappingProxyType(
 """What kind of transaction each operation runs: the one table both faces read."""
 
 
+UNBOUNDED: Final = dialects.Bounds(None, None)
+"""The bounds of a transaction that touches no leader row: the server's defaults (MariaDB's
+idle bound put back on a connection a lease transaction changed)."""
+
+
 class Tx(NamedTuple):
     """How one transaction runs (`transaction`): what `plan` makes of an operation."""
 
     read_only: bool
-    idle: timedelta | None = None
-    timeout: timedelta | None = None
+    bounds: dialects.Bounds | None = UNBOUNDED
+    """What the server is told to bound (`dialects.bound`), worked out once by `plan`; None
+    where the transaction's statements carry their own, in their flight (`LEASE_FLIGHTS`)."""
     deadline: timedelta | None = None
     unknown: str = RETRIED
-    lock: timedelta | None = None
-    """How long a statement may wait for a lock (`commit_lock_bound`)."""
     outside: bool = False
     """Run `fn` in autocommit mode, in no transaction (`Kind.OUTSIDE`)."""
-    bounds_in_fn: bool = False
-    """`fn` sends the idle bound itself, in its own flight (`LEASE_FLIGHTS`)."""
-
-    @property
-    def bounds(self) -> dialects.Bounds:
-        """What the server is told to bound (`dialects.bound`)."""
-        return dialects.Bounds(self.idle, self.timeout, self.lock)
 
 
 def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
     """How `op` runs under `config` (its kind from `KINDS`). A commit ends within
-    `commit_timeout` (each statement bounded by it too, and its unknown outcome retried by
-    committing the batch again); another lease transaction within `lease_bound` of `deadline`.
+    `commit_timeout` (each statement bounded by it too, a lock wait by `commit_lock_bound`,
+    and its unknown outcome retried by committing the batch again); another lease
+    transaction within `lease_bound` of `deadline`, idle no longer than the lease TTL.
     """
     kind = KINDS[op]
     if kind is Kind.READ:
@@ -173,22 +178,17 @@ def plan(op: Op, config: StoreConfig, deadline: timedelta | None = None) -> Tx:
         return Tx(read_only=False, outside=True)
     if op == "commit":
         timeout = config.commit_timeout
-        return Tx(
-            False, config.lease_ttl, timeout, timeout, RETRY_COMMIT, commit_lock_bound(config)
-        )
-    return Tx(
-        False,
-        config.lease_ttl,
-        deadline=lease_bound(config, deadline),
-        bounds_in_fn=op in LEASE_FLIGHTS,
-    )
+        commits = dialects.Bounds(config.lease_ttl, timeout, commit_lock_bound(config))
+        return Tx(False, commits, timeout, RETRY_COMMIT)
+    own = None if op in LEASE_FLIGHTS else dialects.Bounds(config.lease_ttl, None)
+    return Tx(False, own, deadline=lease_bound(config, deadline))
 
 
 LEASE_FLIGHTS: Final[frozenset[Op]] = frozenset({"take", "renew", "release"})
-"""Lease transactions that send their idle bound in their own flight (`lease.take`, `renew`,
-`release`, given `idle_ns` = `lease_ttl` by the face): BEGIN, the bound, the statements and
-COMMIT in one round trip on PostgreSQL, where `transaction` would send BEGIN and the bound
-first (two more)."""
+"""Lease transactions whose statements carry the idle bound in their own flight (`lease.take`,
+`renew`, `release`, given `idle_ns` = `lease_ttl` by the face): BEGIN, the bound, the
+statements and COMMIT in one round trip on PostgreSQL, where `transaction` would send BEGIN
+and the bound first (two more). Their `Tx.bounds` is None: `transaction` sends none."""
 
 
 def commit_lock_bound(config: StoreConfig) -> timedelta:
@@ -227,7 +227,7 @@ def transaction(
     `SqlStore._transact` and `AsyncSqlStore._transact` start (the latter inside `run_sync`), but a
     commit's (`commit`), so both
     faces keep the same rules. `tx.read_only` marks it for SQLite's deferred BEGIN
-    (`dialects.READ_ONLY`); `tx.idle` and `tx.timeout` are `dialects.bound`'s.
+    (`dialects.READ_ONLY`); `tx.bounds`, when given, are sent first (`dialects.bound`).
 
     `tx.deadline`: the whole transaction, COMMIT included, ends within it whatever the server
     or the network does; the one place a commit's timeout is enforced. `armed` is that
@@ -263,8 +263,8 @@ def transaction(
     committing = False
     try:
         with conn.begin():
-            if not tx.bounds_in_fn:
-                dialects.bound(conn, idle=tx.idle, timeout=tx.timeout, lock=tx.lock)
+            if tx.bounds is not None and (impl := dialects.dialect_of(conn)).server:
+                impl.bound(conn, tx.bounds, defer=False)
             result = fn(conn)
             if (
                 armed is not None
@@ -354,6 +354,161 @@ class Commit(NamedTuple):
     """The monotonic time it began: once landed its fence counts as a renewal from there."""
 
 
+HOLD_MIN_POOL: Final = 3
+"""The smallest pool (`StoreConfig.pool_size`) from which a leader keeps a connection for its
+commits (`Committing._keep_held`)."""
+
+NOT_TRACED: Final = contextlib.nullcontext()
+"""Around a commit when no SDK was configured as the term began (`Committing._traced`)."""
+
+
+class Committing(Generic[H]):
+    """The way of a commit on a face (`face.Face`), up to its transaction and back: the batch
+    planned before any I/O (`_commit_plan`), the transaction (`commit`, which a face's
+    `_transact_commit` runs on the connection the last commit kept), and what its landing or
+    its fencing means for the term (`_committing`). Both faces drive `_committing`; the
+    blocking face drives a landed commit's own way itself (`SqlStore.commit`)."""
+
+    _lock: threading.Lock
+    _holds: bool
+    """Whether commits keep their connection for the next (`_keep_held`)."""
+    _held: tuple[H, float] | None
+    _leadership: leadership.Leadership[Any]
+    _inbox_specs: codec.StoredSpecs | None
+    _max_payload: int | None
+    _ttl_ns: int
+    _telemetry: telemetry.Telemetry
+    _traced: bool
+    """Whether commits are measured and traced (`Telemetry.commit`): decided as a term
+    begins, when an SDK is configured (`telemetry.configured`), not per commit."""
+    holder: str
+
+    def _end_term(
+        self, why: str | StoreError, level: int = logging.ERROR, *, about: Any = None,
+        released: bool = False,
+    ) -> Any:  # fmt: skip
+        raise NotImplementedError
+
+    def _recording_lost(self, exc: DatabaseBehind) -> Generator[Any, Any, None]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _now() -> int:
+        """The host's clock in Unix nanoseconds, which new tasks are stamped with."""
+        return time.time_ns()
+
+    # The connection a leader's commits keep.
+
+    def _take_held(self) -> tuple[H, bool] | None:
+        """The connection the last commit kept, if any, and whether it sat unused for
+        `execution.PING_IDLE` (then it is checked first, as the pool checks an idle one: by
+        `execution.still_there`). No other commit gets it meanwhile."""
+        with self._lock:
+            held, self._held = self._held, None
+        if held is None:
+            return None
+        conn, used = held
+        return conn, time.monotonic() - used >= execution.PING_IDLE
+
+    def _keep_held(self, conn: H) -> bool:
+        """Keep `conn`, on which a commit just ran, for the next commit, instead of returning
+        it to the pool: False (close it) unless the store made its engine with a pool of at
+        least `HOLD_MIN_POOL` (an app's engine keeps its own pool's budget), this instance
+        leads, and no other is kept.
+
+        A checkout and a SQLAlchemy `Connection` per commit cost a batch-1 commit about 30 us
+        of its CPU (a sixth on SQLite), and the connection's facts (`dialects.Line`) are
+        worked out once. Only commits run on it: other transactions change a connection's
+        execution options (a read's deferred BEGIN, autocommit for a VACUUM), which the pool
+        resets only when it comes back. It goes back when a commit on it fails, when
+        leadership ends (`_drop_held`), and at `close`.
+        """
+        with self._lock:
+            if not self._holds or self._held is not None or self._leadership.leading is None:
+                return False
+            self._held = (conn, time.monotonic())
+            return True
+
+    def _drop_held(self) -> H | None:
+        """The kept connection, to be closed (back to the pool), if any."""
+        with self._lock:
+            held, self._held = self._held, None
+        return None if held is None else held[0]
+
+    def _commit_plan(
+        self,
+        epoch: int,
+        base: TimeBase,
+        batch: Sequence[Mutation],
+        outputs: Sequence[tuple[TaskId, bytes]],
+    ) -> Commit:
+        """A commit ready to run (`commit`): `Fenced` at once if `epoch` does not lead; its
+        sequence number and the fence's floor (`leadership.Leadership`); the batch folded, and
+        bad values refused, before any I/O."""
+        with self._lock:
+            numbers = self._leadership.begin_commit(epoch)
+        if numbers is None:
+            raise Fenced(f"epoch {epoch} does not lead")
+        folded = folding.fold(
+            base, self._now(), batch, self._inbox_specs, max_payload=self._max_payload
+        )
+        # The first id never used, saturated: after 2**63 - 1 it stays there (`recover` reads
+        # that as "no id left below 2**63").
+        next_id = min(max(folded.inserts, default=-1) + 1, INT64_MAX)
+        return Commit(
+            epoch,
+            self.holder,
+            *numbers,
+            next_id,
+            self._ttl_ns,
+            base,
+            folded,
+            folding.checked_outputs(outputs) if outputs else (),
+            time.monotonic(),
+        )
+
+    def _committing(
+        self,
+        epoch: int,
+        base: TimeBase,
+        batch: Sequence[Mutation],
+        outputs: Sequence[tuple[TaskId, bytes]],
+    ) -> Generator[Any, Any, None]:
+        """`commit`, as `face.Steps`: the batch folded (`_commit_plan`), then its one
+        transaction (yielded: the `Commit` a face's `_transact_commit` carries out). Landed,
+        its fence check extended the lease: a renewal. A fenced one ends the term; one that
+        found the database behind records the gap first.
+
+        The collector is paused from the fold to the COMMIT (as `execution.collection_paused`
+        pauses it, inline: a commit's way enters no module it can spare): a batch's rows are
+        all kept until written, so its passes would find no garbage."""
+        with self._telemetry.commit(epoch, batch) if self._traced else NOT_TRACED:
+            c = None
+            paused = gc.isenabled()
+            try:
+                if paused:
+                    gc.disable()
+                c = self._commit_plan(epoch, base, batch, outputs)
+                yield c
+            except (DatabaseBehind, Fenced) as exc:
+                if paused:
+                    gc.enable()
+                    paused = False
+                if c is None:  # refused before any I/O: this epoch does not lead
+                    raise
+                if isinstance(exc, DatabaseBehind):
+                    yield from self._recording_lost(exc)
+                yield partial(self._end_term, exc, about=epoch)
+                raise exc
+            finally:
+                if paused:
+                    gc.enable()
+            with self._lock:
+                keeper = self._leadership.fence_renewed(epoch, c.seq)
+            if keeper is not None:
+                keeper.renewed(c.started)
+
+
 def commit(
     conn: Connection,
     c: Commit,
@@ -365,13 +520,15 @@ def commit(
     """The way of a commit, from BEGIN to COMMIT, in one transaction on `conn` under `tx`
     (`plan("commit")`): the bounds, the fence check, the folded writes, the COMMIT.
 
-    BEGIN (SQLite: IMMEDIATE, the engine's listener). The bounds: the lease TTL's idle bound
-    and the commit timeout (`dialects.bound`, computed once; on PostgreSQL a statement that
-    rides in the flight). The fence (`lease`): on a pipelined connection (psycopg) a
-    statement that fails the flight when it matches nothing (`lease.fence_or_fail_stmt`),
-    so the writes queued behind it never run, nor does the COMMIT that leaves with the last
-    of them; the transaction is then rolled back and the row read for `lease.diagnose`.
-    Elsewhere `lease.fence` runs and is checked at once. The writes (`repository.commit`),
+    BEGIN (SQLite: IMMEDIATE, the engine's listener). The bounds: `tx.bounds`, worked out once
+    (`plan`): the lease TTL's idle bound and the commit timeout (`dialects.bound`; on
+    PostgreSQL a statement that rides in the flight). The fence: `lease` gives only the
+    statement and the diagnosis of a miss. On a pipelined or batched connection the
+    statement fails the flight when it matches nothing (`lease.fence_or_fail_stmt`), so the
+    writes queued behind it never run, nor does the COMMIT that leaves with the last of them;
+    the transaction is then rolled back and the row read for `lease.diagnose`. Elsewhere
+    `lease.fence_stmt` runs at once (SQLite: given the host's clock) and a miss is diagnosed
+    (`lease.diagnose`) there. The writes (`repository.commit`),
     in the same flight. Then the COMMIT: pipelined, in the last flight; else the end of the
     transaction. `Fenced` (or what the diagnosis raises) when this instance does not lead;
     a live-key clash inside the batch is `InvalidValue` (`folding.same_live_key`). The
@@ -384,7 +541,7 @@ def commit(
     if armed is None and tx.deadline is not None:  # not armed before connecting: arm it here
         with execution.bounded(tx.deadline.total_seconds()) as own:
             return commit(conn, c, tx, own, optimistic=optimistic)
-    line = dialects.line_of(conn)  # worked out once per connection: kept on it
+    line = getattr(conn, dialects.LINE, None) or dialects.line_of(conn)  # kept on it
     if armed is not None:
         execution.WATCHDOG.bind(armed, line.interrupter)
     info = line.info
@@ -395,24 +552,24 @@ def commit(
     flight = execution.Flight(conn, line)  # no I/O yet: how its statements run, worked out
     try:
         with _opened(conn, flight, c.folded, line):  # the collector paused (`Face._committing`)
-            if line.impl.server:  # a file has nothing to bound (`dialects.bound`)
+            if line.impl.server and tx.bounds is not None:  # a file has nothing to bound
                 first = line.impl.bound(conn, tx.bounds, defer=True)
                 if first is not None:
                     flight.add(*first)
-            if flight.defers:  # pipelined, or batched (MariaDB)
-                params = {
-                    "b_epoch": c.epoch,
-                    "b_holder": c.holder,
-                    "b_next_id": c.next_id,
-                    "b_ttl": c.ttl_ns,
-                    "b_seq": c.seq,
-                    "b_acked": c.acked,
-                }
+            params = {
+                "b_epoch": c.epoch,
+                "b_holder": c.holder,
+                "b_next_id": c.next_id,
+                "b_ttl": c.ttl_ns,
+                "b_seq": c.seq,
+                "b_acked": c.acked,
+            }
+            if line.host_clock:  # no server: the database's clock is the host's, given here
+                params["b_host_now"] = time.time_ns()
+            if flight.defers:  # pipelined, or batched (MariaDB): a miss fails the flight
                 fence_at = flight.add(lease.fence_or_fail_stmt(), params)
-            elif not lease.fence(
-                conn, epoch=c.epoch, holder=c.holder, next_id=c.next_id, ttl_ns=c.ttl_ns,
-                seq=c.seq, acked=c.acked, flight=flight,
-            ):  # fmt: skip
+            elif flight.send()[flight.add(lease.fence_stmt(), params)].rowcount != 1:
+                lease.diagnose(conn, epoch=c.epoch, holder=c.holder, acked=c.acked)
                 raise Fenced(lease.FENCED.format(epoch=c.epoch))
             writing.write(conn, c.base, c.folded, c.outputs, flight, guard)
             flight.commit()  # pipelined: the COMMIT leaves in this flight; else at the end
@@ -447,10 +604,11 @@ def _opened(
 ) -> contextlib.AbstractContextManager[Any]:
     """The commit's transaction: SQLAlchemy's (`Connection.begin`), or, where nothing but the
     store would see the difference, the driver's own (`_Driven`): no listener of the engine's
-    but the store's own `begin` (`dialects.STORE_BEGIN`), no statement through SQLAlchemy's
-    execution (`Flight.watched`; a recurring schedule's `conn.execute`; an IN list of more
-    than `execution.SMALL_IN` ids), no transaction open: a small commit's case, where
-    SQLAlchemy's bookkeeping of a transaction cost a batch-1 commit 10 us of CPU."""
+    but the store's own `begin` (`dialects.driver_begin`, asked on each commit: an app may
+    add one at any time), no statement through SQLAlchemy's execution (`Flight.watched`; a
+    recurring schedule's `conn.execute`; an IN list of more than `execution.SMALL_IN` ids),
+    no transaction open: a small commit's case, where SQLAlchemy's bookkeeping of a
+    transaction cost a batch-1 commit 10 us of CPU."""
     small = execution.SMALL_IN
     if (
         flight.watched
@@ -459,17 +617,9 @@ def _opened(
         or len(folded.updates) > small
         or len(folded.inbox_taken) > small
         or conn.in_transaction()
+        or (begin := dialects.driver_begin(conn)) is None
     ):
         return conn.begin()
-    found = compat.transaction_listeners(conn)
-    if found is None or found[1]:
-        return conn.begin()
-    begin: list[str] = []
-    for listener in found[0]:
-        sql = getattr(listener, dialects.STORE_BEGIN, None)
-        if sql is None:
-            return conn.begin()
-        begin.append(sql)
     return _Driven(conn, begin, line.dbapi)
 
 
@@ -480,7 +630,7 @@ class _Driven:
 
     __slots__ = ("_begin", "_conn", "_dbapi")
 
-    def __init__(self, conn: Connection, begin: list[str], dbapi: Any) -> None:
+    def __init__(self, conn: Connection, begin: tuple[str, ...], dbapi: Any) -> None:
         self._conn = conn
         self._begin = begin
         self._dbapi = dbapi

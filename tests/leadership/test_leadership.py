@@ -35,10 +35,21 @@ from faces import (
     transactions,
     wrap_engine,
 )
-from sqlalchemy import URL, Connection, Engine, create_engine, event, select, text, update
+from sqlalchemy import (
+    URL,
+    Connection,
+    Engine,
+    Select,
+    bindparam,
+    create_engine,
+    event,
+    select,
+    text,
+    update,
+)
 
 import cronoq_store as cq
-from cronoq_store import execution, lease, migrate
+from cronoq_store import dialects, execution, lease, migrate
 from cronoq_store.dialects import db_now_ns
 from cronoq_store.schema import leader, tasks
 from cronoq_store.testing.statements import after_statements
@@ -449,20 +460,28 @@ def test_race_harness_catches_a_plain_select_check(
     engine: Engine,
     dialect: str,
     monkeypatch: pytest.MonkeyPatch,
+    face: str,
 ) -> None:
     """Proof that the race test can fail: a fence that only reads the epoch is caught."""
+    if face == "async" and dialect == "postgresql":
+        pytest.skip(
+            "the stand-in fence is a SELECT, counted by its row count: SQLAlchemy's execution "
+            "on asyncio psycopg does not give it as 1"
+        )
 
-    def plain_select_fence(
-        conn: Connection, *, epoch: int, holder: str, next_id: int, ttl_ns: int, **_: int
-    ) -> bool:
-        row = conn.execute(select(leader.c.epoch, leader.c.holder).where(leader.c.id == 1)).one()
-        return bool(row.epoch == epoch and row.holder == holder)
+    def plain_select_fence() -> Select[Any]:
+        """The row when it names our epoch and holder, read (one row: "matched")."""
+        return select(leader.c.id).where(
+            leader.c.id == 1,
+            leader.c.epoch == bindparam("b_epoch"),
+            leader.c.holder == bindparam("b_holder"),
+        )
 
-    monkeypatch.setattr(lease, "fence", plain_select_fence)
-    # The fence runs as `lease.fence` (and can be replaced) where a commit is not pipelined
-    # nor batched.
-    monkeypatch.setattr(execution, "pipelines", lambda _conn: False)
-    monkeypatch.setattr(execution, "batches", lambda _conn: False)  # nor batched (MariaDB)
+    monkeypatch.setattr(lease, "fence_stmt", plain_select_fence)
+    # The fence runs as `lease.fence_stmt` (and can be replaced), its rows counted, where a
+    # commit is not pipelined nor batched.
+    monkeypatch.setattr(dialects.cursor, "pipelines", lambda _conn: False)
+    monkeypatch.setattr(dialects.cursor, "batches", lambda _conn: False)  # nor batched (MariaDB)
     old = open_store(RACE)
     epoch = old.acquire_leadership(timeout=WAIT)
     outcome = race_commit_paused(old, epoch, engine, dialect, task_id=1)

@@ -255,8 +255,9 @@ class MySQLImpl(DefaultImpl):
     def bound(
         self, conn: Connection, bounds: Bounds, *, defer: bool
     ) -> tuple[Select[Any], dict[str, str]] | None:
-        """Session settings, sent only when they change: the lock waits (whole seconds) and,
-        on MariaDB 10.3+, `idle_transaction_timeout`, in one SET. On a batched connection
+        """Session settings, sent only when they change: the lock waits (whole seconds; the
+        server's own again for a transaction with no `timeout`) and, on MariaDB 10.3+,
+        `idle_transaction_timeout`, in one SET. On a batched connection
         (`batches`) it costs no round trip of its own: with `defer` it is returned for the
         caller's flight, its first statement; else it goes in one packet with the next
         statement the connection sends (`_ending`). Their new values are noted at once: the
@@ -271,12 +272,17 @@ class MySQLImpl(DefaultImpl):
                 seconds = max(1, lock // timedelta(seconds=1))
             else:
                 seconds = max(1, -(-timeout // timedelta(seconds=1)))
-            if conn.info.get("cronoq_lock_wait_s") != seconds:
+            if conn.info.get(LOCK_WAIT_INFO) != seconds:
                 # Row locks (InnoDB) and table locks (metadata: an ALTER TABLE under way).
                 changes.append(
                     f"innodb_lock_wait_timeout = {seconds}, lock_wait_timeout = {seconds}"
                 )
-                conn.info["cronoq_lock_wait_s"] = seconds
+                conn.info[LOCK_WAIT_INFO] = seconds
+        elif conn.info.pop(LOCK_WAIT_INFO, None) is not None:
+            # A session setting outlives the commit that set it: the server's waits back for
+            # what runs here next, or a renewal queued behind a stalled commit would give up
+            # as soon as that commit does.
+            changes.append("innodb_lock_wait_timeout = DEFAULT, lock_wait_timeout = DEFAULT")
         if idle_too and self.bounds_idle():
             seconds = 0 if idle is None else max(1, -(-idle // timedelta(seconds=1)))
             if conn.info.get(IDLE_INFO, 0) != seconds:
@@ -515,6 +521,8 @@ FAILED_ERRNO: Final = 1365
 
 IDLE_INFO: Final = "cronoq_idle_s"
 """`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""
+LOCK_WAIT_INFO: Final = "cronoq_lock_wait_s"
+"""`Connection.info` key: the MariaDB session's lock waits (whole seconds) as we last set them."""
 
 JEPSEN_GALERA: Final = (
     "Jepsen's analysis of MariaDB Galera Cluster 12.1.2 (2026-03) found committed "

@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import URL, make_url
+from sqlalchemy import URL, create_engine, make_url
 
 from cronoq_store import SqlStore, StoreConfig, StoreUnavailable, execution, face
 from cronoq_store.dialects import sessions
@@ -64,6 +64,32 @@ def test_commit_lock_bound_leaves_renewals_their_time() -> None:
     short = StoreConfig(commit_timeout=timedelta(milliseconds=300))
     # Under the timeout: the server gives a blocked statement up before the deadline does.
     assert face.commit_lock_bound(short) == timedelta(milliseconds=240)
+
+
+def test_a_commits_lock_bound_does_not_outlive_it(db_url: URL, dialect: str) -> None:
+    """MariaDB's lock waits are session settings: a commit's short bound (so the keeper's
+    renewal queued behind a commit stalled on a migration's table lock gets the lease row in
+    time) must not stay on the pooled connection for what runs there next. A renewal under
+    it would give up on the row lock as soon as such a commit does, and lose the lease to a
+    commit that holds it for its whole bound; a long read would fail on any row lock."""
+    if dialect != "mysql":
+        pytest.skip("lock waits are session settings on MariaDB only")
+    engine = create_engine(db_url, pool_size=1)
+    waits = "SELECT @@SESSION.innodb_lock_wait_timeout, @@SESSION.lock_wait_timeout"
+    try:
+        with engine.connect() as conn:
+            server = tuple(conn.exec_driver_sql(waits.replace("SESSION", "GLOBAL")).one())
+            conn.rollback()
+            with conn.begin():  # a commit's bounds
+                sessions.bound(
+                    conn, idle=None, timeout=timedelta(seconds=20), lock=timedelta(seconds=1)
+                )
+                assert tuple(conn.exec_driver_sql(waits).one()) == (1, 1)
+        with engine.connect() as conn, conn.begin():  # then a renewal's, or a read's
+            sessions.bound(conn, idle=timedelta(seconds=4), timeout=None)
+            assert tuple(conn.exec_driver_sql(waits).one()) == server
+    finally:
+        engine.dispose()
 
 
 def test_no_connect_is_started_past_the_bound(db_url: URL, dialect: str) -> None:

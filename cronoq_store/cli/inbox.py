@@ -12,14 +12,11 @@ from typing import IO, Any, Final
 import click
 from rich import box
 from rich.table import Table
-from sqlalchemy import Column, Select, func
 
 from .. import codec, inbox
 from ..errors import InvalidValue
 from ..inspection import when
 from ..model import Priority, TaskSpec
-from ..schema import inbox as inbox_table
-from ..schema import inbox_rejects
 from .output import cells, console, echo_json, print_table
 from .status import inbox_text
 from .target import Target, open_database
@@ -101,13 +98,6 @@ def _item_dict(row: Any, now_ns: int) -> dict[str, Any]:
     }
 
 
-def _sized(stmt: Select[Any], payload: Column[Any]) -> Select[Any]:
-    """`stmt` with its payload column replaced by the payload's size in bytes, computed by
-    the database (the payload itself never crosses the wire)."""
-    columns = [c for c in stmt.selected_columns if c.name != "payload"]
-    return stmt.with_only_columns(*columns, func.length(payload).label("payload_size"))
-
-
 def _reject_dict(row: Any) -> dict[str, Any]:
     return {
         "inbox_id": row.inbox_id,
@@ -134,10 +124,10 @@ def inbox_cmd(target: Target, after: int | None, limit: int, as_json: bool) -> N
     with open_database(target) as store, store.engine.connect() as conn:
         now = time.time_ns()
         # Sizes, not payloads: a page of the largest items is no burden on the operator's
-        # memory (`_sized`).
-        stmt = _sized(inbox.oldest_stmt(after=after is not None), inbox_table.c.payload)
+        # memory (`inbox.sized`).
+        stmt = inbox.sized(inbox.oldest_stmt(after=after is not None))
         items = [_item_dict(r, now) for r in conn.execute(stmt, params)]
-        rejected = _sized(inbox.rejects_stmt(), inbox_rejects.c.payload)
+        rejected = inbox.sized(inbox.rejects_stmt())
         rejects = [_reject_dict(r) for r in conn.execute(rejected, {"limit": limit})]
         summary = inbox.depth(conn)
     next_after = items[-1]["inbox_id"] if len(items) == limit else None

@@ -64,3 +64,4 @@ from .statements import reject_delete_stmt as reject_delete_stmt
 from .statements import reject_insert_stmt as reject_insert_stmt
 from .statements import rejects_count_stmt as rejects_count_stmt
 from .statements import rejects_stmt as rejects_stmt
+from .statements import sized as sized

@@ -186,3 +186,12 @@ def reject_insert_stmt() -> Insert:
 def rejects_stmt() -> Select[Any]:
     """Rows set aside, oldest first."""
     return select(inbox_rejects).order_by(inbox_rejects.c.inbox_id).limit(bindparam("limit"))
+
+
+def sized(stmt: Select[Any]) -> Select[Any]:
+    """`stmt` with its payload column replaced by the payload's size in bytes (`payload_size`,
+    None for no payload), computed by the database: an operator's listing shows sizes, and
+    the payloads themselves (up to `StoreConfig.max_payload_bytes` each) never cross the wire."""
+    payload = stmt.selected_columns["payload"]
+    columns = [c for c in stmt.selected_columns if c.name != "payload"]
+    return stmt.with_only_columns(*columns, func.length(payload).label("payload_size"))

@@ -335,8 +335,8 @@ def inbox_page(conn: Connection) -> dict[str, Any]:
             "enqueued": inspection.when(r.enqueued_unix_ns),
             "rejected": inspection.when(r.rejected_unix_ns),
             "reason": r.reason,
-            "payload_size": inspection.size_text(None if r.payload is None else len(r.payload)),
+            "payload_size": inspection.size_text(r.payload_size),
         }
-        for r in conn.execute(inbox.rejects_stmt(), {"limit": LIST_MAX})
+        for r in conn.execute(inbox.sized(inbox.rejects_stmt()), {"limit": LIST_MAX})
     ]
     return {"depth": inbox.depth(conn), "items": items, "rejects": rejects}

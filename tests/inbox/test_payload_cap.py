@@ -27,7 +27,6 @@ from cronoq_store import (
 )
 from cronoq_store import inbox as inbox_mod
 from cronoq_store.aio import create_engine_for
-from cronoq_store.cli import inbox as cli_inbox
 from cronoq_store.cli import main
 from cronoq_store.config import DEFAULT_MAX_PAYLOAD
 from cronoq_store.inbox import enqueue_async
@@ -114,7 +113,7 @@ def test_an_item_over_the_stores_cap_is_set_aside(db_url: URL) -> None:
     argv = ["--url", db_url.render_as_string(hide_password=False), "inbox", "--json"]
     listing = json.loads(CliRunner().invoke(main, argv, catch_exceptions=False).stdout)
     assert [r["payload_size"] for r in listing["rejects"]] == [CAP + 1]
-    statement = str(cli_inbox._sized(inbox_mod.rejects_stmt(), inbox_rejects.c.payload))
+    statement = str(inbox_mod.sized(inbox_mod.rejects_stmt()))
     assert "length(" in statement.lower() and ".payload," not in statement
 
 

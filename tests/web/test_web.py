@@ -46,7 +46,9 @@ from cronoq_store import (
 )
 from cronoq_store import cli as cli_module
 from cronoq_store.schema import inbox_rejects, leader, tasks
+from cronoq_store.testing.statements import after_statements
 from cronoq_store.web import app as web_app
+from cronoq_store.web import views
 
 PASSWORD = "s3cr3t-pw"
 EVIL = "<img src=x onerror=alert(1)>"
@@ -334,6 +336,24 @@ def test_inbox(client: httpx.Client) -> None:
     assert item[2:] == ["mail", "c", "in-1"] and float(item[1]) < 60, item
     (_, reject) = table(page, "rejects")
     assert reject[0] == "99" and reject[3:] == ["1 B", f"bad spec {EVIL}"], reject
+
+
+def test_inbox_page_reads_sizes_not_payloads(db_url: URL, store: SqlStore) -> None:
+    """The inbox page shows each rejected row's payload size, which the database computes: a
+    page of rejects (each up to `max_payload_bytes`) never carries their payloads."""
+    statements: list[str] = []
+    engine = create_engine(db_url)
+    try:
+        after_statements(engine, lambda _cursor, sql: statements.append(sql))
+        with engine.connect() as conn:
+            page = views.inbox_page(conn)
+    finally:
+        engine.dispose()
+    assert [r["payload_size"] for r in page["rejects"]] == ["1 B"]
+    rejects = [s for s in statements if inbox_rejects.name in s]
+    assert rejects, statements
+    for sql in rejects:
+        assert "payload" not in re.sub(r"length\([^)]*\)( AS payload_size)?", "", sql), sql
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"])

@@ -25,6 +25,7 @@ from .base import Bounds as Bounds
 from .base import DefaultImpl as DefaultImpl
 from .base import class_of as class_of
 from .base import dialect_of as dialect_of
+from .base import force_index as force_index
 from .cursor import LINE as LINE
 from .cursor import STORE_BEGIN as STORE_BEGIN
 from .cursor import Line as Line

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, Final, NamedTuple, TypeAlias
 
-from sqlalchemy import URL, Connection, Engine, Select, event
+from sqlalchemy import URL, Connection, Engine, Select, Table, event
 from sqlalchemy.engine.interfaces import Dialect
 
 from .statements import name as dialect_name
@@ -116,6 +116,12 @@ class DefaultImpl:
     (SQLite's `synchronous`): a reader's says nothing of the writer's."""
     galera_possible: ClassVar[bool] = False
     """The server may be a Galera cluster's node (MariaDB, MySQL): `galera.is_galera` asks."""
+
+    index_hint: ClassVar[str | None] = None
+    """How a statement holds the planner to one index of a table (`force_index`), `{index}`
+    for its name, rendered after the table's; None: the planner chooses alone."""
+    dialect_names: ClassVar[tuple[str, ...]] = ()
+    """SQLAlchemy's names of the dialects this class serves, where a hint must name them."""
 
     _registry: ClassVar[dict[str, type[DefaultImpl]]] = {}
 
@@ -284,6 +290,16 @@ def class_of(where: str | URL) -> type[DefaultImpl]:
     attributes)."""
     backend = where.get_backend_name() if isinstance(where, URL) else where
     return DefaultImpl._registry.get("mysql" if backend == "mariadb" else backend, DefaultImpl)
+
+
+def force_index(stmt: Select[Any], table: Table, index: str) -> Select[Any]:
+    """`stmt` holding each planner that takes index hints (`DefaultImpl.index_hint`) to
+    `index` of `table`; the SQL of the other databases is unchanged."""
+    for cls in DefaultImpl._registry.values():
+        if cls.index_hint is not None:
+            for name in cls.dialect_names:
+                stmt = stmt.with_hint(table, cls.index_hint.format(index=index), name)
+    return stmt
 
 
 _KEPT: Final = "_cronoq_impl"

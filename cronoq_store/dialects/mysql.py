@@ -45,6 +45,8 @@ class MySQLImpl(DefaultImpl):
 
     name: ClassVar[str] = "mysql"
     schema_word: ClassVar[str | None] = "MySQL database"
+    index_hint: ClassVar[str | None] = "FORCE INDEX ({index})"
+    dialect_names: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     transient_codes: ClassVar[frozenset[Any]] = frozenset(
         {
             1205,  # lock wait timeout

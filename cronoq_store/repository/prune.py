@@ -93,14 +93,13 @@ def _finished_time_index() -> str:
 def prunable_stmt() -> Select[Any]:
     """Up to `limit` prunable tasks, oldest first (what one `prune_stmt` deletes).
 
-    MariaDB is held to the finished-time index (FORCE INDEX, which only its dialects render):
+    MariaDB is held to the finished-time index (`dialects.force_index`, which only it renders):
     once a batch or two were deleted from a table that is mostly prunable (the first prune of
     a backlog; the benchmark's database of 10,000 old tasks), its recalculated statistics made
     it scan the whole table, or `(terminal, id)`, and sort every finished task, for each
     batch (`tests/recovery/test_prune_plan.py`); the range reads `limit` entries."""
     stmt = _prunable(tasks.c.id).order_by(tasks.c.finished_unix_ns).limit(bindparam("limit"))
-    hint = f"FORCE INDEX ({_finished_time_index()})"
-    return stmt.with_hint(tasks, hint, "mysql").with_hint(tasks, hint, "mariadb")
+    return dialects.force_index(stmt, tasks, _finished_time_index())
 
 
 @cache

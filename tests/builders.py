@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ __all__ = [
     "execute",
     "found_empty",
     "keyed",
+    "mysql_accesses",
     "no_connection_left",
     "status",
     "submit",
@@ -70,6 +71,18 @@ def dep_rows(engine: Engine) -> list[tuple[Any, ...]]:
     with engine.connect() as conn:
         rows = conn.execute(select(task_deps).order_by(task_deps.c.task_id, task_deps.c.ordinal))
         return [tuple(r) for r in rows]
+
+
+def mysql_accesses(node: Any) -> Iterator[dict[str, Any]]:
+    """Every access to the task table in a MariaDB `ANALYZE FORMAT=JSON` document."""
+    if isinstance(node, dict):
+        if node.get("table_name") == tasks.name:
+            yield node
+        for value in node.values():
+            yield from mysql_accesses(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from mysql_accesses(value)
 
 
 def status(

@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from builders import mysql_accesses
 from sqlalchemy import URL, Engine, Executable, event, func, select
 
 from cronoq_store import ById, ByKey, Dep, SqlStore, StoreConfig, TaskId, TimeBase
@@ -175,18 +176,6 @@ def _pg_node_types(plan: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
         yield from _pg_node_types(child)
 
 
-def _mysql_accesses(node: Any) -> Iterator[dict[str, Any]]:
-    """Every access to cronoq_tasks in an `ANALYZE FORMAT=JSON` document."""
-    if isinstance(node, dict):
-        if node.get("table_name") == tasks.name:
-            yield node
-        for value in node.values():
-            yield from _mysql_accesses(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _mysql_accesses(value)
-
-
 def _sqlite_steps(engine: Engine, sql: str, params: Any) -> int:
     """Virtual machine instructions `sql` ran, in thousands (a progress handler's calls)."""
     steps = 0
@@ -228,7 +217,7 @@ def _assert_reads_little(engine: Engine, dialect: str, name: str, sql: str, para
     elif dialect == "mysql":
         with engine.connect() as conn:
             doc = conn.exec_driver_sql(f"ANALYZE FORMAT=JSON {sql}", params).scalar()
-        accesses = list(_mysql_accesses(json.loads(doc)))
+        accesses = list(mysql_accesses(json.loads(doc)))
         text = json.dumps(accesses, indent=1)
         assert all(a.get("access_type") not in ("ALL", "index") for a in accesses), text
         read = sum(float(a.get("r_rows") or 1) * float(a.get("r_loops") or 1) for a in accesses)

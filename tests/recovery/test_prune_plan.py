@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from builders import mysql_accesses
 from sqlalchemy import URL, Engine
 
 from cronoq_store import SqlStore
@@ -26,18 +26,6 @@ TASKS = 4000
 LIMIT = 1000
 
 
-def _accesses(node: Any) -> Iterator[dict[str, Any]]:
-    """Every access to cronoq_tasks in an `ANALYZE FORMAT=JSON` document."""
-    if isinstance(node, dict):
-        if node.get("table_name") == tasks.name:
-            yield node
-        for value in node.values():
-            yield from _accesses(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _accesses(value)
-
-
 def _check_victims_plan(engine: Engine, dialect: str, cutoff: int) -> None:
     compiled = prune.prunable_stmt().compile(dialect=engine.dialect)
     params: Any = compiled.construct_params({"cutoff": cutoff, "limit": LIMIT})
@@ -47,7 +35,7 @@ def _check_victims_plan(engine: Engine, dialect: str, cutoff: int) -> None:
     with engine.connect() as conn:
         if dialect == "mysql":
             doc = conn.exec_driver_sql(f"ANALYZE FORMAT=JSON {sql}", params).scalar()
-            accesses = list(_accesses(json.loads(doc)))
+            accesses = list(mysql_accesses(json.loads(doc)))
             text = json.dumps(accesses, indent=1)
             assert [a.get("key") for a in accesses] == [f"ix_{tasks.name}_finished_unix_ns"], text
             read = sum(float(a.get("r_rows") or 1) * float(a.get("r_loops") or 1) for a in accesses)

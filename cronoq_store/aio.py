@@ -228,35 +228,18 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         return store
 
     async def read_durability(self) -> Durability:
-        """As `SqlStore.read_durability`: what the server does with a commit (one round trip).
-
-        Returns:
-            The settings read, whether they are `safe`, and those that are not.
-
-        Raises:
-            StoreUnavailable: The database cannot be reached.
-        """
+        """As `SqlStore.read_durability`: what the server does with a commit (one round trip)."""
         return await self._drive(self._reading_durability())
 
     async def migrate(self) -> None:
-        """Migrate the database to this build's schema (idempotent; safe from many processes).
-
-        Raises:
-            SchemaError: The database stands at a revision this build does not know.
-            StoreUnavailable: The database cannot be reached.
-        """
+        """Migrate the database to this build's schema (as `SqlStore.migrate`)."""
         schema = self.config.schema
         with face.translated():
             async with self._raw_engine.connect() as conn:
                 await conn.run_sync(lambda c: migrate.upgrade(c, schema=schema))
 
     async def check_schema(self) -> None:
-        """Refuse a database not at this build's head revision; only reads.
-
-        Raises:
-            SchemaError: Not migrated, behind, or newer than this build.
-            StoreUnavailable: The database cannot be reached.
-        """
+        """Refuse a database not at this build's head revision (as `SqlStore.check_schema`)."""
         schema = self.config.schema
         with face.translated():
             async with self._raw_engine.connect() as conn:
@@ -353,16 +336,7 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         await self._lost.wait()
 
     async def wait_leadership_lost(self, timeout: float | None = None) -> bool:
-        """Wait until leadership is lost (at once if this instance does not lead).
-
-        Raises nothing: it only waits on this instance's own state.
-
-        Args:
-            timeout: Seconds to wait at most; None waits as long as it takes.
-
-        Returns:
-            True once leadership is lost; False if `timeout` passed first.
-        """
+        """Wait until leadership is lost (as `SqlStore.wait_leadership_lost`)."""
         return await _wait(self._lost, timeout)
 
     async def acquire_leadership(self, timeout: float | None = None) -> int:
@@ -371,16 +345,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         As `SqlStore.acquire_leadership`: polls every `lock_poll`, backs off while the database
         cannot be reached; an instance that leads already steps down first and leads anew
         under the next epoch.
-
-        Args:
-            timeout: Seconds to try at most; None tries until it leads.
-
-        Returns:
-            The new fencing epoch, which every `commit` of this term passes.
-
-        Raises:
-            StoreUnavailable: `timeout` passed before this instance could lead.
-            LeaderRowMissing: The lease row is gone (`cronoq-store upgrade` restores it).
         """
         return await self._drive(self._acquiring(timeout))
 
@@ -401,36 +365,11 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     ) -> None:
         """As `SqlStore.commit`: make `batch` durable in one transaction, or raise and write
         nothing; committing the same batch again changes nothing.
-
-        Args:
-            epoch: The epoch `acquire_leadership` returned for this term.
-            base: The engine's time base of every time in `batch`.
-            batch: The mutations, applied in order.
-            outputs: `(task id, bytes)` pairs: the outputs of tasks that succeeded.
-
-        Raises:
-            Fenced: Another instance leads: nothing was written; this instance stepped down
-                (`DatabaseBehind` when the database lost acknowledged commits).
-            StoreUnavailable: The database could not be reached or the commit timed out;
-                retry the same batch.
-            InvalidValue: A mutation or value the store cannot hold, or two new tasks of
-                the batch that live under one key (nothing written).
-            StoreError: Anything else the database refused; nothing was written.
         """
         await self._drive(self._committing(epoch, base, batch, outputs))
 
     async def recover(self, base: TimeBase) -> Recovered:
-        """Everything a new leader needs to resume (quarantining undecodable rows).
-
-        Args:
-            base: The engine's time base: times come back as engine times under it.
-
-        Returns:
-            Live tasks, recently finished ones, schedules, the next free id, lost commits.
-
-        Raises:
-            StoreUnavailable: The database cannot be reached.
-        """
+        """Everything a new leader needs to resume (as `SqlStore.recover`)."""
         return await self._drive(self._recovering(base))
 
     async def prune(
@@ -442,38 +381,13 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     ) -> int:
         """Delete finished tasks updated before `older_than` ago that no live task needs; on
         PostgreSQL then vacuum the task tables (as `SqlStore.prune`).
-
-        Args:
-            older_than: How long ago a finished task was last updated, at least.
-            batch_size: Tasks deleted per transaction, at most; None: 1000 (`cronoq-store
-                prune --batch-size`).
-            progress: Called with each transaction's count of deleted tasks (the CLI's
-                progress bar).
-
-        Returns:
-            How many tasks were deleted.
-
-        Raises:
-            StoreUnavailable: The database cannot be reached (earlier batches stay deleted).
         """
         return await self._drive(self._pruning(older_than, batch_size, progress))
 
     # Queries.
 
     async def get_task(self, ref: TaskRef) -> TaskRecord | None:
-        """A task by id, or the newest task with a key (as `SqlStore.get_task`).
-
-        Args:
-            ref: `ById(id)` or `ByKey(key)`.
-
-        Returns:
-            The task, or None if there is none.
-
-        Raises:
-            InvalidValue: `ref` is neither `ById` nor `ByKey`.
-            CorruptValue: The row cannot be decoded.
-            StoreUnavailable: The database cannot be reached.
-        """
+        """A task by id, or the newest task with a key (as `SqlStore.get_task`)."""
         return await self._drive(self._getting(ref))
 
     async def list_finished(
@@ -483,34 +397,11 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
         after: TaskId | None = None,
         limit: int = 100,
     ) -> list[TaskRecord]:
-        """Finished tasks by id above `after` (as `SqlStore.list_finished`).
-
-        Args:
-            pools: Only these pools; every pool when empty.
-            statuses: Only these terminal statuses; every one when empty.
-            after: Only ids above it (the last id of the previous page).
-            limit: At most this many.
-
-        Returns:
-            The tasks, by ascending id.
-
-        Raises:
-            StoreUnavailable: The database cannot be reached.
-        """
+        """Finished tasks by id above `after` (as `SqlStore.list_finished`)."""
         return await self._drive(self._listing_finished(pools, statuses, after, limit))
 
     async def load_output(self, id: TaskId) -> bytes | None:
-        """The output of a task that succeeded.
-
-        Args:
-            id: The task's id.
-
-        Returns:
-            Its output bytes, or None if it has none.
-
-        Raises:
-            StoreUnavailable: The database cannot be reached.
-        """
+        """The output of a task that succeeded (as `SqlStore.load_output`)."""
         return await self._drive(self._loading_output(id))
 
     # The inbox (see `SqlStore.read_inbox`).
@@ -520,33 +411,11 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     ) -> list[InboxItem]:
         """The oldest inbox items (above inbox id `after`), left in place (as
         `SqlStore.read_inbox`, which says how to take them).
-
-        Args:
-            limit: At most this many items.
-            after: Only inbox ids above it.
-            base: The engine's time base for the specs' times.
-
-        Returns:
-            The items, oldest first.
-
-        Raises:
-            InvalidValue: `limit` or `after` out of range.
-            StoreUnavailable: The database cannot be reached.
         """
         return await self._drive(self._reading_inbox(limit, after, base))
 
     async def wait_inbox(self, timeout: float) -> bool:
-        """Wait until the inbox holds an item, or until `timeout` seconds passed.
-
-        Args:
-            timeout: Seconds to wait at most.
-
-        Returns:
-            True once the inbox holds an item; else False.
-
-        Raises:
-            StoreUnavailable: The database cannot be reached.
-        """
+        """Wait until the inbox holds an item, or `timeout` seconds (as `SqlStore.wait_inbox`)."""
         listener = self._listener
         if listener is not None and self._listening.locked():
             listener = None  # another task listens: poll
@@ -565,15 +434,6 @@ class AsyncSqlStore(_Face[AsyncEngine, AsyncKeeper, LeadershipLostCallback, Asyn
     async def release_lease_of(self, holder: str) -> bool:
         """Free the lease that `holder`, a process known to be dead, still holds (as
         `SqlStore.release_lease_of`).
-
-        Args:
-            holder: The holder the lease names (`inspection.lease_state`).
-
-        Returns:
-            True if it was freed; False if another holder has it now.
-
-        Raises:
-            StoreUnavailable: The database cannot be reached.
         """
         return await self._drive(self._releasing_lease_of(holder))
 

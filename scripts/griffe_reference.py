@@ -9,8 +9,9 @@ methods that have no docstring (a documented one is still shown).
 --strict` fails instead of publishing a bare entry. `RequireSignatureDocs` warns about a public
 function or method whose docstring does not document each parameter (`Args:`), what it
 returns (`Returns:`, unless it returns None) and, where it touches the database, what it
-raises (`Raises:`). `HideInternals` drops private base classes (`_Face[...]`) and the source
-text of attributes set in `__init__` from the pages.
+raises (`Raises:`). `SharedFaceDocs` gives the async face's methods the sections of their sync
+twins, so each contract is written once. `HideInternals` drops private base classes
+(`_Face[...]`) and the source text of attributes set in `__init__` from the pages.
 """
 
 from __future__ import annotations
@@ -80,6 +81,43 @@ def _rendered() -> set[str]:
     for page in REFERENCE.glob("*.md"):
         found.update(re.findall(r"^::: *(\S+)", page.read_text(encoding="utf-8"), re.MULTILINE))
     return found
+
+
+FACES = {"aio.AsyncSqlStore": "store.SqlStore"}
+"""Each async face of `cronoq_store` and the sync face whose contracts it shares."""
+
+SECTION = re.compile(r"^(Args|Returns|Raises|Yields):[ \t]*$", re.MULTILINE)
+
+
+class SharedFaceDocs(griffe.Extension):
+    """Give an async face's method that documents no section (`Args:`, `Returns:`, `Raises:`)
+    its sync twin's: the async docstring says what differs in one line (`as SqlStore.x`),
+    and the contract, written once in `store.py`, is shown on both pages. Listed first in
+    mkdocs.yml, so the checks below see the sections."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """Runs once the package is loaded, before the checks' own `on_package`."""
+        if pkg.path != "cronoq_store":
+            return
+        for async_path, sync_path in FACES.items():
+            async_cls, sync_cls = pkg[async_path], pkg[sync_path]
+            for name, member in async_cls.members.items():
+                twin = sync_cls.members.get(name)
+                if member.is_alias or not member.is_function or twin is None:
+                    continue
+                shared = shared_sections(member.docstring, twin.docstring)
+                if shared is not None:
+                    member.docstring = griffe.Docstring(
+                        shared, lineno=member.docstring.lineno, parent=member
+                    )
+
+
+def shared_sections(own: griffe.Docstring | None, twin: griffe.Docstring | None) -> str | None:
+    """`own`'s text followed by `twin`'s sections, when `own` has none and `twin` has some."""
+    if own is None or twin is None or SECTION.search(own.value):
+        return None
+    found = SECTION.search(twin.value)
+    return None if found is None else f"{own.value.rstrip()}\n\n{twin.value[found.start() :]}"
 
 
 class RequireDocstrings(griffe.Extension):

@@ -612,3 +612,34 @@ def test_the_public_api_documents_parameters_returns_and_raises() -> None:
     text_ = pkg["store.SqlStore.commit"].docstring.value
     for error in ("Fenced", "StoreUnavailable", "InvalidValue"):
         assert f"{error}:" in text_, error
+
+
+@pytest.mark.sqlite
+def test_the_async_face_shows_the_sync_faces_contract() -> None:
+    """The async methods say only what differs (`as SqlStore.x`); the reference gives each the
+    sync twin's sections (`SharedFaceDocs`), so both pages document every parameter, return
+    value and error, from one text. A method with sections of its own keeps them (`open`)."""
+    griffe = pytest.importorskip("griffe")  # the docs extra; the range runs have none
+    checks: Any = _reference_checks()
+    pkg = griffe.load(
+        "cronoq_store",
+        search_paths=[str(ROOT)],
+        resolve_aliases=False,
+        extensions=griffe.load_extensions(checks.SharedFaceDocs),
+    )
+    async_cls, sync_cls = pkg["aio.AsyncSqlStore"], pkg["store.SqlStore"]
+    shared = 0
+    for name, method in async_cls.members.items():
+        if name.startswith("_") or not method.is_function:
+            continue
+        assert checks.missing_signature_docs(method, raises=True) == [], name
+        twin = sync_cls.members.get(name)
+        if twin is not None and checks.SECTION.search(twin.docstring.value):
+            own = method.docstring.value
+            if name != "open":
+                assert own.endswith(
+                    twin.docstring.value[checks.SECTION.search(twin.docstring.value).start() :]
+                )
+                shared += 1
+    assert shared >= 10
+    assert "async driver" in async_cls.members["open"].docstring.value

@@ -19,6 +19,8 @@ The public surface, all on `DefaultImpl`:
 - `streaming_cursor`, `abandon`: cursors that hold a chunk of a result at a time;
 - `copy_rows`: a bulk load (COPY), where `copies`;
 - `interrupter`: how another thread stops the session's wait (the watchdog's);
+- `acknowledged`, `durability_risks`: what an acknowledged commit means on the database, and
+  the settings that can let a crash take it back (`unsafe_durability` judges them);
 - `transient_codes`, `read_only_codes`, `disk_full_codes`: the server's error codes that
   `translation` reads;
 - the inbox's: `notifies`, `listens` (NOTIFY and LISTEN), `binary_arrays`, `numbers_in_order`
@@ -46,9 +48,12 @@ from .statements import name as dialect_name
 
 __all__ = [
     "DefaultImpl",
+    "Risk",
     "class_of",
     "connect_with",
     "dialect_of",
+    "is_off",
+    "is_on",
     "reclass_connections",
     "setting_is_on",
     "setting_of",
@@ -70,6 +75,20 @@ class Bounds(NamedTuple):
     timeout: timedelta | None
     lock: timedelta | None = None
     idle_too: bool = True
+
+
+class Risk(NamedTuple):
+    """A server setting whose value can let a crash take back an acknowledged commit
+    (`DefaultImpl.durability_risks`)."""
+
+    setting: str
+    """Its name, as the server spells it."""
+    unsafe: Callable[[str], bool]
+    """Whether its value (as `setting_of` reads it: stripped, lower-cased) is unsafe."""
+    why: str
+    """What that risks, in a sentence."""
+    given: str | None = None
+    """A boolean setting that must be on for this one to matter (None: always matters)."""
 
 
 class DefaultImpl:
@@ -221,13 +240,25 @@ class DefaultImpl:
         behind a transaction pooler) and reads `connect_timeout` in whole seconds."""
         return False
 
+    durability_risks: ClassVar[tuple[Risk, ...]] = ()
+    """The settings that can let a crash take back an acknowledged commit on this database,
+    each with the test of its value, in the order `unsafe_durability` reports them."""
+
     @classmethod
     def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
         """The settings among `settings` (the server's, by name, as
         `dialects.durability_settings` reads them) that let a crash take back an acknowledged
-        commit, each as (its name, what it risks). A setting missing or None is not known
-        and makes nothing unsafe. No I/O: `durability.classify` calls it on any settings."""
-        return []
+        commit, each as (its name, what it risks): the `durability_risks` their values fail.
+        A setting missing or None is not known and makes nothing unsafe. No I/O:
+        `durability.classify` calls it on any settings."""
+        unsafe: list[tuple[str, str]] = []
+        for risk in cls.durability_risks:
+            value = setting_of(settings, risk.setting)
+            if value is None or (risk.given and not setting_is_on(settings, risk.given)):
+                continue
+            if risk.unsafe(value):
+                unsafe.append((risk.setting, risk.why))
+        return unsafe
 
     def hook_cursors(self, engine: Engine, hooked: Callable[[type[Any]], type[Any]]) -> bool:
         """Make every connection `engine` opens from now on make its cursors of the class
@@ -362,4 +393,14 @@ def setting_of(settings: Mapping[str, Any], name: str) -> str | None:
 def setting_is_on(settings: Mapping[str, Any], name: str) -> bool | None:
     """Whether the boolean setting `name` is on ("on", "1", "true", "yes"; None: unknown)."""
     value = setting_of(settings, name)
-    return None if value is None else value in ("on", "1", "true", "yes")
+    return None if value is None else is_on(value)
+
+
+def is_on(value: str) -> bool:
+    """Whether a boolean setting's value (as `setting_of` reads it) is on."""
+    return value in ("on", "1", "true", "yes")
+
+
+def is_off(value: str) -> bool:
+    """Whether a boolean setting's value (as `setting_of` reads it) is off."""
+    return not is_on(value)

@@ -6,7 +6,7 @@ import functools
 import importlib
 import socket
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, Final
 
@@ -20,10 +20,10 @@ from sqlalchemy.sql.expression import Executable
 from .base import (
     Bounds,
     DefaultImpl,
+    Risk,
     connect_with,
+    is_on,
     reclass_connections,
-    setting_is_on,
-    setting_of,
 )
 from .cursor import observed
 from .sockets import shut, shut_transport
@@ -37,6 +37,14 @@ __all__ = [
     "MySQLImpl",
     "OnlyIfCounted",
 ]
+
+JEPSEN_GALERA: Final = (
+    "Jepsen's analysis of MariaDB Galera Cluster 12.1.2 (2026-03) found committed "
+    "transactions lost: under the recommended settings when nodes crash in quick succession "
+    "(no flush before acknowledgement), and occasionally with process crashes and network "
+    "partitions even with innodb_flush_log_at_trx_commit=1"
+)
+"""Why a Galera node is never called safe (https://jepsen.io/analyses)."""
 
 
 class MySQLImpl(DefaultImpl):
@@ -195,42 +203,32 @@ class MySQLImpl(DefaultImpl):
         "(sync_binlog=1)"
     )
 
-    @classmethod
-    def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """InnoDB's redo log not flushed at each commit, no doublewrite buffer, a binary log
-        not synced at each commit, and any Galera node (`JEPSEN_GALERA`)."""
-        unsafe: list[tuple[str, str]] = []
-        flush = setting_of(settings, "innodb_flush_log_at_trx_commit")
-        if flush is not None and flush != "1":
-            unsafe.append(
-                (
-                    "innodb_flush_log_at_trx_commit",
-                    "the redo log is not flushed at each "
-                    "commit: a crash (of the machine with 2, of the server with 0) loses up "
-                    "to a second of acknowledged commits",
-                )
-            )
-        if setting_of(settings, "innodb_doublewrite") in ("off", "0"):
-            unsafe.append(
-                (
-                    "innodb_doublewrite",
-                    "a page torn by a power loss cannot be repaired: "
-                    "committed rows can be lost or the tablespace corrupted",
-                )
-            )
-        sync_binlog = setting_of(settings, "sync_binlog")
-        if setting_is_on(settings, "log_bin") and sync_binlog is not None and sync_binlog != "1":
-            unsafe.append(
-                (
-                    "sync_binlog",
-                    "the binary log is not flushed at each commit: after a crash "
-                    "of the machine, replicas and point-in-time recovery miss acknowledged "
-                    "commits",
-                )
-            )
-        if setting_is_on(settings, "wsrep_on"):
-            unsafe.append(("wsrep_on", f"a Galera node: {JEPSEN_GALERA}"))
-        return unsafe
+    durability_risks: ClassVar[tuple[Risk, ...]] = (
+        Risk(
+            "innodb_flush_log_at_trx_commit",
+            lambda value: value != "1",
+            "the redo log is not flushed at each "
+            "commit: a crash (of the machine with 2, of the server with 0) loses up "
+            "to a second of acknowledged commits",
+        ),
+        Risk(
+            "innodb_doublewrite",
+            lambda value: value in ("off", "0"),
+            "a page torn by a power loss cannot be repaired: "
+            "committed rows can be lost or the tablespace corrupted",
+        ),
+        Risk(
+            "sync_binlog",
+            lambda value: value != "1",
+            "the binary log is not flushed at each commit: after a crash "
+            "of the machine, replicas and point-in-time recovery miss acknowledged "
+            "commits",
+            given="log_bin",
+        ),
+        Risk("wsrep_on", is_on, f"a Galera node: {JEPSEN_GALERA}"),
+    )
+    """InnoDB's redo log not flushed at each commit, no doublewrite buffer, a binary log
+    not synced at each commit, and any Galera node (`JEPSEN_GALERA`)."""
 
     def hook_cursors(self, engine: Engine, hooked: Callable[[type[Any]], type[Any]]) -> bool:
         """PyMySQL: its `cursorclass`."""
@@ -525,11 +523,3 @@ IDLE_INFO: Final = "cronoq_idle_s"
 """`Connection.info` key: the MariaDB session's idle_transaction_timeout as we last set it."""
 LOCK_WAIT_INFO: Final = "cronoq_lock_wait_s"
 """`Connection.info` key: the MariaDB session's lock waits (whole seconds) as we last set them."""
-
-JEPSEN_GALERA: Final = (
-    "Jepsen's analysis of MariaDB Galera Cluster 12.1.2 (2026-03) found committed "
-    "transactions lost: under the recommended settings when nodes crash in quick succession "
-    "(no flush before acknowledgement), and occasionally with process crashes and network "
-    "partitions even with innodb_flush_log_at_trx_commit=1"
-)
-"""Why a Galera node is never called safe (https://jepsen.io/analyses)."""

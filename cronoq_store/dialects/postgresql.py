@@ -14,12 +14,12 @@ from sqlalchemy.engine.interfaces import Dialect
 from .base import (
     Bounds,
     DefaultImpl,
+    Risk,
     Rows,
     RowValues,
     connect_with,
+    is_off,
     reclass_connections,
-    setting_is_on,
-    setting_of,
 )
 from .cursor import run_stmt
 from .sockets import shut_fd
@@ -122,35 +122,27 @@ class PostgresqlImpl(DefaultImpl):
         "replication (see 'server')"
     )
 
-    @classmethod
-    def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """`fsync` off, `synchronous_commit` off, `full_page_writes` off."""
-        unsafe: list[tuple[str, str]] = []
-        if setting_is_on(settings, "fsync") is False:
-            unsafe.append(
-                (
-                    "fsync",
-                    "nothing is flushed to disk: a crash of the machine loses commits "
-                    "and can corrupt the whole cluster",
-                )
-            )
-        if setting_of(settings, "synchronous_commit") == "off":
-            unsafe.append(
-                (
-                    "synchronous_commit",
-                    "a commit is acknowledged before its WAL is flushed: "
-                    "a crash loses up to 3 x wal_writer_delay of acknowledged commits",
-                )
-            )
-        if setting_is_on(settings, "full_page_writes") is False:
-            unsafe.append(
-                (
-                    "full_page_writes",
-                    "a page torn by a power loss cannot be repaired from the "
-                    "WAL: committed rows can be lost or the database corrupted",
-                )
-            )
-        return unsafe
+    durability_risks: ClassVar[tuple[Risk, ...]] = (
+        Risk(
+            "fsync",
+            is_off,
+            "nothing is flushed to disk: a crash of the machine loses commits "
+            "and can corrupt the whole cluster",
+        ),
+        Risk(
+            "synchronous_commit",
+            lambda value: value == "off",
+            "a commit is acknowledged before its WAL is flushed: "
+            "a crash loses up to 3 x wal_writer_delay of acknowledged commits",
+        ),
+        Risk(
+            "full_page_writes",
+            is_off,
+            "a page torn by a power loss cannot be repaired from the "
+            "WAL: committed rows can be lost or the database corrupted",
+        ),
+    )
+    """`fsync` off, `synchronous_commit` off, `full_page_writes` off."""
 
     def hook_cursors(self, engine: Engine, hooked: Callable[[type[Any]], type[Any]]) -> bool:
         """Sync psycopg: its `cursor_factory`."""

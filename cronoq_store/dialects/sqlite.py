@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
 from sqlalchemy import Engine
 from sqlalchemy.engine.interfaces import Dialect
 
-from .base import DefaultImpl, connect_with, setting_of
+from .base import DefaultImpl, Risk, connect_with
 
 __all__ = ["SQLITE_FULL", "SQLITE_TRANSIENT", "SQLiteImpl"]
 
 SQLITE_TRANSIENT: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
 SQLITE_FULL: Final = 13
+_SYNCHRONOUS: Final = {"0": "off", "1": "normal", "2": "full", "3": "extra"}
+"""`synchronous`'s levels by number, as `PRAGMA synchronous` prints them."""
 
 
 class SQLiteImpl(DefaultImpl):
@@ -58,34 +60,26 @@ class SQLiteImpl(DefaultImpl):
         "StoreConfig.full_sync, the default)"
     )
 
-    @classmethod
-    def unsafe_durability(cls, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """No journal on disk, or `synchronous` below FULL (by name or number)."""
-        unsafe: list[tuple[str, str]] = []
-        journal = setting_of(settings, "journal_mode")
-        sync = setting_of(settings, "synchronous")
-        sync = {"0": "off", "1": "normal", "2": "full", "3": "extra"}.get(sync or "", sync)
-        if journal in ("memory", "off"):
-            unsafe.append(
-                ("journal_mode", "no journal on disk: a crash mid-commit can corrupt the database")
-            )
-        if sync == "off":
-            unsafe.append(
-                (
-                    "synchronous",
-                    "SQLite never fsyncs: a power loss or OS crash loses "
-                    "acknowledged commits and can corrupt the database",
-                )
-            )
-        elif sync == "normal":
-            unsafe.append(
-                (
-                    "synchronous",
-                    "SQLite does not fsync each commit (StoreConfig.full_sync "
-                    "off): a power loss or OS crash loses the last acknowledged commits",
-                )
-            )
-        return unsafe
+    durability_risks: ClassVar[tuple[Risk, ...]] = (
+        Risk(
+            "journal_mode",
+            lambda value: value in ("memory", "off"),
+            "no journal on disk: a crash mid-commit can corrupt the database",
+        ),
+        Risk(
+            "synchronous",
+            lambda value: _SYNCHRONOUS.get(value, value) == "off",
+            "SQLite never fsyncs: a power loss or OS crash loses "
+            "acknowledged commits and can corrupt the database",
+        ),
+        Risk(
+            "synchronous",
+            lambda value: _SYNCHRONOUS.get(value, value) == "normal",
+            "SQLite does not fsync each commit (StoreConfig.full_sync "
+            "off): a power loss or OS crash loses the last acknowledged commits",
+        ),
+    )
+    """No journal on disk, or `synchronous` below FULL (by name or number)."""
 
     def hook_cursors(self, engine: Engine, hooked: Callable[[type[Any]], type[Any]]) -> bool:
         """pysqlite: a connection factory whose `cursor()` makes hooked cursors."""

@@ -8,10 +8,13 @@ server backends (their /proc/PID/stat before and after each timed part: the serv
 machine). The peers are installed outside the repository (see benchmarks/README.md, "Peers"):
 
     python benchmarks/bench_peers.py --peers /tmp/peers [--repeats 5] [--json] [--rtt MS]
-        [--only WORD ...]
+        [--only WORD ...] [--batches N]
 
 `--only WORD` runs the systems whose row name has WORD ("leader", "graphile", "pg-boss"):
-a change to one system, measured beside the peers it is compared with.
+a change to one system, measured beside the peers it is compared with. `--batches N`: calls
+of 1,000 per sample (10), for steadier batch figures. Where both ran, the table is followed
+by `enqueue_many` given the Engine over the raw COPY, per repeat (each pair run back to
+back): the median and the range.
 
 With `--rtt MS` every system reaches the server through a latency proxy of its own
 (`cronoq_store.bench.proxy`, in a process of its own, so its CPU is no system's) that adds MS
@@ -338,7 +341,7 @@ def systems(peers: Path) -> dict[str, Callable[[str], Figures]]:
         )
 
     return {
-        "cronoq enqueue / enqueue_many, given the Engine": cronoq,
+        ENGINE_ROW: cronoq,
         "cronoq enqueue / enqueue_many in the app's transaction": cronoq_in_transaction,
         "cronoq leader commit, batch 1 / batch 1000": leader,
         "procrastinate defer / batch_defer": lambda url: external(
@@ -346,11 +349,12 @@ def systems(peers: Path) -> dict[str, Callable[[str], Figures]]:
         ),
         "graphile-worker addJob / addJobs": node("graphile"),
         "pg-boss send / insert": node("pgboss"),
-        "raw psycopg INSERT + COMMIT / COPY of the inbox's rows": raw,
+        COPY_ROW: raw,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RTT_MS, BATCHES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"))
     parser.add_argument("--repeats", type=int, default=5)
@@ -359,9 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", action="append", default=[], help="run the systems whose name has this word"
     )
+    parser.add_argument("--batches", type=int, default=BATCHES, help="calls of 1,000 a sample")
     args = parser.parse_args(argv)
-    global RTT_MS
     RTT_MS = args.rtt
+    BATCHES = args.batches
     runs = {
         name: fn
         for name, fn in systems(args.peers).items()
@@ -386,8 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name, got in samples.items()
     }
+    ratio = _copy_ratio(samples)
     if args.json:
-        print(json.dumps(table, indent=2))
+        print(json.dumps(table if ratio is None else {**table, COPY_RATIO: ratio}, indent=2))
         return 0
     at = f", {args.rtt:g} ms RTT" if args.rtt else ""
     print(
@@ -401,7 +407,34 @@ def main(argv: list[str] | None = None) -> int:
             for p in (row["single"], row["batch"])
         ]
         print(f"| {name} | {cells[0]} | {cells[1]} |")
+    if ratio is not None:
+        print(
+            f"\n{COPY_RATIO}: {ratio['median']:.2f}x (range {ratio['min']:.2f}-"
+            f"{ratio['max']:.2f}, {len(ratio['repeats'])} repeats)"
+        )
     return 0
+
+
+ENGINE_ROW = "cronoq enqueue / enqueue_many, given the Engine"
+COPY_ROW = "raw psycopg INSERT + COMMIT / COPY of the inbox's rows"
+COPY_RATIO = "enqueue_many of 1,000 / raw COPY"
+
+
+def _copy_ratio(samples: dict[str, list[Figures]]) -> dict[str, Any] | None:
+    """`enqueue_many` given the Engine over the raw COPY, batch rates, repeat by repeat (the
+    pair ran back to back, in alternating order): issue 41's ">= 0.6x"."""
+    if ENGINE_ROW not in samples or COPY_ROW not in samples:
+        return None
+    repeats = [
+        round(ours["batch"]["rate"] / raw["batch"]["rate"], 3)
+        for ours, raw in zip(samples[ENGINE_ROW], samples[COPY_ROW], strict=True)
+    ]
+    return {
+        "median": statistics.median(repeats),
+        "min": min(repeats),
+        "max": max(repeats),
+        "repeats": repeats,
+    }
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from .columns import (
     spec_dict,
     spec_from_columns,
     spec_from_values,
+    spec_values,
     stored_blob,
 )
 from .jsonparts import decode_deps, priority_from, retry_obj
@@ -82,6 +83,7 @@ __all__ = [
     "spec_dict",
     "spec_from_columns",
     "spec_from_values",
+    "spec_values",
     "stored_blob",
     "to_unix",
     "to_unix_opt",

@@ -69,36 +69,46 @@ MAX_PAYLOAD_SETTING: Final = (
 )
 
 
-def _rows(specs: Iterable[TaskSpec], max_payload: int | None) -> list[dict[str, Any]]:
+Row = tuple[Any, ...]
+"""An inbox row: the values of `codec.SPEC_COLUMNS`, in that order (`codec.spec_values`)."""
+
+
+def _rows(specs: Iterable[TaskSpec], max_payload: int | None) -> list[Row]:
     """The inbox rows of `specs`; refuses (`InvalidValue`) any that cannot be stored, or
-    whose payload is longer than `max_payload`."""
+    whose payload is longer than `max_payload`. Tuples, not dicts: PostgreSQL's statement
+    takes them as columns (`_arrays`), and only the paths that bind by name make dicts."""
     if max_payload is not None and (
         not isinstance(max_payload, int) or isinstance(max_payload, bool) or max_payload < 1
     ):
         raise InvalidValue("max_payload_bytes must be a positive int or None")
+    limit = -1 if max_payload is None else max_payload
+    values = codec.spec_values
     rows = []
     with execution.collection_paused():  # every row is kept until written
         for i, spec in enumerate(specs):
-            if not isinstance(spec, TaskSpec):
+            if type(spec) is not TaskSpec and not isinstance(spec, TaskSpec):
                 raise InvalidValue(f"specs[{i}] must be a TaskSpec, not {type(spec).__name__}")
-            check_payload(spec.payload, max_payload, MAX_PAYLOAD_SETTING)
-            rows.append(codec.spec_columns(UNIX, spec))
+            if limit >= 0 and len(spec.payload) > limit:
+                check_payload(spec.payload, max_payload, MAX_PAYLOAD_SETTING)  # its message
+            rows.append(values(UNIX, spec))
     return rows
 
 
-def arrays(rows: list[dict[str, Any]]) -> dict[str, list[Any] | None]:
+def arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any] | None]:
+    """`_arrays` of rows given as mappings of `codec.SPEC_COLUMNS` (`codec.spec_columns`)."""
+    names = codec.SPEC_COLUMNS
+    return _arrays([tuple(row[name] for name in names) for row in rows])
+
+
+def _arrays(rows: Sequence[Row]) -> dict[str, list[Any] | None]:
     """The arrays `insert_many_stmt` unnests, one per column. A column NULL (or, for a JSON
     one, empty) in every row is sent as one NULL, which `unnest` pads to the rows' length:
     most specs leave most fields unset, and psycopg dumps an array element by element."""
-    names = codec.SPEC_COLUMNS
-    if tuple(rows[0]) == names:  # `codec.spec_columns`' order: one transposition, in C
-        columns: Any = zip(*[row.values() for row in rows], strict=True)
-    else:
-        columns = ([row[name] for row in rows] for name in names)
     arrays: dict[str, list[Any] | None] = {}
-    for name, values in zip(names, columns, strict=True):
+    count = len(rows)
+    for name, values in zip(codec.SPEC_COLUMNS, zip(*rows, strict=True), strict=True):  # in C
         unset = values.count(EMPTY.get(name))
-        arrays[f"a_{name}"] = None if unset == len(values) else list(values)
+        arrays[f"a_{name}"] = None if unset == count else list(values)
     return arrays
 
 
@@ -110,19 +120,19 @@ def _options(schema: str | None) -> Mapping[str, Any]:
 
 
 def _write(
-    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+    conn: Connection, values: list[Row], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
-    """Insert `rows` in order and return their ids; where the database `notifies`
-    (PostgreSQL), to `notify`, notify on commit, in the same round trip as the ids. What the
-    database does best is its class's to say (`dialects.dialect_of`)."""
-    if not rows:
+    """Insert the rows of `values` in order and return their ids; where the database
+    `notifies` (PostgreSQL), to `notify`, notify on commit, in the same round trip as the
+    ids. What the database does best is its class's to say (`dialects.dialect_of`)."""
+    if not values:
         return []
     stmt = insert_stmt()
     dialect = conn.dialect
     impl = dialects.dialect_of(dialect)
     notifies = impl.notifies
-    if len(rows) > 1 and notifies:  # PostgreSQL: one INSERT of unnested arrays
-        columns = arrays(rows)
+    if len(values) > 1 and notifies:  # PostgreSQL: one INSERT of unnested arrays
+        columns = _arrays(values)
         if impl.binary_arrays:
             sql, params = _binary(dialect, _schema(conn, options), notify=notify)
             # On the driver's cursor (`execution.run`): SQLAlchemy's result fetched the ids
@@ -133,8 +143,9 @@ def _write(
                 insert_many_stmt(notify=notify), columns, execution_options=options
             )
             got = list(result.scalars())
-        ids = sorted(got)  # numbered in row order (`insert_many_stmt`)
-    elif len(rows) > 1 and impl.numbers_in_order(conn.connection.driver_connection):
+        return sorted(got)  # numbered in row order (`insert_many_stmt`)
+    rows = [codec.spec_dict(row) for row in values]  # bound by name from here on
+    if len(rows) > 1 and impl.numbers_in_order(conn.connection.driver_connection):
         # SQLite: one executemany, no RETURNING (which SQLAlchemy runs a row at a time here
         # to keep the order): its rows are numbered one after another, the last one
         # `last_insert_rowid`.
@@ -170,6 +181,8 @@ def _write(
 
 
 _BEGIN: Final = ("BEGIN", None, False)
+_CASTS: dict[str, dict[str, str]] = {}
+"""`pgarrays.kinds` of each of `_binary`'s SQL texts."""
 
 
 def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
@@ -184,7 +197,15 @@ def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> S
 
 def _run_arrays(conn: Connection, sql: str, params: Mapping[str, Any]) -> Sequence[Any]:
     """The rows of `insert_many_stmt`'s driver SQL (`_binary`): on the cursor
-    (`execution.run`), or in a flight (`_flight`)."""
+    (`execution.run`), or in a flight (`_flight`). Where nothing observes the connection,
+    its arrays go as built here (`pgarrays`), not dumped by psycopg element by element."""
+    if execution.pipelines(conn):  # sync psycopg's cursor or libpq connection
+        from . import pgarrays  # psycopg's: only a psycopg connection comes here
+
+        casts = _CASTS.get(sql)
+        if casts is None:
+            casts = _CASTS.setdefault(sql, pgarrays.kinds(sql))
+        params = pgarrays.binary(conn.connection.dbapi_connection, params, casts)
     begin = _flies(conn)
     if begin is None:
         return execution.run(conn, sql, params).rows
@@ -273,7 +294,7 @@ def _table(options: Mapping[str, Any]) -> Table:
 
 
 def _write_or_explain(
-    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+    conn: Connection, rows: list[Row], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
     """`_write`, its driver errors translated: where the inbox table is not, a `SchemaError`
     naming the schema searched and `schema=` (an app's usual slip is to leave it out).
@@ -326,7 +347,7 @@ def _connection(conn: Connection | Session) -> Connection:
 
 
 def _standalone(
-    conn: Connection, rows: list[dict[str, Any]], options: Mapping[str, Any], *, notify: bool
+    conn: Connection, rows: list[Row], options: Mapping[str, Any], *, notify: bool
 ) -> list[int]:
     """`_write_or_explain` in a transaction of its own on `conn`, fresh from an engine,
     committed before it returns. On PostgreSQL every enqueue is one statement (its
@@ -360,7 +381,7 @@ def _prepared(
     schema: str | None = None,
     notify: object = True,
     max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
-) -> tuple[list[dict[str, Any]], Mapping[str, Any], bool]:
+) -> tuple[list[Row], Mapping[str, Any], bool]:
     """The rows of `specs`, the execution options for `schema`, and `notify`, each checked
     (`InvalidValue`) before anything is written; an unknown option is a `TypeError`, as a
     keyword argument no signature names."""

@@ -125,6 +125,44 @@ def test_spec_columns_round_trip(base: TimeBase, spec: TaskSpec) -> None:
 
 
 @SETTINGS
+@given(base=st.builds(TimeBase, unix_ns=int64s), spec=specs(any_text))
+def test_spec_values_are_spec_columns_in_order(base: TimeBase, spec: TaskSpec) -> None:
+    """`spec_values` (enqueue_many's rows) is `spec_columns` as a tuple in `SPEC_COLUMNS`'
+    order, and refuses what it refuses (a time out of range under a far base), alike."""
+    try:
+        columns = codec.spec_columns(base, spec)
+    except InvalidValue as exc:
+        message = str(exc)
+    else:
+        assert codec.spec_values(base, spec) == tuple(columns[n] for n in codec.SPEC_COLUMNS)
+        return
+    with pytest.raises(InvalidValue) as refused:
+        codec.spec_values(base, spec)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        TaskSpec(payload=b"", pool="p" * (codec.POOL_MAX + 1)),
+        TaskSpec(payload=b"", kind="é" * (codec.KIND_MAX + 1)),
+        TaskSpec(payload=b"", key="k\x00" * codec.KEY_MAX),
+        TaskSpec(payload=b"", tenant="t" * (codec.TENANT_MAX + 1)),
+        TaskSpec(payload=b"", deadline=1),
+        TaskSpec(payload=b"", fixed_start=FixedStart(at=1)),
+        TaskSpec(payload=b"", deps=(Dep(target=ByKey(key="k" * (codec.KEY_MAX + 1))),)),
+    ],
+)
+def test_spec_values_refuse_as_spec_columns_do(spec: TaskSpec) -> None:
+    base = TimeBase(unix_ns=INT64_MAX)
+    with pytest.raises(InvalidValue) as expected:
+        codec.spec_columns(base, spec)
+    with pytest.raises(InvalidValue) as refused:
+        codec.spec_values(base, spec)
+    assert str(refused.value) == str(expected.value)
+
+
+@SETTINGS
 @given(base=bases, r=recurrings())
 def test_recurring_round_trip(base: TimeBase, r: RecurringSpec) -> None:
     text = codec.encode_recurring(base, r)

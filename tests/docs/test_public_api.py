@@ -77,7 +77,7 @@ PARTS = {
         "urls",
         "translation",
     ),
-    "inbox": ("statements", "enqueuing", "draining", "listening"),
+    "inbox": ("statements", "enqueuing", "draining", "listening", "pgarrays"),
     "testing": (
         "base",
         "config",

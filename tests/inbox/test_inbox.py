@@ -611,6 +611,45 @@ def test_a_column_unset_in_every_spec_is_sent_as_one_null(
         assert params["a_payload"] == [s.payload for s in specs]
 
 
+def test_enqueue_many_sends_the_arrays_it_built_where_nothing_observes(
+    dialect: str, store: SqlStore, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On sync psycopg with nothing observing, the arrays go as `pgarrays` built them, not
+    as lists for psycopg to dump: opening the app's transaction, in one already open, and
+    given the Engine. Every spec drains as given (texts beyond ASCII, NULLs among values,
+    int64's largest)."""
+    if dialect != "postgresql":
+        pytest.skip("PostgreSQL's arrays")
+    from cronoq_store.inbox import pgarrays
+
+    built: list[dict[str, Any]] = []
+    real = pgarrays.binary
+
+    def spy(driver: Any, params: Any, casts: Any) -> dict[str, Any]:
+        built.append(real(driver, params, casts))
+        return built[-1]
+
+    monkeypatch.setattr(pgarrays, "binary", spy)
+    specs = [
+        rich_spec(1),
+        TaskSpec(payload=b"", kind="é☃", key="ключ", tenant="té", duration_hint_ns=2**63 - 1),
+        TaskSpec(payload=b"x" * 5000, priority=Priority.LOW),
+    ]
+    with engine.begin() as conn:
+        ids = enqueue_many(conn, specs)  # opens the transaction: in a flight with its BEGIN
+    with engine.begin() as conn:
+        conn.execute(select(1))
+        ids += enqueue_many(conn, specs)  # on the cursor, in the open transaction
+    ids += enqueue_many(engine, specs)  # autocommit, in a flight of its own
+    assert len(built) == 3
+    for params in built:
+        arrays = [v for k, v in params.items() if k.startswith("a_") and v is not None]
+        assert len(arrays) == len(codec.SPEC_COLUMNS)  # every column set by some spec
+        assert not [v for v in arrays if isinstance(v, list)]  # none left to psycopg
+    items = store.read_inbox()
+    assert [(i.inbox_id, i.spec) for i in items] == list(zip(ids, specs * 3, strict=True))
+
+
 def test_postgresql_core_statement_for_other_drivers(
     dialect: str, store: SqlStore, engine: Engine
 ) -> None:

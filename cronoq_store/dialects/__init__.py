@@ -5,7 +5,8 @@ expressed portably, it does not belong here. Each database is one class (`base.D
 and its subclasses in `sqlite`, `postgresql`, `mysql`), chosen once per engine
 (`dialect_of`): what a database does differently is a method override there. The other
 rooms: `statements` (what each dialect writes its own way), `sessions` (what each session
-is told), `sockets` (shutting a session's socket down), `locks` (the migration lock), `urls`
+is told), `sockets` (shutting a session's socket down), `pgarrays` (arrays in PostgreSQL's
+binary format, built for sync psycopg), `locks` (the migration lock), `urls`
 (parsing, checks, advice, redaction) and `translation` (errors in the store's terms).
 Callers use the names here, as `dialects.X`.
 """

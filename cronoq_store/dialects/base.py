@@ -17,7 +17,7 @@ The public surface, all on `DefaultImpl`:
 - `short_lock_waits`: a migration's short bound on each lock wait of its session;
 - `pipelined`, `copies`, `binds_arrays`: what the driver can do;
 - `streaming_cursor`, `abandon`: cursors that hold a chunk of a result at a time;
-- `copy_rows`: a bulk load (COPY), where `copies`;
+- `copy_rows`: a bulk load (COPY), where `copies`; `built_arrays`: arrays sent as built;
 - `interrupter`: how another thread stops the session's wait (the watchdog's);
 - `acknowledged`, `durability_risks`: what an acknowledged commit means on the database, and
   the settings that can let a crash take it back (`unsafe_durability` judges them);
@@ -201,6 +201,15 @@ class DefaultImpl:
         `values(row)` in the statement's column order. Only where `copies`; the caller owns
         the cursor (and closes it) and wraps the driver's errors."""
         raise NotImplementedError(f"no COPY on {self.name}")
+
+    def built_arrays(
+        self, driver_connection: Any, sql: str, params: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """`params` of the driver SQL `sql`, run on `driver_connection`, with the arrays this
+        database's driver would dump element by element sent already built (PostgreSQL's
+        binary arrays, `pgarrays`); here as they are. Only where nothing observes the
+        connection: an observer sees the lists."""
+        return params
 
     def numbers_in_order(self, driver_connection: Any) -> bool:
         """Whether the rows an executemany inserts now on `driver_connection` are numbered

@@ -32,6 +32,10 @@ PG_READ_ONLY: Final = "25006"  # read_only_sql_transaction: a hot standby, a rea
 PG_DISK_FULL: Final = "53100"
 
 
+_CASTS: dict[str, dict[str, str]] = {}
+"""`pgarrays.kinds` of each SQL text `built_arrays` was given."""
+
+
 class PostgresqlImpl(DefaultImpl):
     """PostgreSQL on psycopg. Sync psycopg pipelines a transaction's statements (`wire`),
     loads rows with COPY and streams from a named (server-side) cursor; psycopg, sync or
@@ -89,6 +93,18 @@ class PostgresqlImpl(DefaultImpl):
         if not self.copies:  # sync psycopg: the same test
             return None
         return dbapi_connection.cursor(name=f"cronoq_stream_{next(_cursor_names)}")
+
+    def built_arrays(
+        self, driver_connection: Any, sql: str, params: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """psycopg's binary arrays (`%(name)b::TYPE`) built by `pgarrays`, each column's
+        distinct values encoded once, where psycopg dumps element by element."""
+        from . import pgarrays  # psycopg's own module: loaded only where psycopg runs
+
+        casts = _CASTS.get(sql)
+        if casts is None:
+            casts = _CASTS.setdefault(sql, pgarrays.kinds(sql))
+        return pgarrays.binary(driver_connection, params, casts) if casts else params
 
     def copy_rows(self, cursor: Any, sql: str, rows: Rows, values: RowValues) -> None:
         """psycopg's `cursor.copy`, one `write_row` per row."""

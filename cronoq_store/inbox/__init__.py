@@ -13,9 +13,7 @@ Times in an enqueued spec (deadline, fixed start) are Unix nanoseconds, i.e. eng
 
 The rooms, one job each: `statements` (every statement, built once), `enqueuing` (the app's
 side), `draining` (the leader's reads and the rows set aside), `listening` (waiting for an
-enqueue: LISTEN on PostgreSQL, a poll elsewhere), `pgarrays` (`enqueuing`'s arrays as sync
-psycopg sends them, built in C-speed passes). Their names are all reachable from here, but
-`pgarrays`', psycopg's only.
+enqueue: LISTEN on PostgreSQL, a poll elsewhere). Their names are all reachable from here.
 """
 
 from __future__ import annotations

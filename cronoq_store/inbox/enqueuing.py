@@ -181,8 +181,6 @@ def _write(
 
 
 _BEGIN: Final = ("BEGIN", None, False)
-_CASTS: dict[str, dict[str, str]] = {}
-"""`pgarrays.kinds` of each of `_binary`'s SQL texts."""
 
 
 def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> Sequence[Any]:
@@ -198,14 +196,10 @@ def _run_opening(conn: Connection, stmt: Insert, params: Mapping[str, Any]) -> S
 def _run_arrays(conn: Connection, sql: str, params: Mapping[str, Any]) -> Sequence[Any]:
     """The rows of `insert_many_stmt`'s driver SQL (`_binary`): on the cursor
     (`execution.run`), or in a flight (`_flight`). Where nothing observes the connection,
-    its arrays go as built here (`pgarrays`), not dumped by psycopg element by element."""
+    its arrays go as its dialect builds them (`built_arrays`), not dumped element by element."""
     if execution.pipelines(conn):  # sync psycopg's cursor or libpq connection
-        from . import pgarrays  # psycopg's: only a psycopg connection comes here
-
-        casts = _CASTS.get(sql)
-        if casts is None:
-            casts = _CASTS.setdefault(sql, pgarrays.kinds(sql))
-        params = pgarrays.binary(conn.connection.dbapi_connection, params, casts)
+        impl = dialects.dialect_of(conn.dialect)
+        params = impl.built_arrays(conn.connection.dbapi_connection, sql, params)
     begin = _flies(conn)
     if begin is None:
         return execution.run(conn, sql, params).rows

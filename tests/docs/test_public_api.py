@@ -76,8 +76,9 @@ PARTS = {
         "locks",
         "urls",
         "translation",
+        "pgarrays",
     ),
-    "inbox": ("statements", "enqueuing", "draining", "listening", "pgarrays"),
+    "inbox": ("statements", "enqueuing", "draining", "listening"),
     "testing": (
         "base",
         "config",

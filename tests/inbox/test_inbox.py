@@ -620,7 +620,7 @@ def test_enqueue_many_sends_the_arrays_it_built_where_nothing_observes(
     int64's largest)."""
     if dialect != "postgresql":
         pytest.skip("PostgreSQL's arrays")
-    from cronoq_store.inbox import pgarrays
+    from cronoq_store.dialects import pgarrays
 
     built: list[dict[str, Any]] = []
     real = pgarrays.binary

@@ -1,4 +1,4 @@
-"""enqueue_many's arrays built for psycopg (`inbox.pgarrays`): the bytes psycopg sends, read
+"""enqueue_many's arrays built for psycopg (`dialects.pgarrays`): the bytes psycopg sends, read
 back by psycopg's own loaders (no database)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ psycopg = pytest.importorskip("psycopg")
 from psycopg import pq  # noqa: E402
 from psycopg.adapt import PyFormat, Transformer  # noqa: E402
 
-from cronoq_store.inbox import pgarrays  # noqa: E402
+from cronoq_store.dialects import pgarrays  # noqa: E402
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 clean_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))

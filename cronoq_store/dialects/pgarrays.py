@@ -1,4 +1,5 @@
-"""`enqueue_many`'s columns as PostgreSQL binary arrays, built here for sync psycopg.
+"""Arrays in PostgreSQL's binary format, built for sync psycopg (`enqueue_many`'s columns:
+`PostgresqlImpl.built_arrays`).
 
 psycopg dumps a list element by element, a Python dumper call apiece (0.16 µs each: 0.7 µs
 a row for the four columns a usual spec fills, a quarter of a 1000-row enqueue_many's client
@@ -7,7 +8,7 @@ bytes psycopg's binary list dumper sends (`array_recv`'s format: a header, then 
 length, -1 for NULL, and its bytes), held by a `Built` that a dumper registered on the
 connection sends as it is, with the array's type.
 
-Only where nothing observes the connection's statements (`execution.pipelines`): an observer
+Only where nothing observes the connection's statements (`cursor.pipelines`): an observer
 sees the lists, as before. Only on a UTF-8 connection (psycopg's text encoding there).
 """
 

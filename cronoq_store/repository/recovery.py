@@ -7,16 +7,18 @@ Functions take a `Connection` and never commit: the caller owns the transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from functools import cache
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import (
     BindParameter,
     Boolean,
+    CompoundSelect,
     Connection,
     Integer,
     Select,
@@ -29,7 +31,7 @@ from sqlalchemy import (
     or_,
     select,
     type_coerce,
-    union,
+    union_all,
     update,
 )
 
@@ -37,6 +39,7 @@ from .. import codec, execution
 from ..errors import CorruptValue
 from ..model import (
     INT64_MAX,
+    ById,
     LostCommits,
     Recovered,
     RecoveredRecurring,
@@ -47,7 +50,7 @@ from ..model import (
     TimeBase,
 )
 from ..schema import LEADER_ROW, leader, recurring, task_deps, tasks
-from . import commit, prune
+from . import commit, operators, prune
 
 log = logging.getLogger(__name__)
 
@@ -133,39 +136,79 @@ def quarantine_stmt() -> Update:
     )
 
 
+_FINISHED_COLUMNS: Final = (
+    tasks.c.id,
+    tasks.c.key,
+    tasks.c.status,
+    _RAW_TERMINAL,
+    tasks.c.updated_unix_ns,
+    tasks.c.finished_unix_ns,
+)
+_FINISHED_NAMES: Final = ("id", "key", "status", "terminal", "updated_unix_ns", "finished_unix_ns")
+"""What `codec.finished_task_from_row` reads, in the order of `_FINISHED_COLUMNS`."""
+
+
 @cache
-def finished_stmt() -> Select[Any]:
-    """Finished tasks within retention, and older ones that a live task depends on.
+def recent_stmt() -> CompoundSelect[Any]:
+    """Finished tasks within retention (a range of the finished-time index), and every finished
+    task without a finish time: those a build before revision 0005 (release 0.1.0) finished on
+    the newer schema (`prune.unstamped_stmt`), off the finished-time index's NULLs (the live
+    tasks and these). `recover` keeps the latter as recent as their last update, or needed.
 
-    Each part reads only what it returns, however much history the table holds: the recent
-    ones are a range of the finished-time index; the older ones a live task needs are found
-    from the dependency rows (the live tasks' own), each target looked up by id or by key,
-    never by reading the old finished tasks to test each against the dependencies (an OR of
-    the two tests can only be answered that way: a full scan on every dialect). A task
-    needed both by id and by key is returned once.
-
-    Also those a build before revision 0005 (release 0.1.0) finished on the newer schema,
-    without a finish time (`prune.unstamped_stmt`): off the finished-time index's NULLs, as
-    recent as their last update.
-    """
-    columns = (tasks.c.id, tasks.c.key, tasks.c.status, _RAW_TERMINAL, tasks.c.updated_unix_ns)
-    target_ids = select(task_deps.c.target_id).where(task_deps.c.target_id.is_not(None))
-    target_keys = select(task_deps.c.target_key).where(task_deps.c.target_key.is_not(None))
-    needed = or_(tasks.c.id.in_(target_ids), tasks.c.key.in_(target_keys))
-    finished = prune.finished_flag()  # never `(terminal, id)`: it holds every finished task
-    unstamped = and_(tasks.c.finished_unix_ns.is_(None), finished)
+    Never `(terminal, id)` for the flag: it holds every finished task. Nothing here tests a
+    row against the dependency rows: an estimate of that (every dependency row) is what
+    started PostgreSQL's JIT compiler on a recovery that returned nothing."""
+    finished = prune.finished_flag()
     cutoff: BindParameter[Any] = bindparam("cutoff")
-    old = (finished, tasks.c.finished_unix_ns < cutoff)
-    # UNION, not UNION ALL: a task needed by id and by key comes once (the other parts are
-    # disjoint). Not by `id NOT IN (...)` in the by-key part: MariaDB ran that as a probe per
-    # finished task, 35 s over 20,000 of them.
-    both = union(
-        select(*columns).where(finished, tasks.c.finished_unix_ns >= cutoff),
-        select(*columns).where(tasks.c.id.in_(target_ids), *old),
-        select(*columns).where(tasks.c.key.in_(target_keys), *old),
-        select(*columns).where(unstamped, or_(tasks.c.updated_unix_ns >= cutoff, needed)),
-    ).subquery()
-    return select(both).order_by(both.c.updated_unix_ns, both.c.id)
+    return union_all(
+        select(*_FINISHED_COLUMNS).where(finished, tasks.c.finished_unix_ns >= cutoff),
+        select(*_FINISHED_COLUMNS).where(tasks.c.finished_unix_ns.is_(None), finished),
+    )
+
+
+@cache
+def old_count_stmt() -> Select[Any]:
+    """How many tasks finished before `cutoff`, counted no further than `cap`: a range of the
+    finished-time index, which tells `recover` whether to read the old finished tasks whole
+    or to look up the ones live tasks need (`operators.backlog_rows_stmt`, capped)."""
+    return operators.capped_count_stmt(operators.backlog_rows_stmt())
+
+
+@cache
+def old_finished_stmt() -> Select[Any]:
+    """Up to `limit` finished tasks that finished before `cutoff`, oldest first: all of them,
+    when `old_count_stmt` found fewer than the targets live tasks need (`recover` keeps the
+    needed ones). A range of the finished-time index."""
+    return (
+        select(*_FINISHED_COLUMNS)
+        .where(prune.finished_flag(), tasks.c.finished_unix_ns < bindparam("cutoff"))
+        .order_by(tasks.c.finished_unix_ns)
+        .limit(bindparam("limit"))
+    )
+
+
+@cache
+def needed_by_id_stmt() -> Select[Any]:
+    """Finished tasks among the ids `ids` (an IN list for `execution.run_in`): a probe of the
+    primary key per id, whatever the history holds."""
+    ids: BindParameter[Any] = bindparam("ids", expanding=True)
+    return select(*_FINISHED_COLUMNS).where(tasks.c.id.in_(ids), prune.finished_flag())
+
+
+@cache
+def needed_by_key_stmt() -> Select[Any]:
+    """Finished tasks with a key among `ids` (keys: the one IN list `execution.run_in` binds
+    is named so): a probe of the key index per key, whatever the history holds."""
+    keys: BindParameter[Any] = bindparam("ids", expanding=True)
+    return select(*_FINISHED_COLUMNS).where(tasks.c.key.in_(keys), prune.finished_flag())
+
+
+@cache
+def deps_of_stmt() -> Select[Any]:
+    """The dependency targets (id, key) of the tasks `ids`: those of rows set aside for
+    quarantine, which still count as live when recovery looks for what live tasks need."""
+    ids: BindParameter[Any] = bindparam("ids", expanding=True)
+    return select(task_deps.c.target_id, task_deps.c.target_key).where(task_deps.c.task_id.in_(ids))
 
 
 @cache
@@ -234,6 +277,131 @@ class _Quarantine:
         ]
 
 
+# The finished tasks a recovery returns.
+
+
+@dataclass(slots=True)
+class _Targets:
+    """What live tasks depend on: ids (less the live tasks' own: no finished task has one)
+    and keys (all of them: a finished task may share its key with a live one)."""
+
+    ids: set[Any]
+    keys: set[Any]
+
+    @classmethod
+    def of(cls, live: Sequence[RecoveredTask], extra: Sequence[Any]) -> _Targets:
+        """The targets of the decoded `live` tasks, and `extra` rows of `deps_of_stmt`."""
+        ids: set[Any] = set()
+        keys: set[Any] = set()
+        for task in live:
+            for dep in task.spec.deps:
+                target = dep.target
+                if isinstance(target, ById):
+                    ids.add(target.id)  # needed by id
+                else:
+                    keys.add(target.key)
+        for target_id, target_key in extra:
+            if target_id is not None:
+                ids.add(target_id)
+            if target_key is not None:
+                keys.add(target_key)
+        ids.difference_update([task.id for task in live])
+        return cls(ids, keys)
+
+    def __len__(self) -> int:
+        return len(self.ids) + len(self.keys)
+
+    def wants(self, row: Any) -> bool:
+        """Whether a live task needs the finished task `row` (of `_FINISHED_COLUMNS`)."""
+        return row[0] in self.ids or row[1] in self.keys
+
+    def lookup(self, conn: Connection) -> list[Any]:
+        """The finished tasks with these ids or keys (of any age; one may come twice): a probe
+        of the primary key or the key index for each, in IN lists of `execution.IN_CHUNK`."""
+        rows: list[Any] = []
+        for stmt, values in ((needed_by_id_stmt(), self.ids), (needed_by_key_stmt(), self.keys)):
+            for chunk in execution.chunks(list(values)):
+                rows.extend(execution.run_in(conn, stmt, chunk).rows)
+        return rows
+
+
+def _is_before(value: Any, cutoff: int) -> bool:
+    """`value < cutoff` as SQL compares a stored time: only a number is before anything (SQLite
+    orders text and blobs after numbers; such a row goes on to be refused by the decoder)."""
+    return isinstance(value, int | float | Decimal) and value < cutoff
+
+
+def _sql_rank(value: Any) -> tuple[int, Any]:
+    """`value` as ORDER BY ranks it on SQLite, whose columns hold any type (NULL, numbers,
+    text, blobs); on the servers every value here is an integer."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, int | float | Decimal):
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value)
+    return (3, bytes(value))
+
+
+def _update_order(row: Any) -> tuple[tuple[int, Any], tuple[int, Any]]:
+    """ORDER BY updated_unix_ns, id."""
+    return _sql_rank(row[4]), _sql_rank(row[0])
+
+
+def finished_rows(
+    conn: Connection, live: Sequence[RecoveredTask], set_aside: Sequence[Any], cutoff: int
+) -> list[Any]:
+    """Finished tasks (rows of `_FINISHED_COLUMNS`) updated since `cutoff`, and older ones a
+    live task depends on (by id or key), each once, by update time, then id.
+
+    Each statement reads what it returns, or at most as much as the live tasks' targets:
+    - the recent ones, and those without a finish time (`recent_stmt`);
+    - how many finished before `cutoff`, up to one more than the live tasks (`old_count_stmt`):
+      none, the usual case of a recovery after a prune, ends it, before any target is
+      gathered;
+    - fewer than the targets the live tasks need: all of them (`old_finished_stmt`), kept
+      here if needed; else the targets looked up by id and by key (`_Targets.lookup`).
+    What the live tasks need is read off their decoded specs, and the dependency rows of
+    `set_aside` (live rows quarantined: as before, what they needed comes back this once),
+    never by aggregating every dependency row in SQL (on PostgreSQL a probe of the primary key
+    per dependency, and the JIT compiler its estimate started: 1 s for 100,000 live tasks
+    that needed no finished one).
+    """
+    found: dict[Any, Any] = {}  # by id: a task needed both by id and by key comes once
+    unstamped: list[Any] = []  # without a finish time, updated before the cutoff
+    for row in conn.execute(recent_stmt(), {"cutoff": cutoff}):
+        if row[5] is None and _is_before(row[4], cutoff):
+            unstamped.append(row)
+        else:
+            found[row[0]] = row
+    extra: list[Any] = []
+    for chunk in execution.chunks(list(set_aside)):
+        extra.extend(execution.run_in(conn, deps_of_stmt(), chunk).rows)
+    targets: _Targets | None = None
+    if live or extra:
+        cap = len(live) + len(extra) + 1
+        old = conn.execute(old_count_stmt(), {"cutoff": cutoff, "cap": cap}).scalar_one()
+        if old:
+            targets = _Targets.of(live, extra)
+            needed: list[Any] | None = None
+            if old < cap and old <= len(targets):
+                params = {"cutoff": cutoff, "limit": cap}
+                rows = conn.execute(old_finished_stmt(), params).all()
+                if len(rows) < cap:  # all of them
+                    needed = [r for r in rows if targets.wants(r)]
+            if needed is None:
+                needed = targets.lookup(conn)
+            for row in needed:
+                found.setdefault(row[0], row)
+    if unstamped:
+        if targets is None:
+            targets = _Targets.of(live, extra)
+        for row in unstamped:
+            if targets.wants(row):
+                found.setdefault(row[0], row)
+    return sorted(found.values(), key=_update_order)
+
+
 def recover(
     conn: Connection, base: TimeBase, *, now_unix_ns: int, retention: timedelta
 ) -> tuple[Recovered, int]:
@@ -268,8 +436,9 @@ def recover(
 
     cutoff = codec.saturate(now_unix_ns - retention // timedelta(microseconds=1) * 1000)
     terminal: list[RecoveredTerminal] = []
-    for row in conn.execute(finished_stmt(), {"cutoff": cutoff}).mappings():
-        done = bad.decode(codec.finished_task_from_row, base, row)
+    for row in finished_rows(conn, live, list(bad.rows), cutoff):
+        found = dict(zip(_FINISHED_NAMES, row, strict=True))
+        done = bad.decode(codec.finished_task_from_row, base, found)
         if done is not None:
             terminal.append(done)
     # Quarantined rows are updated now, so they come last in this order.

@@ -31,7 +31,17 @@ import pytest
 from builders import mysql_accesses
 from sqlalchemy import URL, Engine, Executable, event, func, select
 
-from cronoq_store import ById, ByKey, Dep, SqlStore, StoreConfig, TaskId, TimeBase
+from cronoq_store import (
+    ById,
+    ByKey,
+    Dep,
+    SqlStore,
+    StoreConfig,
+    TaskId,
+    TimeBase,
+    dialects,
+    execution,
+)
 from cronoq_store.bench import history
 from cronoq_store.model import StatusChanged, Submitted, TaskSpec, TaskStatus
 from cronoq_store.repository import arrays, folding, operators, prune, queries, recovery
@@ -67,7 +77,17 @@ def _cases(now_ns: int) -> list[Case]:
         Case("high_water", recovery.high_water_stmt(), {}),
         Case("live_tasks", recovery.live_tasks_stmt(), {}),
         Case("odd_flag_tasks", recovery.odd_flag_tasks_stmt(), {}),
-        Case("finished", recovery.finished_stmt(), {"cutoff": cutoff}),
+        Case("recent", recovery.recent_stmt(), {"cutoff": cutoff}),
+        Case("old_count", recovery.old_count_stmt(), {"cutoff": cutoff, "cap": LIVE + 1}),
+        Case("old_finished", recovery.old_finished_stmt(), {"cutoff": cutoff, "limit": LIVE + 1}),
+        # The targets live tasks need, as recovery looks them up (IN lists, or arrays).
+        Case("needed_by_id", recovery.needed_by_id_stmt(), {"ids": sorted(_NEEDED_IDS)}),
+        Case("needed_by_key", recovery.needed_by_key_stmt(), {"ids": sorted(_NEEDED_KEYS)}),
+        Case(
+            "needed_live_keys",
+            recovery.needed_by_key_stmt(),
+            {"ids": [f"live-{i}" for i in range(LIVE)]},
+        ),
         # Prune: one batch's victims, and the finished tasks without a finish time.
         Case("prunable", prune.prunable_stmt(), {"cutoff": cutoff, "limit": 1000}),
         Case("unstamped", prune.unstamped_stmt(), {"limit": 1000}),
@@ -102,6 +122,12 @@ def _cases(now_ns: int) -> list[Case]:
 def _by_key(i: int) -> int:
     """The old task live task `i` depends on by key: every tenth also by id (returned once)."""
     return 1 + i * 499 if i % 10 == 0 else HISTORY - i * 41
+
+
+_NEEDED_IDS = {1 + i * 499 for i in range(LIVE)}
+"""The old tasks the live ones depend on by id."""
+_NEEDED_KEYS = {f"history-{_by_key(i)}" for i in range(LIVE)}
+"""The keys of those they depend on by key."""
 
 
 @pytest.fixture
@@ -148,11 +174,17 @@ def filled(db_url: URL) -> Iterator[Engine]:
 
 
 def _compiled(engine: Engine, case: Case) -> tuple[str, Any]:
-    compiled = case.stmt.compile(dialect=engine.dialect)
-    params: Any = compiled.construct_params(case.params)
-    if compiled.positiontup is not None:
-        params = tuple(params[name] for name in compiled.positiontup)
-    return str(compiled), params
+    """The SQL and parameters the store sends: an IN list ("ids") as one array where the
+    driver binds arrays (`execution.run_in`), its values' placeholders elsewhere."""
+    stmt: Any = case.stmt
+    if "ids" in case.params and dialects.dialect_of(engine).binds_arrays:
+        stmt = execution.in_as_any(stmt)
+    compiled = stmt.compile(dialect=engine.dialect)
+    state = compiled.construct_expanded_state(case.params)
+    params: Any = state.parameters
+    if state.positiontup is not None:
+        params = tuple(params[name] for name in state.positiontup)
+    return state.statement, params
 
 
 def _pg_rows_read(plan: dict[str, Any]) -> int:
@@ -309,18 +341,32 @@ def test_sqlite_work_does_not_grow_with_history(filled: Engine) -> None:
     assert not grown, f"steps (thousands) before and after 5x the history: {grown}"
 
 
-def test_recovery_returns_the_old_tasks_live_ones_need(filled: Engine) -> None:
-    """What the shaped finished query returns: the recent tasks, and the old ones a live task
-    depends on (by id, by key), each once; none of the rest of the history."""
-    with filled.connect() as conn:
-        rows = conn.execute(
-            recovery.finished_stmt(), {"cutoff": time.time_ns() - 3600 * 10**9}
-        ).all()
-    ids = [r.id for r in rows]
-    by_id = {1 + i * 499 for i in range(LIVE)}
-    by_key = {_by_key(i) for i in range(LIVE)}
+def test_recovery_returns_the_old_tasks_live_ones_need(filled: Engine, dialect: str) -> None:
+    """What recovery returns of the finished tasks: the recent ones, and the old ones a live
+    task depends on (by id, by key), each once; none of the rest of the history. Each
+    statement it sends to the task table, asked of the server as above, reads little: with
+    more old tasks than live ones, the targets are looked up, the history is not read."""
+    now = time.time_ns()
+    data: dict[str, Any] = {}
+
+    def look(conn: Any) -> None:
+        observed = conn.execution_options(**{execution.OBSERVED: True})  # run_in's too
+        base = TimeBase(unix_ns=now)
+        data["got"] = recovery.recover(
+            observed, base, now_unix_ns=now, retention=timedelta(hours=1)
+        )
+
+    sent = _statements_of(filled, look)
+    got, quarantined = data["got"]
     recent = {LIVE_IDS + LIVE + i for i in range(RECENT)}
-    assert sorted(ids) == sorted(by_id | by_key | recent)
+    by_key = {_by_key(i) for i in range(LIVE)}
+    assert quarantined == 0
+    assert sorted(t.id for t in got.terminal) == sorted(_NEEDED_IDS | by_key | recent)
+    assert len(got.tasks) == LIVE
+    whole = Case("old_finished", recovery.old_finished_stmt(), {"cutoff": 0, "limit": 1})
+    assert _compiled(filled, whole)[0] not in [sql for sql, _ in sent], "the history was read"
+    for i, (sql, params) in enumerate(sent):
+        _assert_reads_little(filled, dialect, f"statement {i}: {sql}", sql, params)
 
 
 @pytest.mark.parametrize("dialect", [pytest.param("postgresql", marks=pytest.mark.postgresql)])

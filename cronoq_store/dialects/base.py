@@ -135,6 +135,10 @@ class DefaultImpl:
     (SQLite's `synchronous`): a reader's says nothing of the writer's."""
     galera_possible: ClassVar[bool] = False
     """The server may be a Galera cluster's node (MariaDB, MySQL): `galera.is_galera` asks."""
+    ranges_by_subquery: ClassVar[bool] = True
+    """A key compared with an uncorrelated scalar subquery (`id <= (SELECT max(...) ...)`)
+    is scanned as a range of the index; False where the planner scans the whole index and
+    tests each row (MariaDB: such a subquery is not a constant while it plans)."""
 
     index_hint: ClassVar[str | None] = None
     """How a statement holds the planner to one index of a table (`force_index`), `{index}`

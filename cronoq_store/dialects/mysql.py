@@ -88,6 +88,7 @@ class MySQLImpl(DefaultImpl):
     galera_possible: ClassVar[bool] = True
     alters_online: ClassVar[bool] = True
     gap_locks: ClassVar[bool] = True
+    ranges_by_subquery: ClassVar[bool] = False
 
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)

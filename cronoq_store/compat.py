@@ -14,12 +14,20 @@ execution would have, SQLAlchemy's statement log (`logs_statements`) and its err
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, cast
 
 from sqlalchemy import Column, Connection
 from sqlalchemy import exc as sa_exc
 
-__all__ = ["TESTED_ON", "copy_column", "driver_error", "logs_statements", "transaction_listeners"]
+__all__ = [
+    "TESTED_ON",
+    "TransactionListeners",
+    "copy_column",
+    "driver_error",
+    "logs_statements",
+    "transaction_listeners",
+]
 
 TESTED_ON = ("2.0.30", "2.1.9")
 """The SQLAlchemy versions this module is tested on: pyproject's floor and the newest."""
@@ -34,26 +42,74 @@ def logs_statements(conn: Connection) -> bool:
     return bool(logger.isEnabledFor(logging.INFO))
 
 
-def transaction_listeners(conn: Connection) -> tuple[list[Any], bool] | None:
-    """The listeners of `conn`'s `begin` event, and whether anything listens to its `commit`
-    or `rollback`; None when that cannot be told (listeners on the connection itself, or an
-    engine whose dispatch is joined to another's: an `execution_options` copy). SQLAlchemy's
-    event dispatch (`Engine.dispatch`, its `listeners` and `parent_listeners`) is read as
-    its own `Connection._has_events` test reads it; not documented."""
-    if conn._has_events:
-        return None
-    d: Any = conn.engine.dispatch
+class TransactionListeners:
+    """The listeners SQLAlchemy calls when a transaction on one connection begins, commits or
+    rolls back, pinned once per connection (`transaction_listeners`), so that a caller can
+    tell on each transaction, at one builtin call, whether any came or went since it last
+    looked: they did when `any(empty) or full != seen`. Then `take` hands the current ones
+    over, and they count as seen from there on.
+
+    An app may add a listener to its engine at any time: `event.listen` appends it to one of
+    these very deques (`live`), which SQLAlchemy's dispatch reads; pinning them made the
+    engine's and the connection's collections modifiable, as the first `event.listen` on
+    them does (an empty one dispatches nothing). Those that were empty are only tested for
+    emptiness (`empty`); the others (the store's own `begin`) compared with a copy, element
+    by element (`full`, `seen`): a comparison of deques costs a pair of iterators even when
+    both are empty."""
+
+    __slots__ = ("empty", "full", "live", "seen")
+
+    def __init__(self, live: tuple[deque[Any], ...]) -> None:
+        self.live = live
+        """Per event of `EVENTS`, the deques SQLAlchemy calls in that order: the
+        `Connection` class's, the connection's, the `Engine` class's, the engine's."""
+        self.empty: tuple[deque[Any], ...] = ()
+        """Those of `live` that were empty when last taken."""
+        self.full: tuple[deque[Any], ...] = ()
+        """The others of `live`."""
+        self.seen: tuple[deque[Any], ...] | None = None
+        """A copy of each of `full` as it was when taken (None: never taken)."""
+
+    def take(self) -> tuple[list[Any], bool]:
+        """The `begin` listeners, in SQLAlchemy's order, and whether anything listens to a
+        `commit` or a `rollback`; from now on seen."""
+        copies = [deque(listeners) for listeners in self.live]
+        self.empty = tuple(d for d, copy in zip(self.live, copies, strict=True) if not copy)
+        self.full = tuple(d for d, copy in zip(self.live, copies, strict=True) if copy)
+        self.seen = tuple(copy for copy in copies if copy)
+        width = len(copies) // len(EVENTS)
+        return [fn for listeners in copies[:width] for fn in listeners], any(copies[width:])
+
+
+EVENTS = ("begin", "commit", "rollback")
+"""The transaction events `TransactionListeners` pins, in the order of its `live`."""
+
+
+def transaction_listeners(conn: Connection) -> TransactionListeners | None:
+    """`conn`'s `TransactionListeners`; None when they cannot be pinned (a connection made
+    with its own dispatch, or an engine whose dispatch is joined to another's: an
+    `execution_options` copy). SQLAlchemy's event dispatch is read as its own `Connection`
+    dispatches (`Connection.dispatch`, joined to `Engine.dispatch`; each collection's
+    `parent_listeners` and `listeners`) and made modifiable as `event.listen` makes it
+    (`for_modify`); not documented."""
+    own: Any = conn.dispatch
+    engine: Any = conn.engine.dispatch
+    live: list[Any] = []
     try:
-        begin = [*d.begin.parent_listeners, *d.begin.listeners]
-        ends = bool(
-            d.commit.parent_listeners
-            or d.commit.listeners
-            or d.rollback.parent_listeners
-            or d.rollback.listeners
-        )
+        for name in EVENTS:
+            local = getattr(own, name).for_modify(own).local  # the connection's, joined
+            mine = getattr(engine, name).for_modify(engine)
+            live += (
+                local.parent_listeners,
+                local.listeners,
+                mine.parent_listeners,
+                mine.listeners,
+            )
     except AttributeError:
         return None
-    return begin, ends
+    if not all(type(listeners) is deque for listeners in live):
+        return None
+    return TransactionListeners(tuple(live))
 
 
 def driver_error(

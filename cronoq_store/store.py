@@ -74,8 +74,11 @@ class Keeper(leadership.KeeperShell[Callable[[], bool], Callable[[str], None]]):
     """
 
     def _setup(self) -> None:
-        self._cond = threading.Condition()
-        self._guard = self._cond
+        lock = threading.Lock()  # never taken twice by one thread: not an RLock
+        self._cond = threading.Condition(lock)
+        # Entered as the plain lock (C `__enter__`), as `execution.Watchdog` does: every
+        # landed commit takes it (`renewed`), where the condition's own costs two calls.
+        self._guard = lock
         self._threads = (
             threading.Thread(target=self._renew_loop, name=f"{self._name}-renew", daemon=True),
             threading.Thread(target=self._watch, name=f"{self._name}-watchdog", daemon=True),

@@ -30,7 +30,6 @@ from .base import force_index as force_index
 from .cursor import LINE as LINE
 from .cursor import STORE_BEGIN as STORE_BEGIN
 from .cursor import Line as Line
-from .cursor import driver_begin as driver_begin
 from .cursor import line_of as line_of
 from .locks import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
 from .locks import MIGRATION_LOCK_NAME as MIGRATION_LOCK_NAME

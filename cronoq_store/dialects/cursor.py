@@ -175,8 +175,8 @@ class Line:
     it (`line_of`): its database's class, its DB-API connection, its `info`, how another
     thread interrupts it, whether its statements are `observed` and under which dialect and
     schema their compiled forms are kept (`where`), and whether a statement on the database's
-    clock is given the host's (`host_clock`). How a transaction begins on it is asked anew
-    each time (`driver_begin`): an app may add a listener to its engine at any time.
+    clock is given the host's (`host_clock`). How a transaction begins on it is asked on
+    each commit (`driver_begin`): an app may add a listener to its engine at any time.
 
     A connection a leader keeps for its commits (`face.Face._keep_held`) pays for these once,
     not per commit. Only commits run on it, so its execution options stay as they were; its
@@ -184,7 +184,17 @@ class Line:
     own `echo` once, when it opens. One whose DB-API connection goes (invalidated) is closed
     by its holder, never used again."""
 
-    __slots__ = ("dbapi", "host_clock", "impl", "info", "interrupter", "observed", "where")
+    __slots__ = (
+        "_begin",
+        "_listeners",
+        "dbapi",
+        "host_clock",
+        "impl",
+        "info",
+        "interrupter",
+        "observed",
+        "where",
+    )
 
     def __init__(self, conn: Connection) -> None:
         fairy = conn.connection
@@ -206,24 +216,39 @@ class Line:
         self.host_clock = not impl.server
         """No server: the database's clock is the host's, passed with a statement that reads
         it (`statements.db_now_ns`, as `b_host_now`)."""
+        self._listeners = compat.transaction_listeners(conn)
+        self._begin: tuple[str, ...] | None = None
 
+    def driver_begin(self) -> tuple[str, ...] | None:
+        """What a transaction on this connection begins with when the store sends it itself,
+        on the driver's own transaction (the store's `begin` listener's statements: SQLite's
+        BEGIN IMMEDIATE; none where the driver begins one itself): when every `begin`
+        listener is the store's own (`STORE_BEGIN`) and nothing listens to a commit or a
+        rollback. None: only SQLAlchemy's transaction will do (another listener, or its
+        listeners cannot be told: `compat.transaction_listeners`).
 
-def driver_begin(conn: Connection) -> tuple[str, ...] | None:
-    """What a transaction on `conn` begins with when the store sends it itself, on the
-    driver's own transaction (the store's `begin` listener's statements: SQLite's BEGIN
-    IMMEDIATE; none where the driver begins one itself): when every `begin` listener is the
-    store's own (`STORE_BEGIN`) and nothing listens to a commit or a rollback. None: only
-    SQLAlchemy's transaction will do (another listener, or it cannot be told)."""
-    found = compat.transaction_listeners(conn)
-    if found is None or found[1]:
-        return None
-    begin: list[str] = []
-    for listener in found[0]:
-        sql = getattr(listener, STORE_BEGIN, None)
-        if sql is None:
+        Asked on each commit, worked out only when a listener came or went since the last
+        (`compat.TransactionListeners`: a test of the empty ones and a comparison)."""
+        listeners = self._listeners
+        if listeners is None:
             return None
-        begin.append(sql)
-    return tuple(begin)
+        if any(listeners.empty) or listeners.full != listeners.seen:
+            self._begin = _store_begin(*listeners.take())
+        return self._begin
+
+
+def _store_begin(begin: list[Any], ends: bool) -> tuple[str, ...] | None:
+    """The statements of `begin`, the `begin` listeners, when each is the store's own and
+    nothing listens to the transaction's end (`ends`); else None (`Line.driver_begin`)."""
+    if ends:
+        return None
+    sql: list[str] = []
+    for listener in begin:
+        statement = getattr(listener, STORE_BEGIN, None)
+        if statement is None:
+            return None
+        sql.append(statement)
+    return tuple(sql)
 
 
 LINE: Final = "_cronoq_line"
@@ -297,6 +322,7 @@ class Flight:
         "_where",
         "batched",
         "conn",
+        "defers",
         "failed",
         "pipelined",
         "watched",
@@ -328,6 +354,9 @@ class Flight:
         self.batched = may_batch and not self.pipelined and not watched and batches(conn)
         """MariaDB: `send` sends what is queued as one multi-statement packet (the dialect's
         `send_batch`), and `commit` the COMMIT in the last."""
+        self.defers = self.pipelined or self.batched
+        """Whether added statements wait for `send` (pipelined or batched): a check that
+        must stop the statements behind it fails the flight instead of being read."""
         self._queue: list[tuple[str, Any, bool]] = []
         self._ran: list[Ran] = []
         self._then: list[Callable[[Sequence[Ran]], None]] = []
@@ -384,12 +413,6 @@ class Flight:
                 self._send(commit=False)
             self._checked()
         return self._ran
-
-    @property
-    def defers(self) -> bool:
-        """Whether added statements wait for `send` (pipelined or batched): a check that
-        must stop the statements behind it fails the flight instead of being read."""
-        return self.pipelined or self.batched
 
     def commit(self) -> Sequence[Ran]:
         """`send`, and commit the transaction: pipelined, the COMMIT goes in the same flight,

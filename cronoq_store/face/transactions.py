@@ -604,8 +604,8 @@ def _opened(
 ) -> contextlib.AbstractContextManager[Any]:
     """The commit's transaction: SQLAlchemy's (`Connection.begin`), or, where nothing but the
     store would see the difference, the driver's own (`_Driven`): no listener of the engine's
-    but the store's own `begin` (`dialects.driver_begin`, asked on each commit: an app may
-    add one at any time), no statement through SQLAlchemy's execution (`Flight.watched`; a
+    but the store's own `begin` (`dialects.Line.driver_begin`, asked on each commit: an app
+    may add one at any time), no statement through SQLAlchemy's execution (`Flight.watched`; a
     recurring schedule's `conn.execute`; an IN list of more than `execution.SMALL_IN` ids),
     no transaction open: a small commit's case, where SQLAlchemy's bookkeeping of a
     transaction cost a batch-1 commit 10 us of CPU."""
@@ -617,7 +617,7 @@ def _opened(
         or len(folded.updates) > small
         or len(folded.inbox_taken) > small
         or conn.in_transaction()
-        or (begin := dialects.driver_begin(conn)) is None
+        or (begin := line.driver_begin()) is None
     ):
         return conn.begin()
     return _Driven(conn, begin, line.dbapi)

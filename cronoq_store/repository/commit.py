@@ -524,7 +524,7 @@ def _insert_one(
             return False
         return flight.send()[at].rowcount != 0
     at = flight.add(ignoring, new)
-    if flight.pipelined and not deps:
+    if not deps:
         return False  # nothing waits on the answer
     return bool(flight.send()[at].rows)
 

@@ -169,26 +169,30 @@ def vacuums(dialect: Dialect) -> bool:
 
 
 @functools.lru_cache(maxsize=64)  # per engine's dialect: a commit's lookup makes no call
-def insert_ignoring(dialect: Dialect, target: Table) -> Insert | None:
+def insert_ignoring(dialect: Dialect, target: Table, *, returning: bool = True) -> Insert | None:
     """An INSERT into `target` that skips a row whose primary key is stored already and
-    returns the primary key of each row it inserted, or None where there is none to trust.
+    (`returning`) returns the primary key of each row it inserted, or None where there is
+    none to trust. One row's insert needs no RETURNING: the driver's row count says it.
 
     PostgreSQL's `ON CONFLICT (pk) DO NOTHING` and SQLite's (3.35+, for RETURNING) name the
     primary key alone, so any other unique index (a live key in use) still refuses the row.
     MariaDB/MySQL have no such form: `INSERT IGNORE` and `ON DUPLICATE KEY` would also swallow
     a live-key conflict (and IGNORE turns bad values into warnings), so none is given there.
     """
-    return _insert_ignoring(name(dialect), target)
+    return _insert_ignoring(name(dialect), target, returning)
 
 
 @functools.cache
-def _insert_ignoring(which: str, target: Table) -> Insert | None:
+def _insert_ignoring(which: str, target: Table, returning: bool) -> Insert | None:
     key = list(target.primary_key.columns)
+    stmt: Insert
     if which == "postgresql":
-        return postgresql.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
-    if which == "sqlite" and sqlite3.sqlite_version_info >= (3, 35):
-        return sqlite.insert(target).on_conflict_do_nothing(index_elements=key).returning(*key)
-    return None
+        stmt = postgresql.insert(target).on_conflict_do_nothing(index_elements=key)
+    elif which == "sqlite" and sqlite3.sqlite_version_info >= (3, 35):
+        stmt = sqlite.insert(target).on_conflict_do_nothing(index_elements=key)
+    else:
+        return None
+    return stmt.returning(*key) if returning else stmt
 
 
 def says_lastrowid(dialect: Dialect) -> bool:

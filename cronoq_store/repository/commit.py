@@ -513,7 +513,7 @@ def _insert_one(
     if flight.pipelined and deps:
         flight.add(insert_with_deps_stmt(tuple(new), len(deps)), {**new, **_dep_params(deps)})
         return False
-    ignoring = dialects.insert_ignoring(conn.dialect, tasks)
+    ignoring = dialects.insert_ignoring(conn.dialect, tasks, returning=False)
     if ignoring is None:
         at = flight.add(insert_if_absent_stmt(tuple(new)), new)
         if not deps:
@@ -526,7 +526,7 @@ def _insert_one(
     at = flight.add(ignoring, new)
     if not deps:
         return False  # nothing waits on the answer
-    return bool(flight.send()[at].rows)
+    return flight.send()[at].rowcount != 0  # one row: its count says it, no RETURNING to read
 
 
 def _dep_params(deps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -130,7 +130,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        """Whether every invariant holds: all five lists of findings are empty."""
+        """Whether every invariant holds: all eight lists of findings are empty."""
         return not (
             self.lost
             or self.partial

@@ -230,6 +230,11 @@ class DefaultImpl:
         writers, as its busy timeout says)."""
         return None
 
+    def committer(self, dbapi_connection: Any) -> Callable[[], object]:
+        """What commits the transaction open on `dbapi_connection` when the store ends it on
+        the driver (`face.transactions`, a small commit's way): the DB-API `commit`."""
+        return dbapi_connection.commit  # type: ignore[no-any-return]
+
     def interrupter(self, driver_connection: Any) -> Callable[[], None] | None:
         """How another thread stops whatever the session of `driver_connection` (a driver's
         connection) waits on (None: no way known), for an operation's deadline

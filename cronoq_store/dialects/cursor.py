@@ -187,6 +187,7 @@ class Line:
     __slots__ = (
         "_begin",
         "_listeners",
+        "commit",
         "dbapi",
         "host_clock",
         "impl",
@@ -200,6 +201,8 @@ class Line:
         fairy = conn.connection
         self.impl = impl = dialect_of(conn)
         self.dbapi: Any = fairy.dbapi_connection
+        self.commit = impl.committer(self.dbapi)
+        """Commits a transaction the store began on the driver (`DefaultImpl.committer`)."""
         self.info: dict[Any, Any] = fairy.info
         """`conn.info`, kept: once invalidated, reading `conn.info` would connect again."""
         self.interrupter = impl.interrupter(fairy.driver_connection)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
@@ -46,6 +47,15 @@ class SQLiteImpl(DefaultImpl):
             return True
         legacy = getattr(driver, "autocommit", -1) == -1  # sqlite3.LEGACY_TRANSACTION_CONTROL
         return bool(legacy and driver.isolation_level is not None)
+
+    def committer(self, dbapi_connection: Any) -> Callable[[], object]:
+        """sqlite3's own connection: a COMMIT from its statement cache. Its `commit()`
+        compiles the statement anew each time: on a leader's batch-1 commit, right after a
+        flush has left the CPU's caches to others, about 3 us of CPU. A connection of
+        another class (the testing kit's hooked `commit`) keeps its `commit`."""
+        if type(dbapi_connection) is sqlite3.Connection:
+            return functools.partial(dbapi_connection.execute, "COMMIT")
+        return super().committer(dbapi_connection)
 
     def interrupter(self, driver_connection: Any) -> Any:
         """`interrupt()`, which rolls back the transaction it stops (aiosqlite's connection

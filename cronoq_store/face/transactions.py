@@ -620,20 +620,22 @@ def _opened(
         or (begin := line.driver_begin()) is None
     ):
         return conn.begin()
-    return _Driven(conn, begin, line.dbapi)
+    return _Driven(conn, begin, line)
 
 
 class _Driven:
     """A transaction on the DB-API connection, begun as SQLAlchemy's would be (what the store's
     `begin` listener sends: SQLite's BEGIN IMMEDIATE; elsewhere the driver begins one itself),
-    and ended by the driver's `commit()`, or `rollback()` when the block raised (`_opened`)."""
+    and ended by the driver's commit (`dialects.Line.commit`), or `rollback()` when the block
+    raised (`_opened`)."""
 
-    __slots__ = ("_begin", "_conn", "_dbapi")
+    __slots__ = ("_begin", "_commit", "_conn", "_dbapi")
 
-    def __init__(self, conn: Connection, begin: tuple[str, ...], dbapi: Any) -> None:
+    def __init__(self, conn: Connection, begin: tuple[str, ...], line: dialects.Line) -> None:
         self._conn = conn
         self._begin = begin
-        self._dbapi = dbapi
+        self._dbapi = line.dbapi
+        self._commit = line.commit
 
     def __enter__(self) -> None:
         for sql in self._begin:
@@ -650,7 +652,7 @@ class _Driven:
                 conn.rollback()
         if kind is None:
             try:
-                self._dbapi.commit()
+                self._commit()
                 return
             except conn.dialect.loaded_dbapi.Error as error:
                 self._rollback()

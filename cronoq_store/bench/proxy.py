@@ -93,7 +93,7 @@ class _Counter:
 
 
 class _PostgresqlCounter(_Counter):
-    """The client's Sync and simple Query messages."""
+    """The client's Sync and simple Query messages (not Terminate, which no answer follows)."""
 
     wire: ClassVar[str | None] = dialects.PostgresqlImpl.wire
 
@@ -120,7 +120,7 @@ class _PostgresqlCounter(_Counter):
 
 
 class _MySQLCounter(_Counter):
-    """The client's command packets."""
+    """The client's command packets but COM_QUIT, which no answer follows."""
 
     wire: ClassVar[str | None] = dialects.MySQLImpl.wire
 
@@ -128,9 +128,15 @@ class _MySQLCounter(_Counter):
         while len(self.buffer) >= 4:
             length = int.from_bytes(self.buffer[:3], "little") + 4
             if self.buffer[3] == 0:  # sequence 0: a new command (the handshake reply is 1)
-                self.proxy._counted()
+                if len(self.buffer) < 5:
+                    return  # its command byte comes with the next chunk
+                if self.buffer[4] != _COM_QUIT:
+                    self.proxy._counted()
             if not self._consume(length):
                 return
+
+
+_COM_QUIT: Final = 0x01
 
 
 class Proxy:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import io
 import json
 import math
+import socket
+import threading
 from dataclasses import replace
 from inspect import signature as inspect_signature
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import URL, create_engine, func, inspect, select
 
@@ -213,3 +216,43 @@ def test_cli_markdown(tmp_path: Path) -> None:
     header = next(line for line in result.output.splitlines() if line.startswith("| figure"))
     assert header.count("| sqlite ") == 2
     assert "full_sync=on |" in header and header.endswith("full_sync=off |")
+
+
+_GOODBYES = {
+    # A COM_QUERY of "SELECT 1" (sequence 0), then COM_QUIT: no answer comes to it.
+    "mysql": b"\x09\x00\x00\x00\x03SELECT 1" + b"\x01\x00\x00\x00\x01",
+    # A startup message (protocol 3.0, no parameters), a simple Query, then Terminate.
+    "postgresql": (
+        b"\x00\x00\x00\x09\x00\x03\x00\x00\x00"
+        + b"Q\x00\x00\x00\x0dSELECT 1\x00"
+        + b"X\x00\x00\x00\x04"
+    ),
+}
+
+
+@pytest.mark.parametrize("wire", sorted(_GOODBYES))
+def test_a_client_saying_goodbye_is_no_round_trip(wire: str) -> None:
+    """The proxy counts what a client waits on: one query, not the goodbye that closes the
+    connection (MySQL's COM_QUIT, PostgreSQL's Terminate), which nothing answers. Counted, a
+    closed store's goodbye read late on a loaded machine landed in the next operation's count
+    (`tests/commit/test_rtt_counts.py`: an open of 14 round trips against 13)."""
+    from cronoq_store.bench.proxy import Proxy
+
+    sent = _GOODBYES[wire]
+    received = bytearray()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def sink() -> None:
+            conn, _ = server.accept()
+            with conn:
+                while data := conn.recv(4096):
+                    received.extend(data)
+
+        reader = threading.Thread(target=sink, daemon=True)
+        reader.start()
+        with Proxy(server.getsockname()[:2], protocol=wire) as proxy:
+            with socket.create_connection(("127.0.0.1", proxy.port)) as client:
+                client.sendall(sent)
+            reader.join(timeout=10)
+            assert bytes(received) == sent  # forwarded whole: every byte was read and counted
+            assert proxy.count == 1

@@ -119,6 +119,10 @@ class _PostgresqlCounter(_Counter):
                 return
 
 
+_COM_QUIT: Final = 0x01
+"""MySQL's command that closes a connection: the server sends nothing back."""
+
+
 class _MySQLCounter(_Counter):
     """The client's command packets but COM_QUIT, which no answer follows."""
 
@@ -134,9 +138,6 @@ class _MySQLCounter(_Counter):
                     self.proxy._counted()
             if not self._consume(length):
                 return
-
-
-_COM_QUIT: Final = 0x01
 
 
 class Proxy:
